@@ -1,0 +1,1 @@
+"""Backends that run a job: the local supervisor (embedded default) and SkyPilot managed jobs."""

@@ -1,0 +1,169 @@
+"""The `ftorch` command line. Commands only: the work lives in the modules they call.
+
+Exit codes: 0 success; 2 the input is wrong (one line naming the field, no traceback); 1 anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from orchestrator.errors import SpecError, UserError
+
+app = typer.Typer(
+    name="ftorch",
+    help="Fine-tune language models on the cheapest adequate (spot) GPUs, without losing work.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+JobFile = Annotated[str, typer.Argument(help="the job YAML file")]
+Sets = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="override a field: key.path=value (YAML-typed); repeatable"),
+]
+JsonOut = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+
+
+def _print_json(payload: object) -> None:
+    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+@app.command()
+def launch(
+    job_file: JobFile,
+    backend: Annotated[str | None, typer.Option(help="local | skypilot (default: the job file's)")] = None,
+    name: Annotated[str | None, typer.Option(help="job name (default: the job file's)")] = None,
+    set_: Sets = None,
+    follow: Annotated[bool, typer.Option("--follow", help="stream progress until the job ends")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="validate and plan, launch nothing")] = False,
+    as_json: JsonOut = False,
+) -> None:
+    """Validate, plan and launch a job; print its id."""
+    from orchestrator import jobs
+
+    overrides = list(set_ or [])
+    if backend is not None:
+        overrides.append(f"resources.backend={backend}")
+    if name is not None:
+        overrides.append(f"name={name}")
+    result = jobs.launch(job_file, overrides, dry_run=dry_run)
+    if as_json:
+        _print_json(result)
+    elif dry_run:
+        typer.echo(json.dumps(result, indent=2, default=str))
+    else:
+        typer.echo(result["job_id"])
+    if follow and not dry_run:
+        from orchestrator import follow as follow_mod
+
+        raise typer.Exit(follow_mod.follow(result["job_id"]))
+
+
+@app.command()
+def status(
+    job: Annotated[str | None, typer.Argument(help="a job id (default: all jobs)")] = None,
+    as_json: JsonOut = False,
+    show_all: Annotated[bool, typer.Option("--all", help="include finished jobs")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="live view")] = False,
+) -> None:
+    """All jobs, or one job in detail."""
+    from orchestrator import jobs, ui
+
+    if watch:
+        from orchestrator import follow as follow_mod
+
+        raise typer.Exit(follow_mod.watch(job))
+    if job is None:
+        rows = jobs.status_all()
+        if as_json:
+            _print_json(rows)
+        else:
+            ui.print_jobs_table(rows, show_all=show_all)
+        return
+    detail = jobs.status_one(job)
+    if as_json:
+        _print_json(detail)
+    else:
+        ui.print_job_detail(detail)
+
+
+@app.command()
+def logs(
+    job: Annotated[str, typer.Argument(help="a job id")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines")] = False,
+) -> None:
+    """The trainer's log across all attempts."""
+    from orchestrator import jobs
+
+    jobs.print_logs(job, follow=follow)
+
+
+@app.command()
+def cancel(job: Annotated[str, typer.Argument(help="a job id")]) -> None:
+    """Stop a job; its checkpoints are kept."""
+    from orchestrator import jobs
+
+    typer.echo(jobs.cancel(job))
+
+
+@app.command()
+def resume(
+    job: Annotated[str, typer.Argument(help="a job id")],
+    set_: Sets = None,
+    follow: Annotated[bool, typer.Option("--follow", help="stream progress until the job ends")] = False,
+) -> None:
+    """Continue a stopped, failed or cancelled run from its newest checkpoint."""
+    from orchestrator import jobs
+
+    typer.echo(jobs.resume(job, list(set_ or [])))
+    if follow:
+        from orchestrator import follow as follow_mod
+
+        raise typer.Exit(follow_mod.follow(job))
+
+
+def _register_optional_commands() -> None:
+    """Commands that live in their own modules (sizing and planning; simulation)."""
+    from orchestrator import cli_simulate, cli_sizing
+
+    cli_sizing.register(app)
+    cli_simulate.register(app)
+
+
+_register_optional_commands()
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except (SpecError, UserError) as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except SystemExit:
+        raise
+    except Exception as exc:  # click usage errors come through here too
+        import click
+
+        if isinstance(exc, click.exceptions.UsageError):
+            exc.show()
+            sys.exit(2)
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(130)
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        sys.stderr.write(f"error: {exc.__class__.__name__}: {exc}\n")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

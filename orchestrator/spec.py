@@ -1,0 +1,167 @@
+"""Reading a job file: YAML, `--set` overrides, validation, and one-line errors that name the field."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from trainer.config import JobSpec, unsupported_features
+
+
+class SpecError(Exception):
+    """Bad input: the CLI prints `field: message` on one line and exits 2."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
+
+
+def _model_for_path(path: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that owns the field at `path`, to list its valid keys."""
+    model: Any = JobSpec
+    for part in path:
+        if isinstance(part, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        annotation = field.annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        nested = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        if not nested:
+            return None
+        model = nested[0]
+    return model
+
+
+def _describe(error: dict[str, Any]) -> SpecError:
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
+    # pydantic puts union branch names (e.g. 'int', 'literal['auto']') in loc; keep only real fields
+    clean: list[Any] = []
+    model: Any = JobSpec
+    for part in loc:
+        if isinstance(part, int):
+            clean.append(part)
+            continue
+        fields = getattr(model, "model_fields", None)
+        if fields is not None and part in fields:
+            clean.append(part)
+            model = _model_for_path(tuple(p for p in clean if isinstance(p, str))) or object
+        elif fields is None and not clean:
+            clean.append(part)
+    field = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in clean).replace(".[", "[")
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        parent = _model_for_path(tuple(p for p in clean[:-1] if isinstance(p, str)))
+        unknown = str(error["loc"][-1])
+        field = ".".join([*(str(p) for p in clean[:-1] if isinstance(p, str)), unknown])
+        valid = ", ".join(parent.model_fields) if parent else ""
+        return SpecError(field, f"unknown field; valid fields here: {valid}")
+    if kind == "missing":
+        return SpecError(field, "is required")
+    message = error["msg"]
+    message = message.removeprefix("Value error, ")
+    value = error.get("input")
+    if kind not in ("model_type", "dict_type") and not isinstance(value, dict | list):
+        message = f"{message} (got {value!r})"
+    return SpecError(field or "job", message)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """'train.max_steps=100' -> (['train', 'max_steps'], 100), the value typed as YAML."""
+    if "=" not in item:
+        raise SpecError("--set", f"{item!r} is not key.path=value")
+    key, raw = item.split("=", 1)
+    parts = [p for p in key.strip().split(".")]
+    if not key.strip() or any(not p for p in parts):
+        raise SpecError("--set", f"{item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise SpecError(key, f"--set value is not valid YAML ({exc.__class__.__name__})") from None
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = {}
+                node[part] = child
+            if not isinstance(child, dict):
+                raise SpecError(".".join(parts[: i + 1]), "is not a mapping, cannot set a key inside it")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _resolve_local_path(value: str, base: Path) -> str:
+    """Relative local paths in the job file are relative to the job file's folder."""
+    if "://" in value or os.path.isabs(value):
+        return value
+    candidate = (base / value).resolve()
+    return str(candidate)
+
+
+def load_job(path: str | Path, overrides: list[str] | None = None, check_support: bool = True) -> JobSpec:
+    """Load, override, validate. Raises SpecError on any problem with the input."""
+    path = Path(path)
+    if not path.exists():
+        raise SpecError("JOB", f"{path} does not exist")
+    if path.is_dir():
+        raise SpecError("JOB", f"{path} is a folder; give a job YAML file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError("JOB", f"cannot read {path}: {exc.__class__.__name__}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise SpecError("JOB", f"{path} is not valid YAML{where}: {problem}") from None
+    if data is None:
+        raise SpecError("JOB", f"{path} is empty; a job needs at least model, data and checkpoint")
+    if not isinstance(data, dict):
+        raise SpecError("JOB", f"{path} must be a mapping of fields, not a {type(data).__name__}")
+    data = apply_overrides(data, overrides or [])
+    return validate_job(data, base=path.resolve().parent, check_support=check_support)
+
+
+def validate_job(data: dict[str, Any], base: Path | None = None, check_support: bool = True) -> JobSpec:
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise _describe(exc.errors()[0]) from None
+    if base is not None:
+        spec = _resolve_paths(spec, base)
+    if check_support:
+        problems = unsupported_features(spec)
+        if problems:
+            raise SpecError(*problems[0])
+    return spec
+
+
+def _resolve_paths(spec: JobSpec, base: Path) -> JobSpec:
+    spec.data.path = _resolve_local_path(spec.data.path, base)
+    spec.checkpoint.uri = _resolve_local_path(spec.checkpoint.uri, base)
+    if spec.output.uri:
+        spec.output.uri = _resolve_local_path(spec.output.uri, base)
+    model = spec.model
+    if model.startswith((".", "/", "~")) or (base / model / "config.json").exists():
+        spec.model = _resolve_local_path(os.path.expanduser(model), base)
+    if not spec.data.path.startswith(tuple(f"{p}://" for p in ("s3", "gs", "gcs", "http", "https", "memory"))):
+        if "://" not in spec.data.path and not os.path.exists(spec.data.path):
+            raise SpecError("data.path", f"{spec.data.path} does not exist")
+    if spec.model.startswith("/") and not os.path.exists(os.path.join(spec.model, "config.json")):
+        raise SpecError("model", f"{spec.model} has no config.json; give a model folder or a hub id")
+    return spec

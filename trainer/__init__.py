@@ -1,0 +1,1 @@
+"""ftorch's trainer: runs where the GPUs are. It never imports `orchestrator`."""

@@ -1,0 +1,270 @@
+"""The job file schema, shared by the orchestrator and the trainer.
+
+This module imports no torch: the CLI validates job files and reads run stores without loading it.
+Every concept of the job file exists here; fields that a backend or the trainer cannot act on yet are
+validated here and refused by `unsupported_features` with a clear message.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Method = Literal["full", "lora", "qlora"]
+DataFormat = Literal["text", "instruction", "chat"]
+Precision = Literal["fp32", "bf16", "bf16-mixed", "fp16-mixed"]
+Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "sgd", "adafactor"]
+Schedule = Literal["cosine", "linear", "constant"]
+Attention = Literal["sdpa", "eager", "flash_attention_2"]
+Backend = Literal["local", "skypilot"]
+Fallback = Literal["none", "on-demand"]
+Policy = Literal["spot-only", "spot-fallback", "deadline", "on-demand"]
+Cloud = Literal["aws", "gcp", "azure", "lambda", "runpod", "kubernetes"]
+Device = Literal["auto", "cpu", "cuda"]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
+_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '10m', '1.5h', '2d' -> seconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a duration like 30s, 10m, 1.5h or 2d")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraSpec(_Strict):
+    r: int = Field(16, ge=1, le=4096)
+    alpha: float = Field(32.0, gt=0)
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    target_modules: Literal["all-linear"] | list[Annotated[str, Field(min_length=1)]] = "all-linear"
+
+    @field_validator("target_modules")
+    @classmethod
+    def _non_empty(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("must be 'all-linear' or a non-empty list of module names")
+        return value
+
+
+class QuantSpec(_Strict):
+    """QLoRA's frozen-base quantisation (bitsandbytes)."""
+
+    bits: Literal[4] = 4
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    double_quant: bool = True
+    compute_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+
+
+class DataSpec(_Strict):
+    path: str = Field(min_length=1)
+    format: DataFormat = "text"
+    max_seq_len: int = Field(512, ge=8, le=1_048_576)
+    #: tokens in the data set, for the planner when the data is not local (counted when it is)
+    tokens: int | None = Field(None, ge=1)
+    #: examples held back from training for the before/after check (taken from the end of the file)
+    eval_examples: int = Field(0, ge=0)
+
+
+class TrainSpec(_Strict):
+    micro_batch_size: int = Field(1, ge=1, le=65536)
+    grad_accum: int = Field(1, ge=1, le=65536)
+    epochs: float = Field(1.0, gt=0, le=10_000)
+    #: stop after this many optimizer steps (overrides epochs)
+    max_steps: int | None = Field(None, ge=1)
+    lr: float = Field(2e-4, gt=0, le=10.0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int | None = Field(None, ge=0)
+    warmup_ratio: float = Field(0.03, ge=0.0, le=1.0)
+    schedule: Schedule = "cosine"
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    seed: int = Field(1234, ge=0, le=2**32 - 1)
+    precision: Precision = "bf16-mixed"
+    gradient_checkpointing: bool = False
+    optimizer: Optimizer = "adamw"
+    attn_implementation: Attention = "sdpa"
+    #: log (and report progress) every N optimizer steps; 0 = automatic
+    log_every: int = Field(0, ge=0)
+
+
+class CheckpointSpec(_Strict):
+    uri: str = Field(min_length=1)
+    #: 'auto', a step count (e.g. 50), or a duration (e.g. '10m')
+    every: Literal["auto"] | Annotated[int, Field(ge=1)] | str = "auto"
+    keep: int = Field(3, ge=1, le=1000)
+    #: fsspec storage options (e.g. {endpoint_url: ...}); never put secrets here, use the environment
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("every")
+    @classmethod
+    def _every(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "auto":
+            parse_duration(value)
+        return value
+
+    @field_validator("storage_options")
+    @classmethod
+    def _no_secrets(cls, value: dict[str, Any]) -> dict[str, Any]:
+        secret = {"key", "secret", "token", "password", "aws_secret_access_key", "aws_access_key_id"}
+        bad = sorted(k for k in value if k.lower() in secret)
+        if bad:
+            raise ValueError(f"holds credentials ({', '.join(bad)}); set them in the environment instead")
+        return value
+
+    def every_steps(self) -> int | None:
+        return self.every if isinstance(self.every, int) else None
+
+    def every_seconds(self) -> float | None:
+        if isinstance(self.every, str) and self.every != "auto":
+            return parse_duration(self.every)
+        return None
+
+
+class OutputSpec(_Strict):
+    #: where the final adapter / model goes; default <run_uri>/output
+    uri: str | None = None
+
+
+class ResourcesSpec(_Strict):
+    backend: Backend = "local"
+    spot: bool = True
+    fallback: Fallback = "none"
+    policy: Policy | None = None
+    max_hourly_usd: float | None = Field(None, gt=0)
+    budget_usd: float | None = Field(None, gt=0)
+    clouds: list[Cloud] | None = None
+    regions: list[str] | None = None
+    accelerators: list[str] | None = None
+    #: GPUs per node; None lets the planner decide
+    gpus: int | None = Field(None, ge=1, le=64)
+    nodes: int = Field(1, ge=1, le=512)
+    #: allow sharded plans over PCIe (NVLink is required otherwise)
+    allow_pcie: bool = False
+    #: a duration from launch ('12h') or an ISO clock time with a zone ('2026-12-01T07:00+01:00')
+    deadline: str | None = None
+    disk_gb: int | None = Field(None, ge=10)
+    image_id: str | None = None
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            parse_duration(value)
+            return value
+        except ValueError:
+            pass
+        from datetime import datetime
+
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError("must be a duration like 12h or an ISO time with a zone") from None
+        if parsed.tzinfo is None:
+            raise ValueError("a clock time needs a time zone, e.g. 2026-12-01T07:00+01:00")
+        return value
+
+
+class ChaosSpec(_Strict):
+    """Simulated spot preemptions for the local backend."""
+
+    #: preempt once the trainer reports each of these steps (each step fires once per run)
+    preempt_at_steps: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    #: with notice (SIGTERM, then SIGKILL after grace_s) or without (SIGKILL); one value or one per step
+    notice: bool | list[bool] = True
+    #: random preemptions: expected number per minute of training
+    rate_per_min: float = Field(0.0, ge=0.0, le=60.0)
+    seed: int = 0
+    grace_s: float = Field(30.0, ge=0.0, le=3600.0)
+
+    @model_validator(mode="after")
+    def _notice_matches(self) -> ChaosSpec:
+        if isinstance(self.notice, list) and len(self.notice) != len(self.preempt_at_steps):
+            raise ValueError(
+                f"notice has {len(self.notice)} values for {len(self.preempt_at_steps)} preempt_at_steps;"
+                " give one value or one per step"
+            )
+        return self
+
+    def notice_for(self, index: int) -> bool:
+        return self.notice[index] if isinstance(self.notice, list) else self.notice
+
+
+class LocalSpec(_Strict):
+    device: Device = "auto"
+    #: trainer processes (>1 runs FSDP under torchrun)
+    nproc: int = Field(1, ge=1, le=64)
+    chaos: ChaosSpec | None = None
+    #: restarts after trainer crashes (preemptions do not count)
+    max_restarts_on_errors: int = Field(2, ge=0, le=100)
+    #: seconds before a new attempt after a preemption or crash
+    restart_backoff_s: float = Field(1.0, ge=0.0, le=3600.0)
+    #: a price for the local machine, so cost and budget can be exercised locally
+    hourly_usd: float = Field(0.0, ge=0.0)
+    #: CPU threads for the trainer (0 = torch's default)
+    threads: int = Field(0, ge=0, le=1024)
+
+
+class NotifySpec(_Strict):
+    webhook: str | None = None
+    command: str | None = None
+    on: list[Literal["succeeded", "failed", "budget", "preempted", "cancelled"]] = Field(
+        default_factory=lambda: ["succeeded", "failed", "budget"]
+    )
+
+    @field_validator("webhook")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://", value):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+
+class JobSpec(_Strict):
+    name: str = Field("job", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    model: str = Field(min_length=1)
+    method: Method = "lora"
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    quantization: QuantSpec = Field(default_factory=QuantSpec)
+    data: DataSpec
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    checkpoint: CheckpointSpec
+    output: OutputSpec = Field(default_factory=OutputSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    local: LocalSpec = Field(default_factory=LocalSpec)
+    notify: NotifySpec | None = None
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> JobSpec:
+        if self.method == "qlora" and self.train.precision == "fp32":
+            raise ValueError("train.precision: qlora computes in 16-bit; use bf16 or bf16-mixed")
+        return self
+
+
+def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
+    """(field, message) for settings that are valid but that this build cannot act on yet."""
+    problems: list[tuple[str, str]] = []
+    if spec.resources.backend == "skypilot":
+        problems.append(("resources.backend", "'skypilot' is not available yet; valid now: local"))
+    if spec.method == "qlora":
+        problems.append(("method", "'qlora' is not supported by the trainer yet; valid now: full, lora"))
+    if spec.local.nproc > 1:
+        problems.append(("local.nproc", "multi-process (FSDP) training is not supported yet; valid now: 1"))
+    if spec.train.optimizer not in ("adamw", "sgd"):
+        problems.append(("train.optimizer", f"'{spec.train.optimizer}' is not supported by the trainer yet;"
+                         " valid now: adamw, sgd"))
+    if spec.train.precision == "fp16-mixed":
+        problems.append(("train.precision", "'fp16-mixed' is not supported by the trainer yet;"
+                         " valid now: fp32, bf16, bf16-mixed"))
+    if spec.train.attn_implementation == "flash_attention_2":
+        problems.append(("train.attn_implementation", "'flash_attention_2' is not supported yet;"
+                         " valid now: sdpa, eager"))
+    return problems
