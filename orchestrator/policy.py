@@ -1,0 +1,206 @@
+"""Spot / on-demand policies: at each tick, run on spot, run on demand, or wait.
+
+A policy is a pure function of one `Observation` (no hidden state, no I/O), so the simulator and the
+local supervisor drive the same objects the same way:
+
+    policy = make_policy("deadline")
+    while not done:
+        decision = policy.decide(Observation(now_s=..., start_s=..., deadline_s=..., ...))
+        # decision.mode is Mode.SPOT, Mode.ON_DEMAND or Mode.NONE (hold no instance, wait)
+
+Hysteresis lives in the rule itself and reads `Observation.mode` (what is running now), so a policy
+never needs to remember anything between calls. See docs/policies.md for the rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Protocol
+
+from trainer.config import ResourcesSpec, parse_duration
+
+POLICY_NAMES = ("spot-only", "spot-fallback", "deadline", "on-demand")
+
+
+class Mode(str, Enum):
+    """What the job runs on during the next tick."""
+
+    NONE = "none"  # no instance: waiting (for spot capacity, or because there is slack)
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+
+
+@dataclass(slots=True)
+class Observation:
+    """Everything a policy may look at. Times are seconds on one clock (epoch or simulation time)."""
+
+    now_s: float
+    #: when the job was launched (the uniform-progress line starts here)
+    start_s: float
+    #: when the output must exist; None = no deadline
+    deadline_s: float | None
+    #: compute seconds done and kept (checkpointed or not), and needed in all, on the job's instance
+    work_done_s: float
+    work_total_s: float
+    #: seconds from asking for an instance to training again (boot, setup, load checkpoint)
+    restart_overhead_s: float
+    #: can spot capacity be had right now (in any zone the job may use)
+    spot_available: bool
+    #: what the job runs on now; Mode.NONE after a preemption
+    mode: Mode
+    #: work since the last checkpoint: lost if spot is taken away before the next decision
+    unsaved_work_s: float = 0.0
+    #: seconds until the policy is asked again (the supervisor's loop period; the trace's tick)
+    tick_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    mode: Mode
+    reason: str
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(self, obs: Observation) -> Decision: ...
+
+
+_SPOT = Decision(Mode.SPOT, "spot capacity is available")
+_WAIT = Decision(Mode.NONE, "no spot capacity: waiting")
+_OD = Decision(Mode.ON_DEMAND, "on demand")
+
+
+class OnDemandPolicy:
+    """Baseline: on demand all the time."""
+
+    name = "on-demand"
+
+    def decide(self, obs: Observation) -> Decision:
+        return _OD
+
+
+class SpotOnlyPolicy:
+    """Spot whenever there is capacity, otherwise wait. Never pays on-demand prices; may miss deadlines."""
+
+    name = "spot-only"
+
+    def decide(self, obs: Observation) -> Decision:
+        return _SPOT if obs.spot_available else _WAIT
+
+
+_FALLBACK_STAY = Decision(Mode.ON_DEMAND, "fell back to on demand: staying there")
+_FALLBACK_GO = Decision(Mode.ON_DEMAND, "no spot capacity: falling back to on demand")
+
+
+class SpotFallbackPolicy:
+    """Spot until the first time it is unavailable, then on demand for good."""
+
+    name = "spot-fallback"
+
+    def decide(self, obs: Observation) -> Decision:
+        if obs.mode is Mode.ON_DEMAND:
+            return _FALLBACK_STAY
+        return _SPOT if obs.spot_available else _FALLBACK_GO
+
+
+_D_SAFETY = Decision(Mode.ON_DEMAND, "safety net: on demand now or the deadline slips")
+_D_BEHIND = Decision(Mode.ON_DEMAND, "no spot capacity and behind uniform progress: on demand")
+_D_HOLD = Decision(Mode.ON_DEMAND, "on demand until ahead of uniform progress by the hysteresis margin")
+_D_BACK = Decision(Mode.SPOT, "ahead of uniform progress by the hysteresis margin: back to spot")
+_D_SPOT = Decision(Mode.SPOT, "spot capacity is available")
+_D_WAIT = Decision(Mode.NONE, "no spot capacity, on or ahead of uniform progress: waiting")
+
+
+@dataclass(frozen=True)
+class DeadlinePolicy:
+    """Uniform progress with a safety net and hysteresis (after "Can't Be Late", NSDI '24).
+
+    1. Safety net: if waiting one more tick, losing the unsaved work and paying one restart would leave
+       too little time to finish on demand, run on demand.
+    2. Spot whenever there is capacity, except that a job on demand goes back to spot only once its
+       progress is ahead of the uniform-progress line by `hysteresis_s` and the remaining work is worth
+       a restart (at least `min_spot_work_s`).
+    3. No spot capacity: run on demand if behind the line work_total * elapsed / (deadline - start),
+       otherwise wait. A job on demand stays on demand while spot is unavailable.
+
+    `hysteresis_s` and `min_spot_work_s` default to a multiple of the restart overhead (and tick).
+    With no deadline it behaves like spot-only.
+    """
+
+    hysteresis_s: float | None = None
+    min_spot_work_s: float | None = None
+    name: str = "deadline"
+
+    def margin_s(self, obs: Observation) -> float:
+        if self.hysteresis_s is not None:
+            return self.hysteresis_s
+        return 2.0 * obs.restart_overhead_s + 2.0 * obs.tick_s
+
+    def decide(self, obs: Observation) -> Decision:
+        if obs.deadline_s is None:
+            return _SPOT if obs.spot_available else _WAIT
+        remaining = obs.work_total_s - obs.work_done_s
+        if remaining < 0.0:
+            remaining = 0.0
+        time_left = obs.deadline_s - obs.now_s
+        spare = time_left - obs.tick_s - remaining - obs.unsaved_work_s - obs.restart_overhead_s
+        if spare < 1e-6:
+            return _D_SAFETY
+        window = obs.deadline_s - obs.start_s
+        expected = obs.work_total_s * (obs.now_s - obs.start_s) / window if window > 0 else obs.work_total_s
+        lead = obs.work_done_s - expected
+        if obs.mode is Mode.ON_DEMAND:
+            min_work = (
+                self.min_spot_work_s if self.min_spot_work_s is not None else 2.0 * obs.restart_overhead_s
+            )
+            if obs.spot_available and lead >= self.margin_s(obs) and remaining >= min_work:
+                return _D_BACK
+            return _D_HOLD
+        if obs.spot_available:
+            return _D_SPOT
+        return _D_BEHIND if lead < 0.0 else _D_WAIT
+
+
+def make_policy(name: str) -> Policy:
+    """A policy by its job-file name (resources.policy)."""
+    policies: dict[str, Policy] = {
+        "spot-only": SpotOnlyPolicy(),
+        "spot-fallback": SpotFallbackPolicy(),
+        "deadline": DeadlinePolicy(),
+        "on-demand": OnDemandPolicy(),
+    }
+    if name not in policies:
+        raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICY_NAMES)}")
+    return policies[name]
+
+
+def policy_name_for(resources: ResourcesSpec) -> str:
+    """The policy a job asks for: resources.policy, else derived from deadline / spot / fallback."""
+    if resources.policy is not None:
+        return resources.policy
+    if not resources.spot:
+        return "on-demand"
+    if resources.deadline is not None:
+        return "deadline"
+    return "spot-fallback" if resources.fallback == "on-demand" else "spot-only"
+
+
+def deadline_seconds(text: str, now: datetime | None = None) -> float:
+    """resources.deadline as seconds from `now` (launch): '12h' -> 43200; an ISO time with a zone -> its
+    distance from now. Raises ValueError if it is malformed, has no zone, or is not in the future."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError:
+        try:
+            when = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise ValueError(f"{text!r} is not a duration like 12h or an ISO time with a zone") from None
+        if when.tzinfo is None:
+            raise ValueError(f"{text!r} needs a time zone, e.g. 2026-12-01T07:00+01:00") from None
+        seconds = (when - (now or datetime.now(timezone.utc))).total_seconds()
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is not in the future")
+    return seconds
