@@ -54,6 +54,8 @@ class Observation:
     unsaved_work_s: float = 0.0
     #: seconds until the policy is asked again (the supervisor's loop period; the trace's tick)
     tick_s: float = 0.0
+    #: spot preemptions so far in this run
+    preemptions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,18 +128,21 @@ class DeadlinePolicy:
     3. No spot capacity: run on demand if behind the line work_total * elapsed / (deadline - start),
        otherwise wait. A job on demand stays on demand while spot is unavailable.
 
-    `hysteresis_s` and `min_spot_work_s` default to a multiple of the restart overhead (and tick).
-    With no deadline it behaves like spot-only.
+    The margin grows with each preemption, margin = hysteresis_s * (1 + backoff * preemptions), so spot
+    capacity that keeps vanishing is chased less and less. `hysteresis_s` defaults to 2 restart overheads
+    plus 2 ticks, `min_spot_work_s` to 2 restart overheads. With no deadline it behaves like spot-only.
     """
 
     hysteresis_s: float | None = None
     min_spot_work_s: float | None = None
+    backoff: float = 1.0
     name: str = "deadline"
 
     def margin_s(self, obs: Observation) -> float:
-        if self.hysteresis_s is not None:
-            return self.hysteresis_s
-        return 2.0 * obs.restart_overhead_s + 2.0 * obs.tick_s
+        base = self.hysteresis_s
+        if base is None:
+            base = 2.0 * obs.restart_overhead_s + 2.0 * obs.tick_s
+        return base * (1.0 + self.backoff * obs.preemptions)
 
     def decide(self, obs: Observation) -> Decision:
         if obs.deadline_s is None:

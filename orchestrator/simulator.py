@@ -98,7 +98,7 @@ def simulate(
     preemptions = starts = moves = 0
     last_zone = -1
     finish: float | None = None
-    obs = Observation(0.0, 0.0, deadline, 0.0, work, overhead_s, False, none, 0.0, gap)
+    obs = Observation(0.0, 0.0, deadline, 0.0, work, overhead_s, False, none, 0.0, gap, 0)
     decide = policy.decide
     tick = start_tick
     now = 0.0
@@ -115,6 +115,7 @@ def simulate(
         obs.spot_available = fz >= 0
         obs.mode = mode
         obs.unsaved_work_s = unsaved
+        obs.preemptions = preemptions
         want = decide(obs).mode
         if want is spot and fz < 0:
             want = none
