@@ -1,0 +1,419 @@
+"""Which offer finishes a job for the least expected money, and why every other offer lost.
+
+An offer is adequate when the memory estimate for its GPU count (FSDP over all its GPUs) fits each GPU
+with HEADROOM to spare; sharding over several GPUs needs NVLink unless resources.allow_pcie. Expected
+cost = hourly price x billed hours, where on spot the hours grow by the expected preemption overhead:
+
+    hours_spot = hours x (1 + C/tau) / (1 - rate x (tau/2 + R))
+
+with `rate` the interruption rate per hour of the offer (INTERRUPTIONS_PER_HOUR, documented guesses),
+`tau` the checkpoint interval, `C` the time to write a checkpoint, and `R` the restart overhead (new
+instance, model download, checkpoint load). Each interruption also starts a new billing segment that
+is rounded to the cloud's granularity (BILLING). On-demand has no preemption overhead.
+Among candidates within SINGLE_GPU_TIE of the cheapest, the one with the fewest GPUs wins.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.catalog import Catalog, Offer, load_catalog
+from orchestrator.errors import SpecError
+from orchestrator.memory import MemoryEstimate, estimate, settings_from_spec
+from orchestrator.shapes import ModelShape, resolve_shape
+from orchestrator.throughput import Workload, accelerator, estimate_time, workload
+
+HEADROOM = 0.10  # fraction of each GPU's memory kept free (fragmentation, spikes, estimate error)
+SINGLE_GPU_TIE = 0.10  # "about the same cost": fewer GPUs win within this fraction of the cheapest
+
+#: expected spot interruptions per hour: a documented assumption per cloud (not measured here),
+#: doubled for the scarce high-end accelerators whose spot pools are reclaimed most often, and growing
+#: with the GPUs per instance (PER_EXTRA_GPU each): big spot nodes are reclaimed first
+INTERRUPTIONS_PER_HOUR = {
+    "aws": 0.05,
+    "gcp": 0.08,
+    "azure": 0.06,
+    "runpod": 0.10,
+    "lambda": 0.0,
+    "kubernetes": 0.0,
+}
+SCARCE = {"h100", "h100-mega", "h200", "b200", "b300", "a100-80gb", "gh200"}
+SCARCE_FACTOR = 2.0
+PER_EXTRA_GPU = 0.25
+
+
+@dataclass(frozen=True)
+class Billing:
+    granularity_s: float
+    minimum_s: float
+
+
+#: billing rules per cloud (per second with a 1-minute minimum on AWS/GCP; per minute elsewhere)
+BILLING = {
+    "aws": Billing(1, 60),
+    "gcp": Billing(1, 60),
+    "azure": Billing(60, 60),
+    "lambda": Billing(60, 60),
+    "runpod": Billing(60, 60),
+    "kubernetes": Billing(1, 0),
+}
+DEFAULT_BILLING = Billing(3600, 3600)  # unknown clouds: hourly with a one-hour minimum
+
+PROVISION_S = 300.0  # new spot instance, image, ftorch install, until the trainer starts
+DOWNLOAD_GBPS = 1.0  # model weights from the hub / object storage into the instance
+CHECKPOINT_GBPS = 0.5  # checkpoint writes and reads to object storage
+MIN_CKPT_INTERVAL_S, MAX_CKPT_INTERVAL_S = 300.0, 3600.0
+
+
+@dataclass
+class Candidate:
+    cloud: str
+    instance_type: str
+    accelerator: str
+    count: int
+    gpu_memory_gib: float
+    interconnect: str
+    spot: bool
+    hourly_usd: float
+    spot_hourly_usd: float | None
+    ondemand_hourly_usd: float | None
+    est_hours: float  # compute hours without preemptions
+    expected_hours: float  # wall hours billed: startup + compute + expected preemption overhead
+    expected_cost_usd: float
+    expected_cost_spot_usd: float | None
+    expected_cost_ondemand_usd: float | None
+    checkpoint_interval_s: float
+    checkpoint_write_s: float
+    startup_s: float  # first boot: provisioning and model download (billed, no training)
+    restart_overhead_s: float
+    interruption_rate_per_hour: float
+    expected_interruptions: float
+    peak_gib_per_gpu: float
+    regions: list[str] = field(default_factory=list)
+    tokens_per_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        for key, value in out.items():
+            if isinstance(value, float):
+                out[key] = round(value, 4)
+        return out
+
+
+@dataclass
+class Rejection:
+    cloud: str
+    instance_type: str
+    accelerator: str
+    count: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Plan:
+    chosen: Candidate | None
+    candidates: list[Candidate]
+    rejected: list[Rejection]
+    catalog_source: str
+    model: str
+    method: str
+    estimates: dict[int, MemoryEstimate] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def why_none(self) -> str:
+        """One line for an impossible job."""
+        single = self.estimates.get(1)
+        need = f"needs {single.peak_gib_per_gpu:.1f} GiB on one GPU" if single else "needs more memory"
+        sharded = [e for n, e in sorted(self.estimates.items()) if n > 1]
+        if sharded:
+            need += f" ({sharded[-1].peak_gib_per_gpu:.1f} GiB per GPU sharded over {sharded[-1].n_gpus})"
+        counts: dict[str, int] = {}
+        for r in self.rejected:
+            kind = r.reason.split(":")[0]
+            counts[kind] = counts.get(kind, 0) + 1
+        top = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])[:3])
+        return (
+            f"no offer can run this job: {self.model} {self.method} {need}; "
+            f"{len(self.rejected)} offers rejected ({top}); see `ftorch plan --json` for each reason"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "method": self.method,
+            "catalog_source": self.catalog_source,
+            "chosen": self.chosen.to_json() if self.chosen else None,
+            "candidates": [c.to_json() for c in self.candidates],
+            "rejected": [r.to_json() for r in self.rejected],
+            "estimates": {str(n): e.to_json() for n, e in sorted(self.estimates.items())},
+            "workload": self.workload,
+            "notes": self.notes,
+        }
+
+
+# ---- cost pieces -------------------------------------------------------------------------------------
+def interruption_rate(offer: Offer) -> float:
+    base = INTERRUPTIONS_PER_HOUR.get(offer.cloud, 0.10)
+    scarce = SCARCE_FACTOR if offer.accelerator.lower() in SCARCE else 1.0
+    return base * scarce * (1.0 + PER_EXTRA_GPU * (offer.count - 1))
+
+
+def billed_hours(hours: float, segments: float, rule: Billing) -> float:
+    """Hours billed for `hours` of use split over `segments` instances (each rounded and with a minimum)."""
+    rounding = segments * (rule.granularity_s / 2.0 if rule.granularity_s > 1 else 0.0) / 3600.0
+    return max(hours + rounding, segments * rule.minimum_s / 3600.0)
+
+
+def checkpoint_interval(spec: Any, step_s: float, write_s: float, rate: float) -> float:
+    every = spec.checkpoint.every
+    if isinstance(every, int):
+        return max(1.0, every * step_s)
+    seconds = spec.checkpoint.every_seconds()
+    if seconds:
+        return seconds
+    if rate <= 0:
+        return MAX_CKPT_INTERVAL_S
+    young = math.sqrt(2.0 * write_s * 3600.0 / rate)  # Young's optimal interval for MTBF = 1/rate
+    return min(MAX_CKPT_INTERVAL_S, max(MIN_CKPT_INTERVAL_S, young))
+
+
+def spot_hours(
+    hours: float, rate: float, interval_s: float, write_s: float, restart_s: float
+) -> float | None:
+    """Expected wall hours on spot; None when interruptions come faster than progress."""
+    lost_per_interruption_h = (interval_s / 2.0 + restart_s) / 3600.0
+    denominator = 1.0 - rate * lost_per_interruption_h
+    if denominator <= 0.2:
+        return None
+    return hours * (1.0 + write_s / interval_s) / denominator
+
+
+# ---- the planner -------------------------------------------------------------------------------------
+def _reject(offer: Offer, reason: str) -> Rejection:
+    return Rejection(offer.cloud, offer.instance_type, offer.accelerator, offer.count, reason)
+
+
+def make_plan(
+    spec: Any,
+    *,
+    catalog: Catalog | list[Offer] | None = None,
+    offline: bool = True,
+    shape: ModelShape | None = None,
+    online_shapes: bool = False,
+) -> Plan:
+    """Rank every offer of the catalog for `spec` by expected cost; explain every rejection."""
+    if isinstance(catalog, list | tuple):
+        catalog = Catalog(tuple(catalog), "given offers")
+    catalog = catalog or load_catalog(offline=offline)
+    res = spec.resources
+    if res.nodes > 1:
+        raise SpecError("resources.nodes", "multi-node plans are not supported yet; use nodes: 1")
+    shape = shape or resolve_shape(spec.model, online=online_shapes)
+    work: Workload = workload(spec)
+    use_spot = res.spot and res.policy != "on-demand"
+    fallback = res.fallback == "on-demand" and res.policy != "spot-only"
+    needs_bf16 = spec.train.precision in ("bf16", "bf16-mixed") or (
+        spec.method == "qlora" and spec.quantization.compute_dtype == "bf16"
+    )
+    estimates: dict[int, MemoryEstimate] = {}
+
+    def memory_for(n: int) -> MemoryEstimate:
+        if n not in estimates:
+            estimates[n] = estimate(shape, settings_from_spec(spec, n))
+        return estimates[n]
+
+    memory_for(1)
+    candidates: list[Candidate] = []
+    rejected: list[Rejection] = []
+    wanted_acc = {a.lower() for a in res.accelerators or []}
+    for offer in catalog.offers:
+        if res.clouds and offer.cloud not in res.clouds:
+            rejected.append(_reject(offer, f"cloud: {offer.cloud} is not in resources.clouds"))
+            continue
+        if wanted_acc and offer.accelerator.lower() not in wanted_acc:
+            rejected.append(
+                _reject(offer, f"accelerator: {offer.accelerator} is not in resources.accelerators")
+            )
+            continue
+        od, spot, regions = offer.prices_in(res.regions)
+        if res.regions and not regions:
+            rejected.append(_reject(offer, "region: not offered in resources.regions"))
+            continue
+        if res.gpus and offer.count != res.gpus:
+            rejected.append(
+                _reject(offer, f"gpus: has {offer.count} GPUs, resources.gpus asks for {res.gpus}")
+            )
+            continue
+        acc = accelerator(offer.accelerator, offer.instance_type)
+        if acc is None:
+            rejected.append(_reject(offer, f"accelerator: no performance figures for {offer.accelerator}"))
+            continue
+        if needs_bf16 and not acc.bf16:
+            rejected.append(
+                _reject(
+                    offer,
+                    f"precision: {offer.accelerator} has no bf16; "
+                    "use train.precision: fp16-mixed to run on it",
+                )
+            )
+            continue
+        if spec.train.attn_implementation == "flash_attention_2" and not acc.bf16:
+            rejected.append(
+                _reject(offer, f"attention: flash_attention_2 needs Ampere or newer, not {offer.accelerator}")
+            )
+            continue
+        if offer.count > 1 and not offer.nvlink and not res.allow_pcie:
+            rejected.append(
+                _reject(
+                    offer,
+                    f"interconnect: sharding over {offer.count} GPUs needs NVLink, this "
+                    f"is {offer.interconnect} (allow with resources.allow_pcie: true)",
+                )
+            )
+            continue
+        mem = memory_for(offer.count)
+        if not mem.fits(offer.gpu_memory_gib, HEADROOM):
+            usable = offer.gpu_memory_gib * (1 - HEADROOM)
+            where = "on 1 GPU" if offer.count == 1 else f"per GPU sharded over {offer.count}"
+            rejected.append(
+                _reject(
+                    offer,
+                    f"memory: needs {mem.peak_gib_per_gpu:.1f} GiB {where}, has "
+                    f"{offer.gpu_memory_gib:g} GiB ({usable:.1f} usable with "
+                    f"{HEADROOM:.0%} headroom)",
+                )
+            )
+            continue
+        if use_spot and spot is not None:
+            is_spot, price = True, spot
+        elif use_spot and fallback and od is not None or not use_spot and od is not None:
+            is_spot, price = False, od
+        else:
+            what = "no spot price" if use_spot else "no on-demand price"
+            hint = " (resources.fallback: on-demand allows on-demand)" if use_spot and od else ""
+            rejected.append(_reject(offer, f"price: {what} for {offer.instance_type}{hint}"))
+            continue
+        if res.max_hourly_usd is not None and price > res.max_hourly_usd:
+            rejected.append(
+                _reject(
+                    offer,
+                    f"max price: ${price:.2f}/h is over resources.max_hourly_usd ${res.max_hourly_usd:.2f}",
+                )
+            )
+            continue
+        cand = _candidate(spec, shape, offer, mem, work, acc, is_spot, price, od, spot, regions)
+        if cand is None:
+            rejected.append(_reject(offer, "preemption: interrupted too often to make progress"))
+            continue
+        if res.budget_usd is not None and cand.expected_cost_usd > res.budget_usd:
+            rejected.append(
+                _reject(
+                    offer,
+                    f"budget: expected ${cand.expected_cost_usd:.2f} is over "
+                    f"resources.budget_usd ${res.budget_usd:.2f}",
+                )
+            )
+            continue
+        candidates.append(cand)
+
+    candidates.sort(key=lambda c: (c.expected_cost_usd, c.count, c.expected_hours))
+    chosen = None
+    if candidates:
+        cheapest = candidates[0].expected_cost_usd
+        close = [c for c in candidates if c.expected_cost_usd <= cheapest * (1 + SINGLE_GPU_TIE)]
+        chosen = min(close, key=lambda c: (c.count, c.expected_cost_usd))
+    notes = [f"catalog: {catalog.source}", f"memory headroom {HEADROOM:.0%} per GPU"]
+    if shape.approximate:
+        notes.append(f"{shape.name}: architecture not modelled exactly; sized as llama-like")
+    return Plan(
+        chosen=chosen,
+        candidates=candidates,
+        rejected=rejected,
+        catalog_source=catalog.source,
+        model=shape.name,
+        method=spec.method,
+        estimates=estimates,
+        workload=work.to_json(),
+        notes=notes,
+    )
+
+
+def _candidate(
+    spec: Any,
+    shape: ModelShape,
+    offer: Offer,
+    mem: MemoryEstimate,
+    work: Workload,
+    acc: Any,
+    is_spot: bool,
+    price: float,
+    od: float | None,
+    spot: float | None,
+    regions: tuple[str, ...],
+) -> Candidate | None:
+    settings = settings_from_spec(spec, offer.count)
+    t = estimate_time(shape, settings, mem.trainable_params, work, acc, offer.count, offer.interconnect)
+    hours = t.hours
+    state_bytes = 2 if spec.train.precision == "bf16" else 4
+    optim_bytes = {"adamw": 2 * state_bytes, "sgd": state_bytes, "adafactor": 1}.get(spec.train.optimizer, 2)
+    ckpt_bytes = mem.trainable_params * (state_bytes + optim_bytes)
+    write_s = ckpt_bytes / (CHECKPOINT_GBPS * 1e9)
+    model_bytes = shape.params * 2.0
+    startup_s = PROVISION_S + model_bytes / (DOWNLOAD_GBPS * 1e9)  # billed once on any instance
+    restart_s = startup_s + ckpt_bytes / (CHECKPOINT_GBPS * 1e9)
+    rate = interruption_rate(offer)
+    step_s = spec.train.grad_accum * t.compute_s_per_microbatch
+    interval = checkpoint_interval(spec, step_s, write_s, rate)
+    rule = BILLING.get(offer.cloud, DEFAULT_BILLING)
+
+    def cost_on(spot_price: bool, hourly: float | None) -> tuple[float, float, float] | None:
+        if hourly is None:
+            return None
+        startup_h = startup_s / 3600.0
+        if not spot_price or rate <= 0:
+            return hourly * billed_hours(hours + startup_h, 1, rule), hours + startup_h, 0.0
+        wall = spot_hours(hours, rate, interval, write_s, restart_s)
+        if wall is None:
+            return None
+        wall += startup_h
+        interruptions = rate * wall
+        return hourly * billed_hours(wall, 1 + interruptions, rule), wall, interruptions
+
+    on_spot = cost_on(True, spot)
+    on_demand = cost_on(False, od)
+    paid = on_spot if is_spot else on_demand
+    if paid is None:
+        return None
+    cost, wall, interruptions = paid
+    return Candidate(
+        cloud=offer.cloud,
+        instance_type=offer.instance_type,
+        accelerator=offer.accelerator,
+        count=offer.count,
+        gpu_memory_gib=offer.gpu_memory_gib,
+        interconnect=offer.interconnect,
+        spot=is_spot,
+        hourly_usd=price,
+        spot_hourly_usd=spot,
+        ondemand_hourly_usd=od,
+        est_hours=hours,
+        expected_hours=wall,
+        expected_cost_usd=cost,
+        expected_cost_spot_usd=on_spot[0] if on_spot else None,
+        expected_cost_ondemand_usd=on_demand[0] if on_demand else None,
+        checkpoint_interval_s=interval,
+        checkpoint_write_s=write_s,
+        startup_s=startup_s,
+        restart_overhead_s=restart_s,
+        interruption_rate_per_hour=rate,
+        expected_interruptions=interruptions,
+        peak_gib_per_gpu=mem.peak_gib_per_gpu,
+        regions=list(regions),
+        tokens_per_s=t.tokens_per_s,
+    )

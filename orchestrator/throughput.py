@@ -1,0 +1,254 @@
+"""How long a job takes on an offer: tokens x FLOPs per token / (peak x utilisation), plus communication.
+
+Assumptions (documented in docs/planner.md):
+- FLOPs per token: 2 x active matmul parameters (attention projections, MLP, top-k experts, lm_head)
+  plus the attention scores (4 x layers x seq x q_dim, halved for causal masking with flash/SDPA).
+  Full fine-tuning = forward + backward (2x forward); LoRA/QLoRA skip the frozen weights' gradients,
+  so backward is about 1x forward (input gradients only) plus the adapters' own work; gradient
+  checkpointing adds one more forward.
+- QLoRA pays for dequantization: every pass over the weights (forward, backward, recomputation)
+  reads 4-bit weights and writes 16-bit ones, a memory-bound cost of ~2.5 bytes/param at HBM bandwidth
+  per micro-batch.
+- Utilisation (model-FLOPs utilisation) per method: UTILISATION below, scaled by the fraction of peak a
+  PyTorch/HF stack reaches on each GPU generation (Accelerator.reach: Hopper 0.8, Blackwell 0.6, since
+  their peaks grew faster than the memory-bound parts of a training step), and by SCALING_EFFICIENCY
+  for data-parallel runs (synchronisation, stragglers) on top of the explicit communication time.
+- FSDP across N GPUs: per micro-batch each GPU all-gathers the parameters twice (forward, backward) and
+  reduce-scatters the gradients; this overlaps with compute up to OVERLAP of the compute time, over
+  NVLink or PCIe bandwidth (LINK_GBPS).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import SpecError
+from orchestrator.memory import NF4_DQ_BYTES, Settings
+from orchestrator.shapes import ModelShape
+
+#: model-FLOPs utilisation assumed per method (dense bf16/fp16 tensor-core peak)
+UTILISATION = {"full": 0.40, "lora": 0.35, "qlora": 0.30}
+#: fraction of the compute time that communication can hide behind
+OVERLAP = 0.8
+#: effective per-GPU collective bandwidth, GB/s
+LINK_GBPS = {"nvlink": 150.0, "pcie": 10.0}
+SCALING_EFFICIENCY = 0.9
+CHARS_PER_TOKEN = 4.0  # English-like text through a BPE tokenizer
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str
+    tflops_16bit: float  # dense bf16 (or fp16 where bf16 is missing) tensor peak, TFLOP/s
+    hbm_gbps: float
+    bf16: bool = True
+    #: fraction of the peak a PyTorch/HF training stack reaches relative to an A100
+    reach: float = 1.0
+
+
+ACCELERATORS: dict[str, Accelerator] = {
+    a.name.lower(): a
+    for a in (
+        Accelerator("B300", 2250, 8000, reach=0.6),
+        Accelerator("B200", 2250, 8000, reach=0.6),
+        Accelerator("H200", 989, 4800, reach=0.8),
+        Accelerator("H100", 989, 3350, reach=0.8),
+        Accelerator("H100-PCIE", 756, 2000, reach=0.8),
+        Accelerator("H100-MEGA", 989, 3350, reach=0.8),
+        Accelerator("GH200", 989, 4000, reach=0.8),
+        Accelerator("A100", 312, 1555),
+        Accelerator("A100-80GB", 312, 2039),
+        Accelerator("L40S", 362, 864),
+        Accelerator("L40", 181, 864),
+        Accelerator("L4", 121, 300),
+        Accelerator("A10G", 70, 600),
+        Accelerator("A10", 125, 600),
+        Accelerator("A40", 150, 696),
+        Accelerator("A6000", 155, 768),
+        Accelerator("RTX PRO Server 6000", 500, 1600),
+        Accelerator("RTX6000", 65, 672, bf16=False),
+        Accelerator("V100", 125, 900, bf16=False),
+        Accelerator("V100-32GB", 125, 900, bf16=False),
+        Accelerator("T4", 65, 320, bf16=False),
+        Accelerator("T4g", 65, 320, bf16=False),
+        Accelerator("P100", 18.7, 732, bf16=False),
+        Accelerator("P4", 5.5, 192, bf16=False),
+    )
+}
+
+
+def accelerator(name: str, instance_type: str = "") -> Accelerator | None:
+    key = name.lower()
+    if key == "h100" and "pcie" in instance_type.lower():
+        key = "h100-pcie"
+    return ACCELERATORS.get(key)
+
+
+# ---- tokens ------------------------------------------------------------------------------------------
+def count_local_tokens(path: str, max_seq_len: int) -> tuple[int, int, str]:
+    """(tokens, examples, method) of a local JSONL/text file, without a tokenizer.
+
+    Each example's text (all string values of a JSON line, or the line) is len/4 tokens, truncated at
+    max_seq_len like the trainer does. Files over 64 MiB are sampled (first 20k lines) and scaled by size.
+    """
+    p = Path(path)
+    size = p.stat().st_size
+    tokens = examples = 0
+    read = 0
+    with p.open("rb") as fh:
+        for raw in fh:
+            read += len(raw)
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                text = _strings(json.loads(line))
+            except ValueError:
+                text = line.decode("utf-8", "replace")
+            tokens += min(max_seq_len, max(1, math.ceil(len(text) / CHARS_PER_TOKEN)))
+            examples += 1
+            if size > 64 * 1024**2 and examples >= 20_000:
+                scale = size / max(1, read)
+                return int(tokens * scale), int(examples * scale), "sampled, ~4 chars/token"
+    return tokens, examples, "counted, ~4 chars/token"
+
+
+def _strings(obj: Any) -> str:
+    if isinstance(obj, str):
+        return obj
+    if isinstance(obj, dict):
+        return " ".join(_strings(v) for v in obj.values())
+    if isinstance(obj, list):
+        return " ".join(_strings(v) for v in obj)
+    return ""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Training tokens: fixed by the data x epochs, or by max_steps (then it grows with the GPU count)."""
+
+    tokens_per_epoch: int | None
+    epochs: float
+    max_steps: int | None
+    tokens_per_sequence: float
+    sequences_per_step_per_gpu: int
+    source: str
+
+    def total_tokens(self, n_gpus: int) -> float:
+        if self.max_steps is not None:
+            return self.max_steps * self.sequences_per_step_per_gpu * n_gpus * self.tokens_per_sequence
+        assert self.tokens_per_epoch is not None
+        return self.tokens_per_epoch * self.epochs
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tokens_per_epoch": self.tokens_per_epoch,
+            "epochs": self.epochs,
+            "max_steps": self.max_steps,
+            "source": self.source,
+        }
+
+
+def workload(spec: Any) -> Workload:
+    data, train = spec.data, spec.train
+    per_step = train.micro_batch_size * train.grad_accum
+    local = "://" not in data.path and os.path.exists(data.path)
+    tokens = examples = None
+    source = ""
+    if data.tokens is not None:
+        tokens, source = data.tokens, "data.tokens"
+    elif local and os.path.isfile(data.path):
+        tokens, examples, how = count_local_tokens(data.path, data.max_seq_len)
+        source = f"{data.path} ({how})"
+    per_seq = float(data.max_seq_len)
+    if tokens and examples:
+        per_seq = tokens / examples
+    if train.max_steps is not None:
+        return Workload(
+            tokens, train.epochs, train.max_steps, per_seq, per_step, source or "max_steps x batch"
+        )
+    if tokens is None:
+        raise SpecError(
+            "data.tokens",
+            f"{data.path} is not a local file; give data.tokens (tokens in the data "
+            "set) or train.max_steps so the planner can estimate hours",
+        )
+    return Workload(tokens, train.epochs, None, per_seq, per_step, source)
+
+
+# ---- time --------------------------------------------------------------------------------------------
+def flops_per_token(shape: ModelShape, s: Settings, trainable: int) -> float:
+    """Training FLOPs per token (forward, backward, recomputation) for the method."""
+    matmul = shape.active_linear_params + shape.vocab * shape.hidden  # lm_head
+    causal = 0.5 if s.attn != "eager" else 1.0
+    attention = 4.0 * shape.layers * s.seq_len * shape.q_dim * causal
+    forward = 2.0 * matmul + attention
+    if s.method == "full":
+        passes = 3.0
+        adapter = 0.0
+    else:
+        passes = 2.0  # forward + input gradients; no weight gradients for the frozen base
+        adapter = 6.0 * trainable
+    if s.grad_ckpt:
+        passes += 1.0
+    return forward * passes + adapter
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    hours: float
+    tokens: float
+    tokens_per_s: float
+    flops_per_token: float
+    utilisation: float
+    compute_s_per_microbatch: float
+    comm_s_per_microbatch: float
+    dequant_s_per_microbatch: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def estimate_time(
+    shape: ModelShape,
+    s: Settings,
+    trainable: int,
+    work: Workload,
+    acc: Accelerator,
+    n_gpus: int,
+    interconnect: str,
+) -> TimeEstimate:
+    """Hours to train `work` on `n_gpus` of `acc` (FSDP when n_gpus > 1)."""
+    util = UTILISATION[s.method] * acc.reach * (SCALING_EFFICIENCY if n_gpus > 1 else 1.0)
+    fpt = flops_per_token(shape, s, trainable)
+    tokens_mb = s.micro_batch * min(float(s.seq_len), work.tokens_per_sequence)
+    compute = tokens_mb * fpt / (acc.tflops_16bit * 1e12 * util)
+    dequant = 0.0
+    if s.method == "qlora":
+        passes = 3 if s.grad_ckpt else 2
+        dequant = passes * shape.quantizable_params * (NF4_DQ_BYTES + 2.0) / (acc.hbm_gbps * 1e9)
+    comm = 0.0
+    if n_gpus > 1:
+        link = LINK_GBPS["nvlink" if interconnect.lower() == "nvlink" else "pcie"]
+        weight_bytes = 2.0 * shape.params if s.method != "qlora" else NF4_DQ_BYTES * shape.params
+        grad_bytes = 4.0 * trainable
+        comm = (2 * weight_bytes + grad_bytes) * (n_gpus - 1) / n_gpus / (link * 1e9)
+    work_s = compute + dequant
+    step_s = work_s + max(0.0, comm - OVERLAP * work_s)
+    tokens_per_s = n_gpus * tokens_mb / step_s
+    total = work.total_tokens(n_gpus)
+    return TimeEstimate(
+        hours=total / tokens_per_s / 3600.0,
+        tokens=total,
+        tokens_per_s=tokens_per_s,
+        flops_per_token=fpt,
+        utilisation=util,
+        compute_s_per_microbatch=compute,
+        comm_s_per_microbatch=comm,
+        dequant_s_per_microbatch=dequant,
+    )
