@@ -12,13 +12,15 @@ import typer
 
 from orchestrator.errors import SpecError, UserError
 
-_NUMBER_OPTIONS = (
-    "--hours",
-    "--spot-price",
-    "--ondemand-price",
-    "--checkpoint-interval",
-    "--restart-overhead",
-)
+#: JobNumbers inputs: (attribute of the planner's chosen Candidate, the option that overrides it)
+_PLAN_FIELDS = {
+    "hours": ("est_hours", "--hours"),
+    "spot_price": ("spot_hourly_usd", "--spot-price"),
+    "ondemand_price": ("ondemand_hourly_usd", "--ondemand-price"),
+    "checkpoint_interval_s": ("checkpoint_interval_s", "--checkpoint-interval"),
+    "restart_overhead_s": ("restart_overhead_s", "--restart-overhead"),
+}
+_NUMBER_OPTIONS = tuple(option for _, option in _PLAN_FIELDS.values())
 
 
 def _seconds(option: str, value: str | None) -> float | None:
@@ -44,7 +46,7 @@ def _positive(option: str, value: float | None, allow_zero: bool = False) -> Non
         raise SpecError(option, f"must be {'>= 0' if allow_zero else '> 0'} (got {value})")
 
 
-def _from_planner(spec: Any) -> tuple[dict[str, float], str]:
+def _from_planner(spec: Any) -> tuple[dict[str, float | None], str]:
     """The chosen offer's numbers, and a one-line description of it."""
     try:
         from orchestrator.planner import make_plan
@@ -56,18 +58,16 @@ def _from_planner(spec: Any) -> tuple[dict[str, float], str]:
     chosen = getattr(plan, "chosen", None)
     if chosen is None:
         raise UserError("the planner found no offer for this job; give " + ", ".join(_NUMBER_OPTIONS))
-    numbers = {
-        "hours": float(chosen.est_hours),
-        "spot_price": float(chosen.spot_hourly_usd),
-        "ondemand_price": float(chosen.ondemand_hourly_usd),
-        "checkpoint_interval_s": float(chosen.checkpoint_interval_s),
-        "restart_overhead_s": float(chosen.restart_overhead_s),
-    }
     where = " ".join(
         str(getattr(chosen, k)) for k in ("cloud", "instance_type", "accelerator") if getattr(chosen, k, None)
     )
     count = getattr(chosen, "count", None)
-    return numbers, f"{where}{f' x{count}' if count else ''}"
+    offer = f"{where}{f' x{count}' if count else ''}"
+    numbers: dict[str, float | None] = {}
+    for key, (attr, _option) in _PLAN_FIELDS.items():
+        value = getattr(chosen, attr, None)
+        numbers[key] = None if value is None else float(value)
+    return numbers, offer
 
 
 def _job_numbers(
@@ -85,6 +85,9 @@ def _job_numbers(
         planned, offer = _from_planner(spec)
         for key, value in values.items():
             if value is None:
+                if planned.get(key) is None:
+                    option = _PLAN_FIELDS[key][1]
+                    raise UserError(f"the planner's offer ({offer}) has no value for {option}; give {option}")
                 values[key] = planned[key]
                 sources[key] = f"planner ({offer})"
     field = "--deadline" if deadline is not None else "resources.deadline"

@@ -189,13 +189,20 @@ def test_planner_fills_what_is_not_given(monkeypatch, capsys, files) -> None:
         and job["checkpoint_interval_s"] == 900
     )
     assert job["sources"]["spot_price"] == "planner (aws p3.2xlarge V100 x1)"
+    chosen.spot_hourly_usd = None  # an offer with no spot price
+    code, _, err = ftorch(
+        monkeypatch, capsys, "simulate", files["job"], "--trace", files["a"], "--hours", "7"
+    )
+    assert code == 2 and "give --spot-price" in err
 
 
 def test_with_the_real_planner(monkeypatch, capsys, files) -> None:
     planner = pytest.importorskip("orchestrator.planner")
     if not hasattr(planner, "make_plan"):
         pytest.skip("the planner has no make_plan yet")
-    code, out, err = ftorch(monkeypatch, capsys, "simulate", files["job"], "--trace", files["a"], "--json")
+    args = ["simulate", files["job"], "--trace", files["a"], "--json"]
+    args += ["--set", "data.tokens=20000000", "--set", "model=meta-llama/Llama-3.1-8B"]
+    code, out, err = ftorch(monkeypatch, capsys, *args)
     assert code == 0, err
     job = json.loads(out)["job"]
     assert job["work_s"] > 0 and job["ondemand_hourly_usd"] > 0
