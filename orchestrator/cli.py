@@ -150,17 +150,17 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except SystemExit:
         raise
-    except Exception as exc:  # click usage errors come through here too
-        import click
-
-        if isinstance(exc, click.exceptions.UsageError):
-            exc.show()
+    except Exception as exc:
+        # typer bundles its own click: recognise its exceptions by class name, not by import
+        kinds = {cls.__name__ for cls in type(exc).__mro__}
+        if "UsageError" in kinds:
+            exc.show()  # type: ignore[attr-defined]
             sys.exit(2)
-        if isinstance(exc, click.exceptions.Abort):
+        if "Abort" in kinds:
             sys.exit(130)
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+        if "ClickException" in kinds:
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(getattr(exc, "exit_code", 1))
         sys.stderr.write(f"error: {exc.__class__.__name__}: {exc}\n")
         sys.exit(1)
 

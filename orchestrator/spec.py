@@ -40,7 +40,9 @@ def _model_for_path(path: tuple[Any, ...]) -> type[BaseModel] | None:
 
 
 def _describe(error: dict[str, Any]) -> SpecError:
-    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
+    loc = tuple(
+        p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))
+    )
     # pydantic puts union branch names (e.g. 'int', 'literal['auto']') in loc; keep only real fields
     clean: list[Any] = []
     model: Any = JobSpec
@@ -159,9 +161,8 @@ def _resolve_paths(spec: JobSpec, base: Path) -> JobSpec:
     model = spec.model
     if model.startswith((".", "/", "~")) or (base / model / "config.json").exists():
         spec.model = _resolve_local_path(os.path.expanduser(model), base)
-    if not spec.data.path.startswith(tuple(f"{p}://" for p in ("s3", "gs", "gcs", "http", "https", "memory"))):
-        if "://" not in spec.data.path and not os.path.exists(spec.data.path):
-            raise SpecError("data.path", f"{spec.data.path} does not exist")
+    if "://" not in spec.data.path and not os.path.exists(spec.data.path):
+        raise SpecError("data.path", f"{spec.data.path} does not exist")
     if spec.model.startswith("/") and not os.path.exists(os.path.join(spec.model, "config.json")):
         raise SpecError("model", f"{spec.model} has no config.json; give a model folder or a hub id")
     return spec

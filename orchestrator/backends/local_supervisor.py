@@ -1,0 +1,260 @@
+"""`python -m orchestrator.backends.local_supervisor JOB_ID`: runs one job's attempts to the end.
+
+State machine (registry states):
+    PROVISIONING -> RUNNING -> SUCCEEDED
+                            -> PREEMPTED -> RECOVERING -> RUNNING ...   (simulated or real notice)
+                            -> RECOVERING (crash, within local.max_restarts_on_errors) -> RUNNING ...
+                            -> FAILED (bad config, or too many crashes)
+                            -> CANCELLED (ftorch cancel: SIGTERM to the trainer, which checkpoints)
+The trainer gets SIGTERM if this process dies, so it never runs unsupervised.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator import procs
+from orchestrator.registry import Registry
+from trainer import exitcodes
+from trainer.config import ChaosSpec, JobSpec
+from trainer.store import RunStore
+
+STEP_LINE = re.compile(r"\[trainer\] step (\d+)/(\d+)")
+POLL_S = 0.05
+
+
+@dataclass
+class Chaos:
+    """Simulated spot preemptions: at given steps (each fires once per run) or at a random rate."""
+
+    spec: ChaosSpec | None
+    fired: set[int] = field(default_factory=set)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def due(self, step: int, dt: float) -> tuple[str, bool] | None:
+        """(what, with_notice) when a preemption should happen now."""
+        if self.spec is None:
+            return None
+        for index, at in enumerate(self.spec.preempt_at_steps):
+            if at not in self.fired and step >= at:
+                self.fired.add(at)
+                return f"step {at}", self.spec.notice_for(index)
+        if self.spec.rate_per_min > 0 and self.rng.random() < self.spec.rate_per_min * dt / 60.0:
+            notice = self.spec.notice if isinstance(self.spec.notice, bool) else self.rng.random() < 0.5
+            return "random", notice
+        return None
+
+
+class LogTail:
+    """Follows a trainer log file for step lines."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.buffer = ""
+        self.step: int | None = None
+
+    def poll(self) -> int | None:
+        try:
+            with open(self.path, encoding="utf-8", errors="replace") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+                self.offset = handle.tell()
+        except FileNotFoundError:
+            return self.step
+        self.buffer += chunk
+        *lines, self.buffer = self.buffer.split("\n")
+        for line in lines:
+            match = STEP_LINE.search(line)
+            if match:
+                self.step = int(match.group(1))
+        return self.step
+
+    def last_lines(self, n: int = 3) -> list[str]:
+        try:
+            text = self.path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return []
+        return [line for line in text.splitlines() if line.strip()][-n:]
+
+
+class Supervisor:
+    def __init__(self, job_id: str) -> None:
+        self.registry = Registry()
+        self.job_id = job_id
+        job = self.registry.get(job_id)
+        self.spec = JobSpec.model_validate(job.spec)
+        self.store = RunStore(job.run_uri, self.spec.checkpoint.storage_options)
+        self.cancelled = False
+        fired = {
+            int(e["detail"].split()[1])
+            for e in self.registry.events(job_id)
+            if e["kind"] == "chaos" and (e["detail"] or "").startswith("step ")
+        }
+        self.chaos = Chaos(
+            self.spec.local.chaos,
+            fired=fired,
+            rng=random.Random((self.spec.local.chaos.seed if self.spec.local.chaos else 0) + len(fired)),
+        )
+        self.crashes = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def log(self, message: str) -> None:
+        sys.stdout.write(f"{time.strftime('%H:%M:%S')} [supervisor] {message}\n")
+        sys.stdout.flush()
+
+    def on_sigterm(self, _signum: int, _frame: object) -> None:
+        self.cancelled = True
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.on_sigterm)
+        signal.signal(signal.SIGINT, self.on_sigterm)
+        self.registry.update(
+            self.job_id, supervisor_pid=os.getpid(), supervisor_started=procs.start_time(os.getpid())
+        )
+        first = not self.registry.attempts(self.job_id)
+        self.registry.set_state(self.job_id, "PROVISIONING" if first else "RECOVERING")
+        while True:
+            if self.cancelled or self.registry.get(self.job_id).cancel_requested:
+                self.registry.set_state(self.job_id, "CANCELLED", "cancelled by the user; checkpoints kept")
+                return 0
+            outcome = self.run_attempt()
+            if outcome == "succeeded":
+                self.registry.set_state(self.job_id, "SUCCEEDED")
+                return 0
+            if outcome == "cancelled":
+                self.registry.set_state(self.job_id, "CANCELLED", "cancelled by the user; checkpoints kept")
+                return 0
+            if outcome.startswith("failed"):
+                self.registry.set_state(self.job_id, "FAILED", outcome.removeprefix("failed: "))
+                return 1
+            time.sleep(self.spec.local.restart_backoff_s)
+            self.registry.set_state(self.job_id, "RECOVERING", outcome)
+
+    def run_attempt(self) -> str:
+        progress = self.store.read_progress() or {}
+        start_step = progress.get("last_checkpoint_step") or 0
+        attempt = self.registry.start_attempt(
+            self.job_id, start_step, instance="local", hourly_usd=self.spec.local.hourly_usd
+        )
+        log_path = self.registry.job_dir(self.job_id) / "logs" / f"attempt-{attempt.n:03d}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        job = self.registry.get(self.job_id)
+        env = dict(os.environ)
+        env["FTORCH_ATTEMPT"] = str(attempt.n)
+        old = os.umask(0o077)
+        try:
+            log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+        finally:
+            os.umask(old)
+        with log_file:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "trainer", job.run_uri, "--attempt", str(attempt.n)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=procs.die_with_parent,
+            )
+        self.registry.update_attempt(self.job_id, attempt.n, pid=self.proc.pid)
+        self.log(f"attempt {attempt.n} started (pid {self.proc.pid}) from step {start_step}")
+        tail = LogTail(log_path)
+        running = False
+        preempted: str | None = None
+        last = time.time()
+        while self.proc.poll() is None:
+            time.sleep(POLL_S)
+            now = time.time()
+            step = tail.poll()
+            if step is not None and not running:
+                running = True
+                self.registry.update_attempt(self.job_id, attempt.n, first_step_at=now)
+                self.registry.set_state(self.job_id, "RUNNING")
+            if self.cancelled or (now - last > 1.0 and self.registry.get(self.job_id).cancel_requested):
+                self.cancelled = True
+                self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
+                break
+            due = self.chaos.due(step or 0, now - last) if running else None
+            last = now
+            if due is not None:
+                what, notice = due
+                preempted = f"preempted ({'with' if notice else 'without'} notice, {what})"
+                self.registry.event(self.job_id, "chaos", f"{what} notice={notice} attempt={attempt.n}")
+                self.registry.set_state(self.job_id, "PREEMPTED", preempted)
+                self.log(f"simulated spot preemption at step {step} ({what}, notice={notice})")
+                self.stop_trainer(notice=notice, grace=self._grace())
+                break
+        code = self.proc.wait()
+        tail.poll()
+        end_progress = self.store.read_progress() or {}
+        self.registry.update_attempt(
+            self.job_id,
+            attempt.n,
+            ended_at=time.time(),
+            exit_code=code,
+            end_step=tail.step if tail.step is not None else end_progress.get("step"),
+        )
+        reason = self.classify(code, preempted, end_progress, tail)
+        self.registry.update_attempt(self.job_id, attempt.n, end_reason=reason)
+        self.log(f"attempt {attempt.n} ended: exit code {code}, {reason}")
+        return reason
+
+    def _grace(self) -> float:
+        return self.spec.local.chaos.grace_s if self.spec.local.chaos else 30.0
+
+    def classify(self, code: int, preempted: str | None, progress: dict, tail: LogTail) -> str:
+        if self.cancelled:
+            return "cancelled"
+        if preempted:
+            return preempted
+        if code == exitcodes.OK and progress.get("state") == "finished":
+            return "succeeded"
+        if code == exitcodes.PREEMPTED:
+            self.registry.set_state(self.job_id, "PREEMPTED", "preemption notice (SIGTERM)")
+            return "preempted (notice from outside)"
+        last = " | ".join(tail.last_lines(1)) or "no output"
+        if code == exitcodes.BAD_CONFIG:
+            return f"failed: the trainer refused the job: {last}"
+        if code == exitcodes.FENCED:
+            return f"failed: another attempt owns this run: {last}"
+        self.crashes += 1
+        limit = self.spec.local.max_restarts_on_errors
+        if self.crashes > limit:
+            return f"failed: the trainer crashed {self.crashes} times (exit code {code}); last: {last}"
+        self.registry.event(
+            self.job_id, "crash", f"exit code {code} ({self.crashes}/{limit} restarts): {last}"
+        )
+        return f"crashed (exit code {code}); restart {self.crashes} of {limit}"
+
+    def stop_trainer(self, notice: bool, grace: float) -> None:
+        assert self.proc is not None
+        if notice:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+                return
+            except subprocess.TimeoutExpired:
+                self.log(f"trainer still running {grace:.0f}s after the notice: killing it")
+        self.proc.kill()
+
+
+def main() -> int:
+    job_id = sys.argv[1]
+    supervisor = Supervisor(job_id)
+    try:
+        return supervisor.run()
+    except Exception as exc:
+        supervisor.registry.set_state(job_id, "FAILED", f"supervisor error: {exc.__class__.__name__}: {exc}")
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

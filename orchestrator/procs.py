@@ -1,0 +1,43 @@
+"""Process identity on Linux: a pid plus its start time, so a recycled pid is not mistaken for ours."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+PR_SET_PDEATHSIG = 1
+
+
+def start_time(pid: int) -> float | None:
+    """The process's start time in clock ticks since boot, or None if it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # the command name (field 2) may contain spaces and parentheses: split after the last ')'
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":  # a zombie is gone for our purposes
+        return None
+    return float(fields[19])
+
+
+def alive(pid: int | None, started: float | None) -> bool:
+    if not pid:
+        return False
+    now = start_time(pid)
+    if now is None:
+        return False
+    return started is None or abs(now - started) < 0.5
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Run in a child before exec: the kernel sends `sig` to it when its parent dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except OSError:
+        pass
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os.kill(os.getpid(), sig)

@@ -1,0 +1,324 @@
+"""The job registry: jobs, attempts and state transitions in SQLite under $FTORCH_HOME.
+
+Several processes use it at once (the CLI, one supervisor per job), so every write is a short
+transaction and the database runs in WAL mode. Files are readable by the owner only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATES = (
+    "PENDING",
+    "PROVISIONING",
+    "RUNNING",
+    "PREEMPTED",
+    "RECOVERING",
+    "SUCCEEDED",
+    "FAILED",
+    "CANCELLED",
+    "STOPPED",
+)
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "STOPPED")
+RESUMABLE = ("FAILED", "CANCELLED", "STOPPED")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    run_uri TEXT NOT NULL,
+    output_uri TEXT NOT NULL,
+    spec_json TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    ended_at REAL,
+    supervisor_pid INTEGER,
+    supervisor_started REAL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    backend_job_id TEXT,
+    hourly_usd REAL NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS attempts (
+    job_id TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    pid INTEGER,
+    exit_code INTEGER,
+    end_reason TEXT,
+    start_step INTEGER,
+    end_step INTEGER,
+    first_step_at REAL,
+    instance TEXT,
+    spot INTEGER,
+    hourly_usd REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (job_id, n)
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    detail TEXT
+);
+CREATE INDEX IF NOT EXISTS events_job ON events (job_id, at);
+"""
+
+
+def ftorch_home() -> Path:
+    return Path(os.environ.get("FTORCH_HOME") or Path.home() / ".ftorch").expanduser()
+
+
+@dataclass
+class Job:
+    job_id: str
+    name: str
+    backend: str
+    state: str
+    reason: str | None
+    run_uri: str
+    output_uri: str
+    spec: dict[str, Any]
+    created_at: float
+    updated_at: float
+    ended_at: float | None
+    supervisor_pid: int | None
+    supervisor_started: float | None
+    cancel_requested: bool
+    backend_job_id: str | None
+    hourly_usd: float
+
+
+@dataclass
+class Attempt:
+    job_id: str
+    n: int
+    started_at: float
+    ended_at: float | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    end_reason: str | None = None
+    start_step: int | None = None
+    end_step: int | None = None
+    first_step_at: float | None = None
+    instance: str | None = None
+    spot: bool | None = None
+    hourly_usd: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Registry:
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home or ftorch_home()
+        self.home.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.home, 0o700)
+        self.path = self.home / "registry.db"
+        fresh = not self.path.exists()
+        with self._connect() as db:
+            db.executescript(SCHEMA)
+        if fresh:
+            os.chmod(self.path, 0o600)
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        old = os.umask(0o077)
+        try:
+            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        finally:
+            os.umask(old)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA busy_timeout=30000")
+            db.row_factory = sqlite3.Row
+            yield db
+        finally:
+            db.close()
+
+    def job_dir(self, job_id: str) -> Path:
+        path = self.home / "jobs" / job_id
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
+    # ---- jobs ----------------------------------------------------------------------------------
+    def create_job(
+        self,
+        job_id: str,
+        name: str,
+        backend: str,
+        run_uri: str,
+        output_uri: str,
+        spec: dict[str, Any],
+        hourly_usd: float = 0.0,
+    ) -> Job:
+        now = time.time()
+        with self._connect() as db:
+            db.execute(
+                "INSERT INTO jobs (job_id, name, backend, state, run_uri, output_uri, spec_json, created_at,"
+                " updated_at, hourly_usd) VALUES (?, ?, ?, 'PENDING', ?, ?, ?, ?, ?, ?)",
+                (job_id, name, backend, run_uri, output_uri, json.dumps(spec), now, now, hourly_usd),
+            )
+            db.execute(
+                "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, 'state', 'PENDING')",
+                (job_id, now),
+            )
+        return self.get(job_id)
+
+    def get(self, job_id: str) -> Job:
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise KeyError(job_id)
+        return _job(row)
+
+    def find(self, prefix: str) -> list[Job]:
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT * FROM jobs WHERE job_id = ? OR job_id LIKE ? ESCAPE '\\' ORDER BY created_at",
+                (prefix, _like_prefix(prefix)),
+            ).fetchall()
+        exact = [r for r in rows if r["job_id"] == prefix]
+        return [_job(r) for r in (exact or rows)]
+
+    def jobs(self) -> list[Job]:
+        with self._connect() as db:
+            rows = db.execute("SELECT * FROM jobs ORDER BY created_at").fetchall()
+        return [_job(r) for r in rows]
+
+    def set_state(self, job_id: str, state: str, reason: str | None = None) -> None:
+        assert state in STATES, state
+        now = time.time()
+        ended = now if state in TERMINAL else None
+        with self._connect() as db:
+            db.execute(
+                "UPDATE jobs SET state = ?, reason = ?, updated_at = ?, ended_at = ? WHERE job_id = ?",
+                (state, reason, now, ended, job_id),
+            )
+            db.execute(
+                "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, 'state', ?)",
+                (job_id, now, state if reason is None else f"{state}: {reason}"),
+            )
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        allowed = {
+            "supervisor_pid",
+            "supervisor_started",
+            "cancel_requested",
+            "backend_job_id",
+            "spec_json",
+            "hourly_usd",
+            "output_uri",
+            "reason",
+        }
+        assert set(fields) <= allowed, fields
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self._connect() as db:
+            db.execute(
+                f"UPDATE jobs SET {sets}, updated_at = ? WHERE job_id = ?",
+                (*fields.values(), time.time(), job_id),
+            )
+
+    def event(self, job_id: str, kind: str, detail: str | None = None, at: float | None = None) -> None:
+        with self._connect() as db:
+            db.execute(
+                "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+                (job_id, at or time.time(), kind, detail),
+            )
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT at, kind, detail FROM events WHERE job_id = ? ORDER BY id", (job_id,)
+            ).fetchall()
+        return [dict(r) for r in rows]
+
+    # ---- attempts ------------------------------------------------------------------------------
+    def start_attempt(
+        self,
+        job_id: str,
+        start_step: int | None,
+        instance: str = "local",
+        spot: bool | None = None,
+        hourly_usd: float = 0.0,
+    ) -> Attempt:
+        now = time.time()
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            n = db.execute(
+                "SELECT COALESCE(MAX(n), 0) + 1 FROM attempts WHERE job_id = ?", (job_id,)
+            ).fetchone()[0]
+            db.execute(
+                "INSERT INTO attempts (job_id, n, started_at, start_step, instance, spot, hourly_usd)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (job_id, n, now, start_step, instance, None if spot is None else int(spot), hourly_usd),
+            )
+            db.execute("COMMIT")
+        return Attempt(
+            job_id, n, now, start_step=start_step, instance=instance, spot=spot, hourly_usd=hourly_usd
+        )
+
+    def update_attempt(self, job_id: str, n: int, **fields: Any) -> None:
+        allowed = {"ended_at", "pid", "exit_code", "end_reason", "end_step", "first_step_at", "start_step"}
+        assert set(fields) <= allowed, fields
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self._connect() as db:
+            db.execute(
+                f"UPDATE attempts SET {sets} WHERE job_id = ? AND n = ?", (*fields.values(), job_id, n)
+            )
+
+    def attempts(self, job_id: str) -> list[Attempt]:
+        with self._connect() as db:
+            rows = db.execute("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,)).fetchall()
+        return [
+            Attempt(
+                job_id=r["job_id"],
+                n=r["n"],
+                started_at=r["started_at"],
+                ended_at=r["ended_at"],
+                pid=r["pid"],
+                exit_code=r["exit_code"],
+                end_reason=r["end_reason"],
+                start_step=r["start_step"],
+                end_step=r["end_step"],
+                first_step_at=r["first_step_at"],
+                instance=r["instance"],
+                spot=None if r["spot"] is None else bool(r["spot"]),
+                hourly_usd=r["hourly_usd"],
+            )
+            for r in rows
+        ]
+
+
+def _like_prefix(prefix: str) -> str:
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _job(row: sqlite3.Row) -> Job:
+    return Job(
+        job_id=row["job_id"],
+        name=row["name"],
+        backend=row["backend"],
+        state=row["state"],
+        reason=row["reason"],
+        run_uri=row["run_uri"],
+        output_uri=row["output_uri"],
+        spec=json.loads(row["spec_json"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        ended_at=row["ended_at"],
+        supervisor_pid=row["supervisor_pid"],
+        supervisor_started=row["supervisor_started"],
+        cancel_requested=bool(row["cancel_requested"]),
+        backend_job_id=row["backend_job_id"],
+        hourly_usd=row["hourly_usd"],
+    )

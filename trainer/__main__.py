@@ -1,0 +1,55 @@
+"""`python -m trainer RUN_URI [--attempt N]`: the entry every backend runs.
+
+Exit codes are in trainer/exitcodes.py: 0 done, 75 preempted (checkpoint written), 2 bad config,
+1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="ftorch trainer")
+    parser.add_argument("run_uri", help="the run folder in the run store (spec.json inside)")
+    parser.add_argument("--attempt", type=int, default=int(os.environ.get("FTORCH_ATTEMPT", "1")))
+    args = parser.parse_args(argv)
+
+    import warnings
+
+    from pydantic import ValidationError
+
+    # noise from libraries that says nothing about this run
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    from trainer import exitcodes
+    from trainer.data import DataError
+    from trainer.progress import log
+
+    try:
+        from trainer.loop import run
+
+        return run(args.run_uri, args.attempt)
+    except (DataError, ValidationError) as exc:
+        log(f"error: {exc}")
+        return exitcodes.BAD_CONFIG
+    except FileNotFoundError as exc:
+        log(f"error: {exc}")
+        return exitcodes.BAD_CONFIG
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # skip interpreter teardown with torch loaded (about a second): everything is flushed and closed
+    os._exit(code)

@@ -1,0 +1,219 @@
+"""Training data: JSONL in text / instruction / chat formats, tokenised, with a stateless sampler.
+
+The order of examples depends only on (seed, epoch), and the data position is just the count of
+micro-batches consumed, so resuming needs nothing but the step number.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+import torch
+
+from trainer.config import DataSpec
+
+IGNORE = -100
+
+INSTRUCTION_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
+INSTRUCTION_PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+
+
+class DataError(ValueError):
+    """The data file is wrong; the message names the line."""
+
+
+@dataclass
+class Example:
+    input_ids: list[int]
+    labels: list[int]
+
+
+def read_jsonl(path: str, storage_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with fsspec.open(path, "rt", encoding="utf-8", **(storage_options or {})) as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{number}: each line must be a JSON object")
+            row["_line"] = number
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no examples")
+    return rows
+
+
+def _text_field(row: dict[str, Any], key: str, path: str, required: bool = True) -> str:
+    value = row.get(key)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise DataError(f"{path}:{row['_line']}: '{key}' must be a string")
+    return value
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _bos(tokenizer: Any) -> list[int]:
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return [bos] if bos is not None and getattr(tokenizer, "add_bos_token", True) else []
+
+
+def _eos(tokenizer: Any) -> list[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return [eos] if eos is not None else []
+
+
+def encode_row(row: dict[str, Any], fmt: str, tokenizer: Any, path: str = "data") -> Example:
+    """One JSONL row -> token ids and labels (prompt tokens masked for instruction and chat)."""
+    if fmt == "text":
+        ids = _bos(tokenizer) + _ids(tokenizer, _text_field(row, "text", path)) + _eos(tokenizer)
+        return Example(ids, list(ids))
+    if fmt == "instruction":
+        instruction = _text_field(row, "instruction", path)
+        extra = _text_field(row, "input", path, required=False)
+        response_key = "output" if "output" in row else "response"
+        response = _text_field(row, response_key, path)
+        template = INSTRUCTION_PROMPT_WITH_INPUT if extra else INSTRUCTION_PROMPT
+        prompt = _bos(tokenizer) + _ids(tokenizer, template.format(instruction=instruction, input=extra))
+        answer = _ids(tokenizer, response) + _eos(tokenizer)
+        return Example(prompt + answer, [IGNORE] * len(prompt) + answer)
+    if fmt == "chat":
+        return _encode_chat(row, tokenizer, path)
+    raise DataError(f"unknown data format {fmt!r}")
+
+
+def _encode_chat(row: dict[str, Any], tokenizer: Any, path: str) -> Example:
+    messages = row.get("messages")
+    where = f"{path}:{row['_line']}"
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: 'messages' must be a non-empty list")
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            raise DataError(f"{where}: each message needs 'role' and a string 'content'")
+        if message.get("role") not in ("system", "user", "assistant", "tool"):
+            raise DataError(f"{where}: role must be system, user, assistant or tool")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise DataError(f"{where}: no assistant message to learn from")
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("data.format: chat needs a tokenizer with a chat template")
+    clean = [{"role": m["role"], "content": m["content"]} for m in messages]
+
+    def render(upto: int, generation_prompt: bool) -> str:
+        if upto == 0:
+            return ""
+        return tokenizer.apply_chat_template(
+            clean[:upto], tokenize=False, add_generation_prompt=generation_prompt
+        )
+
+    ids: list[int] = []
+    labels: list[int] = []
+    rendered = ""
+    for i, message in enumerate(clean):
+        if message["role"] == "assistant":
+            prompt_text = render(i, True)
+            segment = prompt_text[len(rendered) :] if prompt_text.startswith(rendered) else prompt_text
+            seg_ids = _ids(tokenizer, segment)
+            ids += seg_ids
+            labels += [IGNORE] * len(seg_ids)
+            full = render(i + 1, False)
+            answer = full[len(prompt_text) :] if full.startswith(prompt_text) else full
+            answer_ids = _ids(tokenizer, answer)
+            ids += answer_ids
+            labels += answer_ids
+            rendered = full
+        else:
+            full = render(i + 1, False)
+            segment = full[len(rendered) :] if full.startswith(rendered) else full
+            seg_ids = _ids(tokenizer, segment)
+            ids += seg_ids
+            labels += [IGNORE] * len(seg_ids)
+            rendered = full
+    return Example(ids, labels)
+
+
+@dataclass
+class Dataset:
+    train: list[Example]
+    held_out: list[Example]
+    skipped: int
+    micro_batch_size: int
+    seed: int
+    pad_id: int
+
+    @property
+    def micro_batches_per_epoch(self) -> int:
+        return len(self.train) // self.micro_batch_size
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(e.input_ids) for e in self.train)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The example order of an epoch: a pure function of (seed, epoch)."""
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.train))
+
+    def micro_batch(self, index: int) -> list[Example]:
+        """The index-th micro-batch of the whole run (epochs follow one another)."""
+        epoch, i = divmod(index, self.micro_batches_per_epoch)
+        order = self.order(epoch)
+        start = i * self.micro_batch_size
+        return [self.train[int(j)] for j in order[start : start + self.micro_batch_size]]
+
+
+def load_dataset(
+    spec: DataSpec,
+    tokenizer: Any,
+    micro_batch_size: int,
+    seed: int,
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    rows = read_jsonl(spec.path, storage_options)
+    if spec.eval_examples >= len(rows):
+        raise DataError(
+            f"data.eval_examples: {spec.eval_examples} leaves no training examples (the file has {len(rows)})"
+        )
+    cut = len(rows) - spec.eval_examples
+    encoded: list[Example] = []
+    held: list[Example] = []
+    skipped = 0
+    for n, row in enumerate(rows):
+        example = encode_row(row, spec.format, tokenizer, spec.path)
+        example = Example(example.input_ids[: spec.max_seq_len], example.labels[: spec.max_seq_len])
+        if not any(label != IGNORE for label in example.labels[1:]):
+            skipped += 1  # truncation left nothing to learn from
+            continue
+        (encoded if n < cut else held).append(example)
+    if len(encoded) < micro_batch_size:
+        raise DataError(
+            f"data.path: {len(encoded)} usable training examples, fewer than "
+            f"train.micro_batch_size ({micro_batch_size})"
+        )
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return Dataset(encoded, held, skipped, micro_batch_size, seed, int(pad if pad is not None else 0))
+
+
+def collate(
+    examples: list[Example], pad_id: int, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest example of the micro-batch."""
+    width = max(len(e.input_ids) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, example in enumerate(examples):
+        n = len(example.input_ids)
+        ids[row, :n] = torch.tensor(example.input_ids, dtype=torch.long)
+        labels[row, :n] = torch.tensor(example.labels, dtype=torch.long)
+        mask[row, :n] = 1
+    return {"input_ids": ids.to(device), "labels": labels.to(device), "attention_mask": mask.to(device)}

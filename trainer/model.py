@@ -1,0 +1,87 @@
+"""Loading the causal LM and its tokenizer; wrapping it for full fine-tuning or LoRA."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from trainer.config import JobSpec
+
+DTYPES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bf16-mixed": torch.float32,
+    "fp16-mixed": torch.float32,
+}
+
+
+def pick_device(preference: str) -> torch.device:
+    if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("local.device: cuda was asked for but no CUDA device is visible")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def autocast_dtype(spec: JobSpec) -> torch.dtype | None:
+    return torch.bfloat16 if spec.train.precision == "bf16-mixed" else None
+
+
+def load_tokenizer(spec: JobSpec) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(spec.model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(spec: JobSpec, device: torch.device) -> torch.nn.Module:
+    """The base model, then LoRA adapters (seeded, so every attempt builds the same model)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(spec.train.seed)
+    model = AutoModelForCausalLM.from_pretrained(
+        spec.model,
+        dtype=DTYPES[spec.train.precision],
+        attn_implementation=spec.train.attn_implementation,
+    )
+    model.config.use_cache = False
+    if spec.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if spec.method == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        if spec.train.gradient_checkpointing:
+            model.enable_input_require_grads()
+        lora = spec.lora
+        config = LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=lora.target_modules,
+            task_type="CAUSAL_LM",
+        )
+        torch.manual_seed(spec.train.seed)
+        model = get_peft_model(model, config)
+    return model.to(device)
+
+
+def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """Trainable parameters by name (tied weights appear once)."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    seen: set[int] = set()
+    total = trainable = 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+        if p.requires_grad:
+            trainable += p.numel()
+    return total, trainable
