@@ -34,6 +34,8 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from trainer.faults import maybe_die
+
 MANIFEST = "MANIFEST.json"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_PREFIX = "step-"
@@ -234,6 +236,8 @@ class RunStore:
         for rel, data in blobs.items():
             self.write_bytes(f"{folder}/{rel}", data, atomic=False)
             files[rel] = {"size": len(data), "sha256": sha256_bytes(data)}
+            maybe_die("checkpoint-partial", step)
+        maybe_die("before-manifest", step)
         if self.is_local:
             _fsync_tree(self.path(folder))
         manifest = {"format": 1, "step": step, "created_at": time.time(), "files": files, "meta": meta or {}}

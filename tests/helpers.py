@@ -1,0 +1,213 @@
+"""Test helpers: a tiny model and tokenizer built from a config, data made here, runs of the real trainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+WORDS = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "mike",
+    "november",
+    "oscar",
+    "papa",
+    "quebec",
+    "romeo",
+    "sierra",
+    "tango",
+    "uniform",
+    "victor",
+    "whiskey",
+    "xray",
+    "yankee",
+    "zulu",
+]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def build_tiny_model(folder: Path, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+
+    rng = random.Random(seed)
+    corpus = [" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(400)]
+    corpus += ["### Instruction:\n", "### Response:\n", "### Input:\n", "<|user|>", "<|assistant|>"] * 20
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        min_frequency=2,
+        special_tokens=["<|pad|>", "<|bos|>", "<|eos|>", "<|end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>"
+    )
+    hf_tok.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(hf_tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        bos_token_id=hf_tok.bos_token_id,
+        eos_token_id=hf_tok.eos_token_id,
+        pad_token_id=hf_tok.pad_token_id,
+    )
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(folder)
+    hf_tok.save_pretrained(folder)
+    return folder
+
+
+def write_data(path: Path, fmt: str, n: int, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as handle:
+        for _ in range(n):
+            words = [rng.choice(WORDS) for _ in range(rng.randint(3, 8))]
+            if fmt == "text":
+                row: dict[str, Any] = {"text": " ".join(words)}
+            elif fmt == "instruction":
+                row = {"instruction": "first", "input": " ".join(words), "output": words[0]}
+            else:
+                row = {
+                    "messages": [
+                        {"role": "system", "content": "be brief"},
+                        {"role": "user", "content": " ".join(words)},
+                        {"role": "assistant", "content": words[-1]},
+                    ]
+                }
+            handle.write(json.dumps(row) + "\n")
+    return path
+
+
+def job_dict(model: Path, data_path: Path, ckpt: Path, **sections: Any) -> dict[str, Any]:
+    """A small valid job; keyword arguments replace or extend sections (dicts are merged)."""
+    job: dict[str, Any] = {
+        "name": "t",
+        "model": str(model),
+        "method": "lora",
+        "lora": {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj", "lm_head"]},
+        "data": {"path": str(data_path), "format": "instruction", "max_seq_len": 96},
+        "train": {
+            "micro_batch_size": 4,
+            "grad_accum": 1,
+            "max_steps": 30,
+            "lr": 5e-3,
+            "seed": 7,
+            "precision": "fp32",
+            "log_every": 1,
+            "warmup_steps": 3,
+        },
+        "checkpoint": {"uri": str(ckpt), "every": 5, "keep": 2},
+        "local": {"threads": 1, "restart_backoff_s": 0.2},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(job.get(key), dict):
+            job[key] = {**job[key], **value}
+        else:
+            job[key] = value
+    return job
+
+
+def prepare_run(job: dict[str, Any], run_id: str = "run") -> str:
+    """Write a run store by hand (what `ftorch launch` does), for running the trainer directly."""
+    from orchestrator.spec import validate_job
+    from trainer.store import RunStore, join_uri
+
+    spec = validate_job(job)
+    run_uri = join_uri(spec.checkpoint.uri, run_id)
+    RunStore(run_uri).write_spec(
+        {
+            "job": spec.model_dump(mode="json"),
+            "run_id": run_id,
+            "output_uri": join_uri(run_uri, "output"),
+            "created_at": 0.0,
+        }
+    )
+    return run_uri
+
+
+def trainer_cmd(run_uri: str, attempt: int = 1) -> list[str]:
+    return [sys.executable, "-m", "trainer", run_uri, "--attempt", str(attempt)]
+
+
+def run_trainer(
+    run_uri: str, attempt: int = 1, env: dict[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        trainer_cmd(run_uri, attempt),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+    )
+
+
+def ftorch(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).parent / "ftorch"
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "orchestrator.cli"]
+    return subprocess.run(
+        [*command, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+    )
+
+
+def final_weights(run_uri: str) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    folder = Path(run_uri) / "output"
+    name = (
+        "adapter_model.safetensors"
+        if (folder / "adapter_model.safetensors").exists()
+        else "model.safetensors"
+    )
+    return load_file(str(folder / name))
+
+
+def assert_bitwise_equal(a: dict[str, Any], b: dict[str, Any]) -> None:
+    import torch
+
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs (max abs diff {(a[key] - b[key]).abs().max()})"

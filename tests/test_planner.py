@@ -1,0 +1,177 @@
+"""The planner on a fixed catalog: cheapest adequate wins, NVLink for sharding, limits, impossible jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator import planner
+from orchestrator.catalog import Catalog, parse_offers
+from orchestrator.planner import Billing, billed_hours, make_plan, spot_hours
+from orchestrator.spec import validate_job
+
+HEADER = "cloud,instance_type,accelerator,count,gpu_memory_gib,ondemand_usd,spot_usd,regions,interconnect\n"
+OFFERS = HEADER + (
+    "aws,l4.small,L4,1,22.35,0.80,0.30,us-east-1,n/a\n"
+    "aws,l40s.one,L40S,1,44.7,1.90,0.90,us-east-1,n/a\n"
+    "gcp,a100.one,A100-80GB,1,80,3.30,1.60,us-central1,n/a\n"
+    "aws,a10g.x4,A10G,4,22.35,5.70,2.00,us-east-1,PCIe\n"
+    "gcp,h100.x8,H100,8,80,90.0,24.0,us-central1,NVLink\n"
+    "lambda,h100.x8.od,H100,8,80,31.9,,us-tx-1,NVLink\n"
+)
+
+
+def catalog(text: str = OFFERS) -> Catalog:
+    return Catalog(tuple(parse_offers(text)), "test catalog")
+
+
+def job(**over: Any) -> Any:
+    data: dict[str, Any] = {
+        "model": "llama-2-7b",
+        "method": "qlora",
+        "data": {"path": "s3://b/d.jsonl", "max_seq_len": 2048, "tokens": 20_000_000},
+        "checkpoint": {"uri": "s3://b/ck", "every": "auto"},
+        "train": {"precision": "bf16", "optimizer": "paged_adamw_8bit", "gradient_checkpointing": True,
+                  "micro_batch_size": 1, "grad_accum": 8},
+        "resources": {"backend": "skypilot", "spot": True, "fallback": "none"},
+    }
+    for key, value in over.items():
+        section, _, field = key.partition("__")
+        if field:
+            data[section][field] = value
+        else:
+            data[section] = value
+    return validate_job(data, check_support=False)
+
+
+def test_the_cheapest_adequate_offer_wins():
+    plan = make_plan(job(), catalog=catalog())
+    assert plan.chosen is not None
+    costs = [c.expected_cost_usd for c in plan.candidates]
+    assert costs == sorted(costs)
+    assert plan.chosen.instance_type == plan.candidates[0].instance_type
+    assert plan.chosen.spot and plan.chosen.hourly_usd == plan.chosen.spot_hourly_usd
+    for c in plan.candidates:
+        assert c.est_hours > 0 and c.expected_cost_usd >= c.hourly_usd * c.est_hours
+    reasons = {r.instance_type: r.reason for r in plan.rejected}
+    assert reasons["a10g.x4"].startswith("interconnect:")
+    assert reasons["h100.x8.od"].startswith("price: no spot price")
+
+
+def test_a_too_small_gpu_is_rejected_for_memory():
+    plan = make_plan(job(model="llama-3.1-8b", method="lora", data__max_seq_len=4096), catalog=catalog())
+    reasons = {r.instance_type: r.reason for r in plan.rejected}
+    assert reasons["l4.small"].startswith("memory: needs")
+    assert plan.chosen and plan.chosen.gpu_memory_gib * 0.9 >= plan.chosen.peak_gib_per_gpu
+
+
+def test_a_job_too_big_for_any_single_gpu_gets_an_nvlink_node():
+    spec = job(model="llama-3.1-8b", method="full", train={"precision": "bf16-mixed", "optimizer": "adamw",
+                                                            "gradient_checkpointing": True})
+    plan = make_plan(spec, catalog=catalog())
+    assert plan.chosen is not None
+    assert plan.chosen.count == 8 and plan.chosen.interconnect == "NVLink"
+    assert all(r.reason.startswith(("memory:", "interconnect:", "price:")) for r in plan.rejected)
+    assert plan.estimates[1].peak_gib_per_gpu > 80 > plan.estimates[8].peak_gib_per_gpu
+
+
+def test_pcie_sharding_only_when_allowed():
+    only_pcie = HEADER + "aws,a10g.x4,A10G,4,22.35,5.70,2.00,us-east-1,PCIe\n"
+    spec = job(model="llama-3.1-8b", method="lora", data__max_seq_len=4096)
+    assert make_plan(spec, catalog=catalog(only_pcie)).chosen is None
+    allowed = make_plan(job(model="llama-3.1-8b", method="lora", data__max_seq_len=4096,
+                            resources={"backend": "skypilot", "allow_pcie": True}), catalog=catalog(only_pcie))
+    assert allowed.chosen is not None and allowed.chosen.instance_type == "a10g.x4"
+    nvlink = OFFERS.replace("a10g.x4,A10G,4,22.35,5.70,2.00,us-east-1,PCIe", "a10g.x4,A10G,4,22.35,5.70,2.00,"
+                            "us-east-1,NVLink")
+    hours_pcie = allowed.chosen.est_hours
+    hours_nvlink = next(c for c in make_plan(spec, catalog=catalog(nvlink)).candidates
+                        if c.instance_type == "a10g.x4").est_hours
+    assert hours_pcie > hours_nvlink  # the communication penalty over PCIe
+
+
+def test_single_gpu_wins_when_a_sharded_plan_costs_about_the_same(monkeypatch):
+    # a 2-GPU NVLink machine runs ~2x as fast at a bit under twice the price: slightly cheaper
+    two = HEADER + ("gcp,a100.one,A100-80GB,1,80,3.30,1.60,us-central1,n/a\n"
+                    "gcp,a100.two,A100-80GB,2,80,6.40,2.80,us-central1,NVLink\n")
+    plan = make_plan(job(), catalog=catalog(two))
+    costs = {c.instance_type: c.expected_cost_usd for c in plan.candidates}
+    assert plan.candidates[0].instance_type == "a100.two"  # the cheapest by a little
+    assert (costs["a100.one"] - costs["a100.two"]) / costs["a100.two"] < planner.SINGLE_GPU_TIE
+    assert plan.chosen.instance_type == "a100.one"
+    clearly = make_plan(job(), catalog=catalog(two.replace("6.40,2.80", "6.40,1.60")))
+    assert clearly.chosen.instance_type == "a100.two"  # much cheaper: the sharded plan wins
+
+
+def test_budget_and_max_price_exclude_offers():
+    spec = job(resources={"backend": "skypilot", "max_hourly_usd": 1.0})
+    plan = make_plan(spec, catalog=catalog())
+    assert all(c.hourly_usd <= 1.0 for c in plan.candidates)
+    assert any(r.reason.startswith("max price:") for r in plan.rejected)
+    cheapest = make_plan(job(), catalog=catalog()).chosen.expected_cost_usd
+    tight = make_plan(job(resources={"backend": "skypilot", "budget_usd": cheapest * 1.01}), catalog=catalog())
+    assert all(c.expected_cost_usd <= cheapest * 1.01 for c in tight.candidates)
+    assert any(r.reason.startswith("budget:") for r in tight.rejected)
+    broke = make_plan(job(resources={"backend": "skypilot", "budget_usd": cheapest / 2}), catalog=catalog())
+    assert broke.chosen is None
+
+
+def test_clouds_accelerators_gpus_and_regions_are_honoured():
+    plan = make_plan(job(resources={"backend": "skypilot", "clouds": ["gcp"]}), catalog=catalog())
+    assert {c.cloud for c in plan.candidates} == {"gcp"}
+    assert any(r.reason.startswith("cloud:") for r in plan.rejected)
+    plan = make_plan(job(resources={"backend": "skypilot", "accelerators": ["L40S"]}), catalog=catalog())
+    assert [c.accelerator for c in plan.candidates] == ["L40S"]
+    plan = make_plan(job(resources={"backend": "skypilot", "gpus": 8}), catalog=catalog())
+    assert {c.count for c in plan.candidates} == {8}
+    plan = make_plan(job(resources={"backend": "skypilot", "regions": ["us-central1"]}), catalog=catalog())
+    assert {c.cloud for c in plan.candidates} == {"gcp"}
+
+
+def test_spot_costs_more_hours_than_on_demand_and_fallback_uses_on_demand():
+    spot = make_plan(job(), catalog=catalog())
+    c = next(x for x in spot.candidates if x.instance_type == "a100.one")
+    assert c.expected_hours > c.est_hours and c.expected_interruptions > 0
+    assert c.expected_cost_spot_usd == pytest.approx(c.expected_cost_usd)
+    od = make_plan(job(resources={"backend": "skypilot", "spot": False}), catalog=catalog())
+    d = next(x for x in od.candidates if x.instance_type == "a100.one")
+    assert not d.spot and d.hourly_usd == 3.30 and d.expected_interruptions == 0
+    assert d.expected_hours == pytest.approx(d.est_hours + d.startup_s / 3600)
+    fb = make_plan(job(resources={"backend": "skypilot", "fallback": "on-demand"}), catalog=catalog())
+    lam = next(x for x in fb.candidates if x.instance_type == "h100.x8.od")
+    assert not lam.spot and lam.hourly_usd == 31.9
+
+
+def test_preemption_overhead_and_billing_formulas():
+    assert spot_hours(10, 0.0, 600, 10, 300) == pytest.approx(10 * (1 + 10 / 600))
+    assert spot_hours(10, 0.1, 1800, 10, 300) > spot_hours(10, 0.05, 1800, 10, 300)
+    assert spot_hours(10, 5.0, 3600, 10, 600) is None  # interrupted faster than it progresses
+    hourly = Billing(3600, 3600)
+    assert billed_hours(0.2, 1, hourly) == 1.0  # an hourly minimum
+    assert billed_hours(0.2, 1, Billing(1, 60)) == pytest.approx(0.2)
+    assert billed_hours(10, 3, Billing(60, 60)) == pytest.approx(10 + 3 * 30 / 3600)
+
+
+def test_an_impossible_job_says_why():
+    plan = make_plan(job(model="llama-3.1-405b", method="full",
+                         train={"precision": "bf16-mixed", "optimizer": "adamw"}), catalog=catalog())
+    assert plan.chosen is None and not plan.candidates
+    message = plan.why_none()
+    assert "no offer can run this job" in message and "GiB" in message and "memory" in message
+    assert plan.to_json()["chosen"] is None and len(plan.to_json()["rejected"]) == 6
+
+
+def test_plan_json_fields():
+    out = make_plan(job(), catalog=catalog()).to_json()
+    for key in ("cloud", "instance_type", "accelerator", "count", "gpu_memory_gib", "interconnect", "spot",
+                "hourly_usd", "est_hours", "expected_cost_usd", "spot_hourly_usd", "ondemand_hourly_usd",
+                "checkpoint_interval_s", "restart_overhead_s", "interruption_rate_per_hour", "regions"):
+        assert key in out["chosen"], key
+        assert all(key in c for c in out["candidates"])
+    assert all("reason" in r for r in out["rejected"])
+
+
+def test_bundled_catalog_plans_for_the_examples():
+    plan = make_plan(job())
+    assert plan.chosen is not None and plan.chosen.count == 1
