@@ -2,16 +2,16 @@
 
 The bundled table (orchestrator/data/gpu_offers.csv and gpu_offer_regions.csv) is produced from
 ../shared/data/catalog/ by scripts/build_catalog.py. SkyPilot is optional; reading its catalog is
-attempted only when `offline` is false, `sky` is importable, and it answers within a short probe, so the
-CLI never waits on the network.
+attempted only when `offline` is false and `sky` is importable, in a child process that gets
+SKY_PROBE_TIMEOUT_S to answer, so the CLI never waits long on the network nor prints SkyPilot's noise.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import statistics
-import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources, util
@@ -151,33 +151,57 @@ def bundled_catalog() -> Catalog:
     return Catalog(tuple(offers), BUNDLED_SOURCE, live=False)
 
 
-def _sky_offers() -> list[Offer]:
-    """Offers from SkyPilot's catalog (`sky.catalog.list_accelerators`), one per instance type."""
-    from sky import catalog as sky_catalog  # type: ignore[import-not-found]
+#: run in a child process, so SkyPilot's imports, network retries and prints never reach the CLI
+_SKY_PROBE = """
+import json
+from sky import catalog
+rows = []
+for acc, infos in catalog.list_accelerators(gpus_only=True, name_filter=None, case_sensitive=False).items():
+    for i in infos:
+        rows.append({"cloud": str(i.cloud).lower(), "instance_type": i.instance_type, "accelerator": acc,
+                     "count": i.accelerator_count, "memory": i.memory, "device_memory": i.device_memory,
+                     "cpus": i.cpu_count, "price": i.price, "spot_price": i.spot_price,
+                     "region": getattr(i, "region", None)})
+print("FTORCH-SKY-JSON" + json.dumps(rows))
+"""
 
-    listing = sky_catalog.list_accelerators(gpus_only=True, name_filter=None, case_sensitive=False)
+
+def _sky_offers(timeout_s: float | None = None) -> list[Offer]:
+    """Offers from SkyPilot's catalog (`sky.catalog.list_accelerators`), one per instance type."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _SKY_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s or SKY_PROBE_TIMEOUT_S,
+    )
+    marker = [line for line in proc.stdout.splitlines() if line.startswith("FTORCH-SKY-JSON")]
+    if proc.returncode != 0 or not marker:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(last[:200])
     offers: dict[tuple[str, str], Offer] = {}
-    for accelerator, infos in listing.items():
-        for info in infos:
-            count = info.accelerator_count
-            if not count or count != int(count) or not info.memory:
-                continue
-            key = (str(info.cloud).lower(), info.instance_type or f"{accelerator}x{int(count)}")
-            if key in offers:
-                continue
-            offers[key] = Offer(
-                cloud=key[0],
-                instance_type=key[1],
-                accelerator=accelerator,
-                count=int(count),
-                gpu_memory_gib=float(info.memory) / max(1.0, float(count)),
-                ondemand_usd=info.price if info.price and info.price > 0 else None,
-                spot_usd=info.spot_price if info.spot_price and info.spot_price > 0 else None,
-                interconnect="unknown" if count > 1 else "n/a",
-                regions=(info.region,) if getattr(info, "region", None) else (),
-                vcpus=info.cpu_count,
-                memory_gib=info.device_memory if hasattr(info, "device_memory") else None,
-            )
+    for row in json.loads(marker[-1].removeprefix("FTORCH-SKY-JSON")):
+        count = row["count"]
+        if not count or count != int(count) or not row.get("device_memory"):
+            continue
+        key = (row["cloud"], row["instance_type"] or f"{row['accelerator']}x{int(count)}")
+        if key in offers:
+            continue
+        offers[key] = Offer(
+            cloud=key[0],
+            instance_type=key[1],
+            accelerator=row["accelerator"],
+            count=int(count),
+            gpu_memory_gib=float(row["device_memory"]),
+            ondemand_usd=row["price"] if row.get("price") and row["price"] > 0 else None,
+            spot_usd=row["spot_price"] if row.get("spot_price") and row["spot_price"] > 0 else None,
+            interconnect="unknown" if count > 1 else "n/a",
+            regions=(row["region"],) if row.get("region") else (),
+            vcpus=row.get("cpus"),
+            memory_gib=row.get("memory"),
+        )
     return list(offers.values())
 
 
@@ -192,21 +216,13 @@ def load_catalog(offline: bool = True) -> Catalog:
         return bundled
     if not sky_available():
         return Catalog(bundled.offers, f"{bundled.source}; SkyPilot is not installed", live=False)
-    result: dict[str, Any] = {}
-
-    def probe() -> None:
-        try:
-            result["offers"] = _sky_offers()
-        except Exception as exc:  # any failure of the optional live source falls back
-            result["error"] = exc
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(SKY_PROBE_TIMEOUT_S)
-    offers = result.get("offers")
-    if not offers:
-        why = result.get("error") or f"no answer within {SKY_PROBE_TIMEOUT_S:.0f}s"
+    try:
+        offers = _sky_offers(SKY_PROBE_TIMEOUT_S)
+    except Exception as exc:  # the live source is optional: any failure falls back to the snapshot
+        why = f"no answer within {SKY_PROBE_TIMEOUT_S:.0f}s" if "Timeout" in type(exc).__name__ else str(exc)
         return Catalog(bundled.offers, f"{bundled.source}; sky.catalog unavailable ({why})", live=False)
+    if not offers:
+        return Catalog(bundled.offers, f"{bundled.source}; sky.catalog listed no GPU offers", live=False)
     # SkyPilot does not say which multi-GPU machines have NVLink: take it from the snapshot where known
     known = {(o.cloud, o.instance_type): o.interconnect for o in bundled.offers}
     merged = tuple(

@@ -164,7 +164,8 @@ def _adafactor_bytes(shape: ModelShape, s: Settings) -> float:
         return 4.0 * (matrices + shape.norm_params)
     targets = s.lora_targets if isinstance(s.lora_targets, str) else list(s.lora_targets)
     per_layer = sum(
-        (2 * s.lora_r + lin.d_in + lin.d_out) * lin.per_layer for lin in shape.lora_targets(targets)
+        (2 * s.lora_r * lin.rank_mult + lin.d_in + lin.d_out) * lin.per_layer
+        for lin in shape.lora_targets(targets)
     )
     return 4.0 * per_layer * shape.layers
 
@@ -184,14 +185,20 @@ def _layer_activation_bytes(shape: ModelShape, s: Settings, tokens: int) -> floa
     if s.method in ("lora", "qlora") and s.lora_dropout > 0:
         targets = s.lora_targets if isinstance(s.lora_targets, str) else list(s.lora_targets)
         for lin in shape.lora_targets(targets):  # each adapter keeps its dropout output and mask
-            per_token += ((c + 1) * lin.d_in + c * s.lora_r) * lin.per_layer
+            per_token += ((c + 1) * lin.d_in + c * s.lora_r * lin.rank_mult) * lin.per_layer * lin.active
     elif s.method in ("lora", "qlora"):
         targets = s.lora_targets if isinstance(s.lora_targets, str) else list(s.lora_targets)
-        per_token += sum(c * s.lora_r * lin.per_layer for lin in shape.lora_targets(targets))
-    total = per_token * tokens
-    if s.attn == "eager":  # softmax output in fp32 (for its backward) and cast to 16 bit (for A @ V)
-        total += (4 + c) * shape.heads * s.seq_len * s.seq_len * s.micro_batch
-    return float(total)
+        per_token += sum(
+            c * s.lora_r * lin.rank_mult * lin.per_layer * lin.active for lin in shape.lora_targets(targets)
+        )
+    return float(per_token * tokens)
+
+
+def _attention_matrix_bytes(shape: ModelShape, s: Settings) -> float:
+    """Eager attention keeps the softmax output in fp32 (for its backward) and in 16 bit (for A @ V)."""
+    if s.attn != "eager":
+        return 0.0  # flash / memory-efficient SDPA keep no s x s matrices
+    return float((4 + _compute_bytes(s)) * shape.heads * s.seq_len * s.seq_len * s.micro_batch)
 
 
 def activation_bytes(shape: ModelShape, s: Settings, constants: Constants) -> float:
@@ -199,17 +206,19 @@ def activation_bytes(shape: ModelShape, s: Settings, constants: Constants) -> fl
     c = _compute_bytes(s)
     tokens = s.micro_batch * s.seq_len
     layer = _layer_activation_bytes(shape, s, tokens)
+    scores = _attention_matrix_bytes(shape, s)
     if s.grad_ckpt:
         # each layer keeps only its input; one layer is recomputed in full during backward
         saved = shape.layers * c * shape.hidden * tokens + layer
-        if s.attn == "eager":
-            saved += c * s.seq_len * s.seq_len * s.micro_batch  # the 4-D causal mask
+        matrices = scores
     else:
         saved = shape.layers * layer
-        if s.attn == "eager":
-            saved += c * s.seq_len * s.seq_len * s.micro_batch
+        matrices = shape.layers * scores
+    if s.attn == "eager":
+        matrices += c * s.seq_len * s.seq_len * s.micro_batch  # the 4-D causal mask
     saved += ((4 + c) + c) * shape.hidden * tokens  # final norm and lm_head input
-    return saved * constants.act_factor
+    # the fitted factor covers what the op-by-op count misses; the s x s matrices are exact sizes
+    return saved * constants.act_factor + matrices
 
 
 def logits_bytes(shape: ModelShape, s: Settings, constants: Constants) -> float:

@@ -35,10 +35,12 @@ class Linear:
     d_out: int
     per_layer: int = 1
     bias: bool = False
-    #: an `nn.Linear` that PEFT's 'all-linear' adapts (MoE experts fused into 3-D tensors are not)
+    #: adapted by PEFT's 'all-linear' (every projection here; the output layer is never adapted)
     lora: bool = True
     #: fraction of the copies a token passes through (top-k of the experts for MoE, else 1)
     active: float = 1.0
+    #: LoRA rank multiplier: PEFT gives fused MoE gate_up tensors rank 2r (the gate's and the up's)
+    rank_mult: int = 1
 
     @property
     def weight_params(self) -> int:
@@ -92,10 +94,6 @@ class ModelShape:
         return self.hidden * (self.norms_per_layer * self.layers + 1)
 
     @property
-    def router_params(self) -> int:
-        return self.experts * self.hidden * self.layers if self.experts else 0
-
-    @property
     def linear_params(self) -> int:
         """Parameters of all projections in the decoder layers (weights and biases, experts included)."""
         return sum(lin.params for lin in self.linears) * self.layers
@@ -103,19 +101,11 @@ class ModelShape:
     @property
     def layer_params(self) -> int:
         """Parameters of one decoder layer (what one FSDP unit gathers)."""
-        per_layer_norms = self.hidden * self.norms_per_layer
-        router = self.experts * self.hidden if self.experts else 0
-        return sum(lin.params for lin in self.linears) + per_layer_norms + router
+        return sum(lin.params for lin in self.linears) + self.hidden * self.norms_per_layer
 
     @property
     def params(self) -> int:
-        return (
-            self.embedding_params
-            + self.lm_head_params
-            + self.linear_params
-            + self.norm_params
-            + self.router_params
-        )
+        return self.embedding_params + self.lm_head_params + self.linear_params + self.norm_params
 
     @property
     def quantizable_params(self) -> int:
@@ -144,9 +134,9 @@ class ModelShape:
 
     def lora_params(self, r: int, target_modules: str | list[str]) -> int:
         """Exact LoRA parameter count: r x (d_in + d_out) per adapted linear map (A and B, no bias)."""
-        return sum(
-            r * (lin.d_in + lin.d_out) * lin.per_layer for lin in self.lora_targets(target_modules)
-        ) * (self.layers)
+        targets = self.lora_targets(target_modules)
+        per_layer = sum(r * lin.rank_mult * (lin.d_in + lin.d_out) * lin.per_layer for lin in targets)
+        return per_layer * self.layers
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -220,13 +210,15 @@ def shape_from_config(cfg: dict[str, Any], name: str, source: str) -> ModelShape
             Linear("o_proj", q, hidden, bias=bool(cfg.get("attention_bias", False))),
         )
         if experts:
-            # transformers >= 5 fuses the experts into 3-D tensors: not nn.Linear, so not LoRA 'all-linear'
+            # transformers >= 5 fuses the experts into 3-D tensors; PEFT's 'all-linear' adapts them (and
+            # the router) with per-expert rank-r factors, which is r x (d_in + d_out) per expert as well
             active = top_k / experts
             mlp: tuple[Linear, ...] = (
+                Linear("gate", hidden, experts),
                 Linear(
-                    "experts.gate_up_proj", hidden, 2 * inter, per_layer=experts, lora=False, active=active
+                    "experts.gate_up_proj", hidden, 2 * inter, per_layer=experts, active=active, rank_mult=2
                 ),
-                Linear("experts.down_proj", inter, hidden, per_layer=experts, lora=False, active=active),
+                Linear("experts.down_proj", inter, hidden, per_layer=experts, active=active),
             )
         else:
             mlp = (

@@ -17,8 +17,9 @@ from orchestrator.spec import validate_job
 
 REPO = Path(__file__).resolve().parents[1]
 CALIBRATION_CSV = REPO.parent / "shared" / "data" / "vram" / "calibration.csv"
-LORA = Settings(method="lora", precision="bf16-mixed", optimizer="adamw", micro_batch=1, seq_len=2048,
-                grad_ckpt=True)
+LORA = Settings(
+    method="lora", precision="bf16-mixed", optimizer="adamw", micro_batch=1, seq_len=2048, grad_ckpt=True
+)
 
 
 def peak(name: str, s: Settings) -> float:
@@ -39,7 +40,9 @@ def test_monotonic_in_batch_and_sequence(method, ckpt):
 def test_monotonic_in_rank(method):
     peaks = [peak("llama-3.1-8b", replace(LORA, method=method, lora_r=r)) for r in (4, 16, 64, 256)]
     assert peaks == sorted(peaks) and peaks[-1] > peaks[0]
-    counts = [estimate(bundled_shape("llama-3.1-8b"), replace(LORA, lora_r=r)).trainable_params for r in (8, 16)]
+    counts = [
+        estimate(bundled_shape("llama-3.1-8b"), replace(LORA, lora_r=r)).trainable_params for r in (8, 16)
+    ]
     assert counts[1] == 2 * counts[0]
 
 
@@ -65,22 +68,35 @@ def test_sharding_divides_model_states_not_activations():
 def test_orderings_that_everyone_knows():
     q, lo, fu = (peak("llama-2-7b", replace(LORA, method=m)) for m in ("qlora", "lora", "full"))
     assert q < lo < fu
-    assert peak("llama-2-7b", replace(LORA, grad_ckpt=True)) < peak("llama-2-7b", replace(LORA, grad_ckpt=False))
+    assert peak("llama-2-7b", replace(LORA, grad_ckpt=True)) < peak(
+        "llama-2-7b", replace(LORA, grad_ckpt=False)
+    )
     eager = replace(LORA, attn="eager", grad_ckpt=False, seq_len=4096)
     assert peak("llama-2-7b", replace(eager, attn="sdpa")) < peak("llama-2-7b", eager)
     full = Settings(method="full", precision="bf16-mixed", seq_len=512, grad_ckpt=True)
-    by_opt = {o: peak("llama-3.2-1b", replace(full, optimizer=o))
-              for o in ("adamw", "adamw_8bit", "paged_adamw_8bit", "sgd", "adafactor")}
+    by_opt = {
+        o: peak("llama-3.2-1b", replace(full, optimizer=o))
+        for o in ("adamw", "adamw_8bit", "paged_adamw_8bit", "sgd", "adafactor")
+    }
     assert by_opt["paged_adamw_8bit"] < by_opt["adamw_8bit"] < by_opt["adamw"]
     assert by_opt["sgd"] < by_opt["adamw"] and by_opt["adafactor"] < by_opt["adamw"]
     assert peak("llama-3.2-1b", replace(full, precision="bf16")) < peak("llama-3.2-1b", full)
-    assert peak("llama-3.2-1b", replace(full, precision="fp32")) > peak("llama-3.2-1b", replace(full, precision="bf16"))
+    assert peak("llama-3.2-1b", replace(full, precision="fp32")) > peak(
+        "llama-3.2-1b", replace(full, precision="bf16")
+    )
 
 
 def test_qlora_65b_fits_one_48gb_gpu_at_short_sequences():
     """Dettmers et al. 2023: Guanaco-65B (r=64 on all linear layers, paged optimizer) on one 48 GB GPU."""
-    guanaco = Settings(method="qlora", precision="bf16", optimizer="paged_adamw_8bit", micro_batch=1,
-                       seq_len=512, grad_ckpt=True, lora_r=64)
+    guanaco = Settings(
+        method="qlora",
+        precision="bf16",
+        optimizer="paged_adamw_8bit",
+        micro_batch=1,
+        seq_len=512,
+        grad_ckpt=True,
+        lora_r=64,
+    )
     est = estimate(bundled_shape("llama-65b"), guanaco)
     assert est.fits(48, headroom=0.10)
     assert est.paged_optimizer_gib > 0 and est.breakdown_gib["optimizer"] == 0
@@ -88,25 +104,37 @@ def test_qlora_65b_fits_one_48gb_gpu_at_short_sequences():
 
 
 def test_full_finetune_8b_adamw_mixed_does_not_fit_80gb():
-    s = Settings(method="full", precision="bf16-mixed", optimizer="adamw", micro_batch=1, seq_len=512,
-                 grad_ckpt=True)
+    s = Settings(
+        method="full", precision="bf16-mixed", optimizer="adamw", micro_batch=1, seq_len=512, grad_ckpt=True
+    )
     est = estimate(bundled_shape("llama-3.1-8b"), s)
     assert not est.fits(80, headroom=0.0)
     assert est.peak_gib_per_gpu > 16 * 8.03e9 / 2**30  # at least the 16 bytes/param of ZeRO's count
 
 
 def test_estimate_memory_from_a_job_spec_and_json_fields():
-    spec = validate_job({
-        "model": "meta-llama/Llama-3.1-8B", "method": "qlora",
-        "data": {"path": "s3://b/d.jsonl", "max_seq_len": 2048, "tokens": 1000},
-        "checkpoint": {"uri": "s3://b/ck"},
-        "train": {"precision": "bf16", "optimizer": "paged_adamw_8bit", "gradient_checkpointing": True},
-        "resources": {"backend": "skypilot"},
-    }, check_support=False)
+    spec = validate_job(
+        {
+            "model": "meta-llama/Llama-3.1-8B",
+            "method": "qlora",
+            "data": {"path": "s3://b/d.jsonl", "max_seq_len": 2048, "tokens": 1000},
+            "checkpoint": {"uri": "s3://b/ck"},
+            "train": {"precision": "bf16", "optimizer": "paged_adamw_8bit", "gradient_checkpointing": True},
+            "resources": {"backend": "skypilot"},
+        },
+        check_support=False,
+    )
     out = estimate_memory(spec).to_json()
     for key in ("n_gpus", "peak_gib_per_gpu", "breakdown_gib", "params", "trainable_params"):
         assert key in out
-    assert set(out["breakdown_gib"]) == {"weights", "gradients", "optimizer", "activations", "logits", "overhead"}
+    assert set(out["breakdown_gib"]) == {
+        "weights",
+        "gradients",
+        "optimizer",
+        "activations",
+        "logits",
+        "overhead",
+    }
     assert sum(out["breakdown_gib"].values()) == pytest.approx(out["peak_gib_per_gpu"], abs=0.01)
     assert estimate_memory(spec, 4).n_gpus == 4
 
@@ -130,6 +158,8 @@ def test_calibration_constants_are_loaded_and_beat_the_raw_formulas():
 
 
 def test_estimator_imports_no_torch():
-    code = ("import sys; import orchestrator.memory, orchestrator.planner, orchestrator.cli_sizing; "
-            "assert 'torch' not in sys.modules and 'sky' not in sys.modules")
+    code = (
+        "import sys; import orchestrator.memory, orchestrator.planner, orchestrator.cli_sizing; "
+        "assert 'torch' not in sys.modules and 'sky' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -13,16 +13,43 @@ from orchestrator.errors import SpecError
 from orchestrator.shapes import bundled_configs, bundled_names, bundled_shape, resolve_shape
 
 REQUIRED = [
-    "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b",
-    "llama-3.1-70b", "llama-3.1-405b", "mistral-7b", "mixtral-8x7b", "qwen2.5-0.5b", "qwen2.5-1.5b",
-    "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b", "gemma-2-2b", "gemma-2-9b",
-    "gemma-2-27b", "phi-3-mini", "phi-3-medium", "smollm2-135m", "smollm2-360m", "smollm2-1.7b",
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3.2-1b",
+    "llama-3.2-3b",
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "llama-3.1-405b",
+    "mistral-7b",
+    "mixtral-8x7b",
+    "qwen2.5-0.5b",
+    "qwen2.5-1.5b",
+    "qwen2.5-3b",
+    "qwen2.5-7b",
+    "qwen2.5-14b",
+    "qwen2.5-32b",
+    "qwen2.5-72b",
+    "gemma-2-2b",
+    "gemma-2-9b",
+    "gemma-2-27b",
+    "phi-3-mini",
+    "phi-3-medium",
+    "smollm2-135m",
+    "smollm2-360m",
+    "smollm2-1.7b",
 ]
 #: published parameter counts (model cards / safetensors metadata), as an independent check of the table
 PUBLISHED = {
-    "llama-2-7b": 6_738_415_616, "llama-3.1-8b": 8_030_261_248, "mistral-7b": 7_241_732_096,
-    "mixtral-8x7b": 46_702_792_704, "qwen2.5-7b": 7_615_616_512, "gemma-2-9b": 9_241_705_984,
-    "phi-3-mini": 3_821_079_552, "smollm2-135m": 134_515_008, "llama-3.1-405b": 405_853_388_800,
+    "llama-2-7b": 6_738_415_616,
+    "llama-3.1-8b": 8_030_261_248,
+    "mistral-7b": 7_241_732_096,
+    "mixtral-8x7b": 46_702_792_704,
+    "qwen2.5-7b": 7_615_616_512,
+    "gemma-2-9b": 9_241_705_984,
+    "phi-3-mini": 3_821_079_552,
+    "smollm2-135m": 134_515_008,
+    "llama-3.1-405b": 405_853_388_800,
 }
 
 
