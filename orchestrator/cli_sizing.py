@@ -80,7 +80,8 @@ def estimate_cmd(
         f"{'on' if spec.train.gradient_checkpointing else 'off'}, attention {spec.train.attn_implementation}"
     )
     con.print(f"trainable parameters: {est.trainable_params:,} of {est.params:,}")
-    table = Table(title=f"peak memory per GPU on {est.n_gpus} GPU(s), sharding: {est.sharding}")
+    con.print(f"peak memory per GPU on {est.n_gpus} GPU(s), sharding: {est.sharding}")
+    table = Table()
     table.add_column("part")
     table.add_column("GiB", justify="right")
     for part, gib in est.breakdown_gib.items():
