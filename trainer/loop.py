@@ -16,6 +16,7 @@ from trainer.checkpoint import TrainerState, capture, restore
 from trainer.config import JobSpec
 from trainer.data import Dataset, collate, load_dataset
 from trainer.model import autocast_dtype, count_parameters, load_model, load_tokenizer, pick_device
+from trainer.notices import start_watcher
 from trainer.preemption import PreemptionFlag, install_signal_handlers
 from trainer.progress import ProgressReporter, log
 from trainer.store import RunStore, checkpoint_name
@@ -150,6 +151,7 @@ def write_output(model: torch.nn.Module, tokenizer: Any, spec: JobSpec, output_u
 def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = None) -> int:
     flag = PreemptionFlag()
     install_signal_handlers(flag)
+    start_watcher(flag, log=log)  # cloud preemption notices (AWS/GCP/Azure metadata); ends off-cloud
     store = RunStore(run_uri, storage_options)
     resolved = store.read_spec()
     spec = JobSpec.model_validate(resolved["job"])
