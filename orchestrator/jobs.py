@@ -68,8 +68,9 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
 
 def _start(registry: Registry, job: Job) -> None:
     if job.backend == "local":
-        from orchestrator.backends.local import start_supervisor
+        from orchestrator.backends.local import start_supervisor, wait_for_previous_trainer
 
+        wait_for_previous_trainer(registry, job)
         start_supervisor(registry, job)
     else:  # pragma: no cover - refused at validation until the SkyPilot backend lands
         raise UserError(f"resources.backend: {job.backend} is not available")
@@ -283,6 +284,7 @@ def resume(job_ref: str, overrides: list[str]) -> str:
         hourly_usd=spec.local.hourly_usd,
     )
     registry.event(job.job_id, "resume", " ".join(overrides) or None)
+    registry.set_state(job.job_id, "PENDING", "resuming from the newest checkpoint")
     _start(registry, registry.get(job.job_id))
     return f"{job.job_id} resumed from its newest checkpoint"
 

@@ -1,7 +1,8 @@
-"""Fault injection for tests: die at a named point, which no outside signal can hit reliably.
+"""Fault injection for tests: die or crash at a named point, which no outside signal can hit reliably.
 
-FTORCH_FAULTS="checkpoint-partial@15,before-manifest@20" kills the process with SIGKILL at those points
-of the checkpoint for those steps. Unset (always, outside tests), this costs one dict lookup.
+FTORCH_FAULTS="checkpoint-partial@15,before-manifest@20,crash@8:1" kills the process with SIGKILL at those
+points of the checkpoint for those steps, or raises at the end of step 8 in attempt 1 only. Unset (always,
+outside tests), this costs one set lookup.
 """
 
 from __future__ import annotations
@@ -10,18 +11,34 @@ import os
 import signal
 
 
-def _parse(text: str) -> set[tuple[str, int]]:
+class InjectedFault(RuntimeError):
+    """A crash asked for by FTORCH_FAULTS."""
+
+
+def _parse(text: str) -> set[tuple[str, int, int | None]]:
     points = set()
     for item in text.split(","):
-        if "@" in item:
-            name, step = item.strip().split("@", 1)
-            points.add((name, int(step)))
+        if "@" not in item:
+            continue
+        name, where = item.strip().split("@", 1)
+        step, _, attempt = where.partition(":")
+        points.add((name, int(step), int(attempt) if attempt else None))
     return points
 
 
 _POINTS = _parse(os.environ.get("FTORCH_FAULTS", ""))
+_ATTEMPT = int(os.environ.get("FTORCH_ATTEMPT", "0") or 0)
+
+
+def _armed(point: str, step: int) -> bool:
+    return (point, step, None) in _POINTS or (point, step, _ATTEMPT) in _POINTS
 
 
 def maybe_die(point: str, step: int) -> None:
-    if (point, step) in _POINTS:
+    if _POINTS and _armed(point, step):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_crash(point: str, step: int) -> None:
+    if _POINTS and _armed(point, step):
+        raise InjectedFault(f"injected fault {point}@{step}")

@@ -15,6 +15,7 @@ from trainer import exitcodes
 from trainer.checkpoint import TrainerState, capture, restore
 from trainer.config import JobSpec
 from trainer.data import Dataset, collate, load_dataset
+from trainer.faults import maybe_crash
 from trainer.model import autocast_dtype, count_parameters, load_model, load_tokenizer, pick_device
 from trainer.notices import start_watcher
 from trainer.preemption import PreemptionFlag, install_signal_handlers
@@ -223,6 +224,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         state.step += 1
         state.micro_batches += accum
         lr = scheduler.get_last_lr()[0]
+        maybe_crash("crash", state.step)
         reporter.step(state.step, step_loss, lr, state.tokens_seen)
         if state.step % log_every == 0 or state.step == steps:
             log(

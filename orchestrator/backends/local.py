@@ -63,3 +63,25 @@ def request_cancel(registry: Registry, job: Job) -> bool:
         except ProcessLookupError:
             return False
     return False
+
+
+def wait_for_previous_trainer(registry: Registry, job: Job, timeout: float = 120.0) -> None:
+    """Before a resume: the last attempt's trainer may still be saving after a notice. Let it finish."""
+    attempts = registry.attempts(job.job_id)
+    pid = attempts[-1].pid if attempts else None
+    if not pid:
+        return
+    deadline = time.time() + timeout
+    while time.time() < deadline and _is_trainer(pid):
+        time.sleep(0.1)
+    if _is_trainer(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _is_trainer(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+    except OSError:
+        return False
+    return procs.start_time(pid) is not None and b"trainer" in argv
