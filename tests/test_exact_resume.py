@@ -27,11 +27,18 @@ from trainer.store import RunStore
 SEED = int(os.environ.get("FTORCH_TEST_SEED", "20261129"))
 
 
-def interrupt_at(run_uri: str, attempt: int, at_step: int, sig: int, delay_s: float,
-                 env: dict[str, str] | None = None) -> int:
+def interrupt_at(
+    run_uri: str, attempt: int, at_step: int, sig: int, delay_s: float, env: dict[str, str] | None = None
+) -> int:
     """Start the trainer, wait until it logs `at_step`, wait `delay_s` more, send `sig`; its exit code."""
-    proc = subprocess.Popen(trainer_cmd(run_uri, attempt), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=REPO, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        trainer_cmd(run_uri, attempt),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
     assert proc.stdout is not None
     sent = False
     for line in proc.stdout:
@@ -106,14 +113,21 @@ def test_kills_while_writing_checkpoints_resume_bitwise(tmp_path: Path, tiny_mod
     assert "resumed from checkpoints/step-00000020" in third.stdout
     assert_bitwise_equal(final_weights(run_uri), expected)
     # leftovers of the killed writes are cleaned up once newer checkpoints exist
-    assert all(name in {c.path.rsplit("/", 1)[-1] for c in store.complete_checkpoints()}
-               for name in store.checkpoint_names())
+    assert all(
+        name in {c.path.rsplit("/", 1)[-1] for c in store.complete_checkpoints()}
+        for name in store.checkpoint_names()
+    )
 
 
 def test_sigterm_checkpoints_exits_preempted_and_resumes_bitwise(tmp_path: Path, tiny_model: Path) -> None:
     data = write_data(tmp_path / "d.jsonl", "instruction", 64)
-    job = job_dict(tiny_model, data, tmp_path / "runs", train={"grad_accum": 2, "max_steps": 20},
-                   checkpoint={"every": 100})  # only the notice makes checkpoints before the end
+    job = job_dict(
+        tiny_model,
+        data,
+        tmp_path / "runs",
+        train={"grad_accum": 2, "max_steps": 20},
+        checkpoint={"every": 100},
+    )  # only the notice makes checkpoints before the end
     expected = reference_weights(tmp_path, job)
     run_uri = prepare_run(job, "noticed")
     store = RunStore(run_uri)
