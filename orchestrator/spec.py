@@ -59,9 +59,9 @@ def _describe(error: dict[str, Any]) -> SpecError:
     field = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in clean).replace(".[", "[")
     kind = error["type"]
     if kind == "extra_forbidden":
-        parent = _model_for_path(tuple(p for p in clean[:-1] if isinstance(p, str)))
-        unknown = str(error["loc"][-1])
-        field = ".".join([*(str(p) for p in clean[:-1] if isinstance(p, str)), unknown])
+        parents = [str(p) for p in clean if isinstance(p, str)]
+        parent = _model_for_path(tuple(parents))
+        field = ".".join([*parents, str(error["loc"][-1])])
         valid = ", ".join(parent.model_fields) if parent else ""
         return SpecError(field, f"unknown field; valid fields here: {valid}")
     if kind == "missing":
