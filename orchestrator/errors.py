@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from orchestrator.spec import SpecError
-
 __all__ = ["SpecError", "UserError"]
+
+
+class SpecError(Exception):
+    """Bad input: the CLI prints `field: message` on one line and exits 2.
+
+    Defined here (not in `spec`) so that importing the CLI's errors does not load pydantic.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
 
 
 class UserError(Exception):

@@ -9,16 +9,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from orchestrator.errors import SpecError
 from trainer.config import JobSpec, unsupported_features
-
-
-class SpecError(Exception):
-    """Bad input: the CLI prints `field: message` on one line and exits 2."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}" if field else message)
-        self.field = field
-        self.message = message
 
 
 def _model_for_path(path: tuple[Any, ...]) -> type[BaseModel] | None:
