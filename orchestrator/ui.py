@@ -1,13 +1,19 @@
-"""Tables and detail views for `ftorch status` (rich)."""
+"""What `ftorch status` draws (rich): the jobs table, one job in detail, and their narrow-terminal forms.
+
+Everything renders for a given width: 120 columns and up get every column, 80 and up a table without
+the placement and the projection, and narrower terminals (under 80) (a phone) one small card per job.
+"""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
+from rich.text import Text
 
+from orchestrator.charts import loss_chart
 from orchestrator.registry import TERMINAL
 
 STATE_STYLE = {
@@ -21,6 +27,10 @@ STATE_STYLE = {
     "CANCELLED": "magenta",
     "STOPPED": "blue",
 }
+#: finished jobs that ended longer ago than this collapse into one line (`--all` shows them)
+RECENT_S = 24 * 3600.0
+WIDE = 120
+NARROW = 80
 
 
 def console() -> Console:
@@ -31,84 +41,298 @@ def clear() -> None:
     console().clear()
 
 
-def _duration(seconds: float | None) -> str:
+# ---- small formatters ---------------------------------------------------------------------------
+def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    seconds = int(seconds)
+    seconds = int(max(0, seconds))
     if seconds < 90:
         return f"{seconds}s"
     if seconds < 5400:
         return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    return f"{seconds // 86400}d{(seconds % 86400) // 3600:02d}h"
 
 
-def _state(state: str) -> str:
-    return f"[{STATE_STYLE.get(state, '')}]{state}[/]"
+def money(usd: float | None) -> str:
+    if usd is None:
+        return "?"
+    return f"${usd:.2f}" if usd >= 0.995 or usd == 0 else f"${usd:.3f}" if usd >= 0.01 else f"${usd:.4f}"
+
+
+def state_text(row: dict[str, Any]) -> Text:
+    """The state, coloured; a stop for a reason says which (STOPPED·budget)."""
+    label = row["state"]
+    if row.get("stop_reason") == "budget":
+        label += "·budget"
+    return Text(label, style=STATE_STYLE.get(row["state"], ""))
+
+
+def bar(fraction: float | None, width: int) -> Text:
+    if fraction is None:
+        return Text("░" * width, style="dim")
+    filled = round(max(0.0, min(1.0, fraction)) * width)
+    return Text("█" * filled, style="green") + Text("░" * (width - filled), style="dim")
+
+
+def progress_text(row: dict[str, Any], bar_width: int, percent: bool = True) -> Text:
+    total = row.get("total_steps")
+    fraction = row.get("fraction_done")
+    steps = f"{row.get('step') or 0}/{total}" if total else str(row.get("step") or 0)
+    pct = f" {fraction:4.0%}" if fraction is not None and percent else ""
+    return bar(fraction, bar_width) + Text(f" {steps}{pct}")
+
+
+def loss_text(row: dict[str, Any], digits: int = 4) -> str:
+    return f"{row['loss']:.{digits}f}" if row.get("loss") is not None else "-"
+
+
+def cost_text(row: dict[str, Any], projected: bool = True) -> str:
+    text = money(row.get("cost_usd"))
+    proj = row.get("projected_cost_usd")
+    if projected and proj is not None and row["state"] != "SUCCEEDED":
+        text += f"→{money(proj)}"
+    return text
+
+
+def checkpoint_text(row: dict[str, Any], now: float) -> str:
+    step = row.get("last_checkpoint_step")
+    if step is None:
+        return "none yet" if row["state"] not in TERMINAL else "-"
+    at = row.get("last_checkpoint_at")
+    return f"{step}, {duration(now - at)} ago" if at else str(step)
+
+
+def where_text(row: dict[str, Any]) -> str:
+    where = row.get("where") or "-"
+    return f"{where} ({row['market']})" if row.get("market") else where
+
+
+# ---- the jobs table -----------------------------------------------------------------------------
+def _visible(rows: list[dict[str, Any]], show_all: bool, now: float) -> tuple[list[dict], list[dict]]:
+    active = [r for r in rows if r["state"] not in TERMINAL]
+    finished = [r for r in rows if r["state"] in TERMINAL]
+    recent = [r for r in finished if show_all or now - (r.get("ended_at") or 0) < RECENT_S]
+    hidden = [r for r in finished if r not in recent] if not show_all else []
+    recent.sort(key=lambda r: r.get("ended_at") or 0, reverse=True)
+    return active + recent, hidden
+
+
+def _table(rows: list[dict[str, Any]], width: int, now: float) -> Table:
+    """The jobs table; what does not fit `width` goes (placement, projection, percent), never the id."""
+    wide = width >= WIDE
+    roomy = width >= 96
+    table = Table(box=None, header_style="bold", pad_edge=False, collapse_padding=True)
+    table.add_column("JOB", no_wrap=True, overflow="ellipsis", max_width=28 if roomy else 20)
+    table.add_column("STATE", no_wrap=True)
+    table.add_column("PROGRESS", no_wrap=True)
+    table.add_column("LOSS", justify="right", no_wrap=True)
+    table.add_column("ETA", justify="right", no_wrap=True)
+    table.add_column("COST" + ("→PROJ" if wide else ""), justify="right", no_wrap=True)
+    table.add_column("PRE", justify="right", no_wrap=True)
+    table.add_column("CKPT", no_wrap=True)
+    if wide:
+        table.add_column("WHERE", no_wrap=True, overflow="ellipsis")
+    for r in rows:
+        ckpt_age = duration(now - r["last_checkpoint_at"]) if r.get("last_checkpoint_at") else "-"
+        cells: list[RenderableType] = [
+            r["job_id"],
+            state_text(r),
+            progress_text(r, 12 if wide else 10 if roomy else 6, percent=roomy),
+            loss_text(r, 4 if roomy else 3),
+            duration(r.get("eta_s")) if r.get("eta_s") is not None else "-",
+            cost_text(r, projected=wide),
+            str(r.get("preemptions", 0)),
+            checkpoint_text(r, now) if roomy else ckpt_age,
+        ]
+        if wide:
+            cells.append(where_text(r))
+        table.add_row(*cells)
+    return table
+
+
+def _card(r: dict[str, Any], width: int, now: float) -> Group:
+    """A job in four short lines, for narrow terminals."""
+    head = Text(r["job_id"], style="bold", overflow="ellipsis", no_wrap=True)
+    head.append(" ")
+    head.append_text(state_text(r))
+    lines: list[RenderableType] = [
+        head,
+        progress_text(r, max(4, min(20, width - 22))),
+        Text(f"loss {loss_text(r)}  eta {duration(r.get('eta_s'))}  {cost_text(r)}"),
+        Text(f"preempted {r.get('preemptions', 0)}  ckpt {checkpoint_text(r, now)}"),
+        Text(f"on {where_text(r)}", overflow="ellipsis", no_wrap=True),
+    ]
+    return Group(*lines)
+
+
+def render_jobs(rows: list[dict[str, Any]], width: int, show_all: bool = False) -> RenderableType:
+    """All jobs at a glance: active ones and recently finished ones; older ones collapse to a line."""
+    now = time.time()
+    if not rows:
+        return Text("no jobs yet: `ftorch launch JOB.yaml` starts one")
+    visible, hidden = _visible(rows, show_all, now)
+    parts: list[RenderableType] = []
+    if visible:
+        if width < NARROW:
+            for i, r in enumerate(visible):
+                if i:
+                    parts.append(Text(""))
+                parts.append(_card(r, width, now))
+        else:
+            parts.append(_table(visible, width, now))
+    if hidden:
+        counts: dict[str, int] = {}
+        for r in hidden:
+            counts[r["state"].lower()] = counts.get(r["state"].lower(), 0) + 1
+        kinds = ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        noun = "job" if len(hidden) == 1 else "jobs"
+        parts.append(Text(f"{len(hidden)} older finished {noun} ({kinds}); --all shows them", style="dim"))
+    return Group(*parts)
 
 
 def print_jobs_table(rows: list[dict[str, Any]], show_all: bool = False, out: Console | None = None) -> None:
     out = out or console()
-    visible = [
-        r for r in rows if show_all or r["state"] not in TERMINAL or time.time() - (r["ended_at"] or 0) < 3600
-    ]
-    if not rows:
-        out.print("no jobs yet: `ftorch launch JOB.yaml` starts one")
-        return
-    table = Table(box=None, header_style="bold")
-    for column in ("JOB", "STATE", "STEP", "LOSS", "ETA", "COST", "PREEMPT", "CKPT", "WHERE"):
-        table.add_column(column, no_wrap=column in ("JOB", "STATE"))
-    for r in visible:
-        step = f"{r['step']}/{r['total_steps']}" if r.get("total_steps") else str(r.get("step") or 0)
-        loss = f"{r['loss']:.4f}" if r.get("loss") is not None else "-"
-        ckpt = f"{r['last_checkpoint_step']}" if r.get("last_checkpoint_step") is not None else "-"
+    out.print(render_jobs(rows, out.width, show_all))
+
+
+# ---- one job in detail --------------------------------------------------------------------------
+def _clock(at: float | None, now: float) -> str:
+    if at is None:
+        return "-"
+    fmt = "%H:%M:%S" if now - at < 20 * 3600 else "%m-%d %H:%M"
+    return time.strftime(fmt, time.localtime(at))
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _why(a: dict[str, Any]) -> str:
+    return a.get("end_reason") or ("running" if a.get("ended_at") is None else "-")
+
+
+def _attempts(d: dict[str, Any], width: int, now: float) -> RenderableType:
+    rows = d.get("attempt_timeline") or []
+    if width < NARROW:
+        lines = []
+        for a in rows:
+            lost = f", lost {a['steps_lost']} steps" if a.get("steps_lost") else ""
+            lost += f" + {duration(a['time_lost_s'])}" if a.get("time_lost_s") else ""
+            lines.append(
+                Text(
+                    f"#{a['n']} {a['instance'] or '-'} {money(a['hourly_usd'])}/h "
+                    f"{_clock(a['started_at'], now)}-{_clock(a['ended_at'], now)} "
+                    f"+{a.get('steps_gained') or 0} steps{lost}: {_why(a)}"
+                )
+            )
+        return Group(Text("attempts", style="bold"), *lines)
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("#", "WHERE", "PRICE", "START", "END", "STEPS", "GAINED", "LOST", "WHY"):
+        table.add_column(column, no_wrap=column != "WHY", overflow="fold")
+    for a in rows:
+        market = "" if a.get("spot") is None else (" spot" if a["spot"] else " on-demand")
+        end = a["end_step"] if a["end_step"] is not None else "?"
+        lost = f"{a['steps_lost']} st" if a.get("steps_lost") else "-"
+        if a.get("time_lost_s"):
+            lost += f" + {duration(a['time_lost_s'])}"
         table.add_row(
-            r["job_id"],
-            _state(r["state"]),
-            step,
-            loss,
-            _duration(r.get("eta_s")),
-            f"${r['cost_usd']:.2f}",
-            str(r["preemptions"]),
-            ckpt,
-            r.get("where") or "-",
+            str(a["n"]),
+            f"{a['instance'] or '-'}{market}",
+            f"{money(a['hourly_usd'])}/h",
+            _clock(a["started_at"], now),
+            _clock(a["ended_at"], now),
+            f"{a['start_step'] or 0}→{end}",
+            f"+{a.get('steps_gained') or 0}",
+            lost,
+            _why(a),
         )
-    out.print(table)
-    hidden = len(rows) - len(visible)
-    if hidden:
-        out.print(f"[dim]{hidden} finished job(s) hidden; --all shows them[/]")
+    return Group(Text("attempts", style="bold"), table)
+
+
+def _checkpoints(d: dict[str, Any], width: int, now: float) -> RenderableType:
+    ckpts = d.get("checkpoints") or []
+    if not ckpts:
+        return Text("checkpoints: none yet", style="dim")
+    where = ckpts[-1]["uri"].rsplit("/", 1)[0]
+    if width < NARROW:
+        lines = [f"step {c['step']} {_clock(c['created_at'], now)} {_size(c['size_bytes'])}" for c in ckpts]
+        return Group(Text(f"checkpoints in {where}", style="bold"), *[Text(x) for x in lines])
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("STEP", "SAVED", "AGE", "SIZE", "WHERE"):
+        table.add_column(column, no_wrap=column != "WHERE", overflow="fold")
+    for c in ckpts[-8:]:
+        table.add_row(
+            str(c["step"]),
+            _clock(c["created_at"], now),
+            duration(now - c["created_at"]),
+            _size(c["size_bytes"]),
+            c["uri"].rsplit("/", 1)[-1],
+        )
+    return Group(Text("checkpoints", style="bold") + Text(f" in {where}"), table)
+
+
+def render_detail(d: dict[str, Any], width: int) -> RenderableType:
+    """One job: the answer first (state, progress, cost, ETA), then attempts, checkpoints, the chart."""
+    now = time.time()
+    head = Text(d["job_id"], style="bold") + Text(f" ({d['name']}, {d['backend']}) ") + state_text(d)
+    parts: list[RenderableType] = [head]
+    pad = "  " if width >= NARROW else ""
+    if d.get("reason"):
+        parts.append(Text(f"{pad}{d['reason']}", style="yellow" if d["state"] != "SUCCEEDED" else ""))
+    parts.append(Text(pad) + progress_text(d, max(6, min(30, width - 30))))
+    cost = f"cost {money(d.get('cost_usd'))}"
+    if d.get("projected_cost_usd") is not None and d["state"] != "SUCCEEDED":
+        cost += f", projected {money(d['projected_cost_usd'])}"
+    if d.get("budget_usd") is not None:
+        cost += f", budget {money(d['budget_usd'])}"
+    parts.append(Text(f"{pad}loss {loss_text(d)}  eta {duration(d.get('eta_s'))}  {cost}"))
+    parts.append(
+        Text(
+            f"{pad}preemptions {d.get('preemptions', 0)}  checkpoint {checkpoint_text(d, now)}  "
+            f"where {where_text(d)}"
+        )
+    )
+    lost = d.get("lost_time_s") or []
+    if lost:
+        parts.append(Text(f"{pad}time lost per preemption: " + ", ".join(duration(s) for s in lost)))
+    before, after = d.get("eval_before"), d.get("eval_after")
+    if before and after:
+        parts.append(
+            Text(
+                f"{pad}held-out: loss {before['loss']:.4f} → {after['loss']:.4f}, exact match "
+                f"{before['exact_match']:.0%} → {after['exact_match']:.0%}"
+            )
+        )
+    if d["state"] == "SUCCEEDED":
+        parts.append(Text(f"{pad}output: {d['output_uri']}", style="bold green"))
+    else:
+        parts.append(Text(f"{pad}run store: {d['run_uri']}"))
+        if d["state"] in ("STOPPED", "FAILED", "CANCELLED"):
+            hint = f"{pad}`ftorch resume {d['job_id']}` continues from the newest checkpoint"
+            if d.get("stop_reason") == "budget":
+                hint += f" (raise it: --set resources.budget_usd={_next_budget(d)})"
+            parts.append(Text(hint, style="dim"))
+    parts += [Text(""), _attempts(d, width, now), Text(""), _checkpoints(d, width, now), Text("")]
+    curve = d.get("loss_curve") or []
+    parts.append(Text("loss", style="bold"))
+    chart = loss_chart(
+        curve, width - 1, height=6 if width >= NARROW else 4, markers=d.get("preemption_steps") or []
+    )
+    parts += [Text(line, no_wrap=True, overflow="crop") for line in chart]
+    return Group(*parts)
+
+
+def _next_budget(d: dict[str, Any]) -> str:
+    need = d.get("projected_cost_usd") or 0.0
+    return f"{max(need * 1.2, (d.get('budget_usd') or 0) * 1.5):.2g}"
 
 
 def print_job_detail(d: dict[str, Any], out: Console | None = None) -> None:
     out = out or console()
-    out.print(
-        f"[bold]{d['job_id']}[/] ({d['name']}, {d['backend']}): {_state(d['state'])}"
-        + (f" - {d['reason']}" if d.get("reason") else "")
-    )
-    step = f"{d['step']}/{d['total_steps']}" if d.get("total_steps") else str(d.get("step"))
-    loss = f"{d['loss']:.4f}" if d.get("loss") is not None else "-"
-    out.print(
-        f"step {step}  loss {loss}  eta {_duration(d.get('eta_s'))}  cost ${d['cost_usd']:.2f}  "
-        f"preemptions {d['preemptions']}  last checkpoint {d.get('last_checkpoint_step')}"
-    )
-    out.print(f"run store: {d['run_uri']}")
-    out.print(f"output:    {d['output_uri']}")
-    table = Table(title="attempts", box=None, header_style="bold")
-    for column in ("#", "WHERE", "START", "STEPS", "ENDED", "WHY"):
-        table.add_column(column)
-    for a in d["attempt_timeline"]:
-        started = time.strftime("%H:%M:%S", time.localtime(a["started_at"]))
-        ended = time.strftime("%H:%M:%S", time.localtime(a["ended_at"])) if a["ended_at"] else "-"
-        steps = f"{a['start_step']}->{a['end_step'] if a['end_step'] is not None else '?'}"
-        table.add_row(str(a["n"]), a["instance"] or "-", started, steps, ended, a["end_reason"] or "running")
-    out.print(table)
-    if d["checkpoints"]:
-        out.print(
-            "checkpoints: "
-            + ", ".join(f"step {c['step']} ({c['size_bytes'] / 1024:.0f} KiB)" for c in d["checkpoints"])
-        )
-    if d.get("eval_before") and d.get("eval_after"):
-        b, a = d["eval_before"], d["eval_after"]
-        out.print(
-            f"held-out: loss {b['loss']:.4f} -> {a['loss']:.4f}, exact match "
-            f"{b['exact_match']:.0%} -> {a['exact_match']:.0%}"
-        )
+    out.print(render_detail(d, out.width))
