@@ -6,13 +6,16 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import SpecError, UserError
 from orchestrator.registry import RESUMABLE, TERMINAL, Job, Registry
-from orchestrator.spec import apply_overrides, load_job, validate_job
-from trainer.config import JobSpec
-from trainer.store import RunStore, StoreError, join_uri
+
+if TYPE_CHECKING:
+    from trainer.config import JobSpec
+    from trainer.store import RunStore
+
+# `status` must not load pydantic, yaml or fsspec: the job-file and store modules are imported where used
 
 
 def new_job_id(name: str) -> str:
@@ -30,6 +33,9 @@ def _resolved_spec(spec: JobSpec, run_id: str, output_uri: str) -> dict[str, Any
 
 def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[str, Any]:
     """Validate, record and start a job. Nothing is recorded or started when the input is wrong."""
+    from orchestrator.spec import load_job
+    from trainer.store import RunStore, StoreError, join_uri
+
     spec = load_job(job_file, overrides)
     job_id = new_job_id(spec.name)
     run_uri = join_uri(spec.checkpoint.uri, job_id)
@@ -43,6 +49,13 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
         "method": spec.method,
         "model": spec.model,
     }
+    task = None
+    if spec.resources.backend == "skypilot":  # plan, render, preflight (store, clouds, secrets)
+        from orchestrator.backends import skypilot
+
+        if dry_run:
+            return {**summary, "dry_run": True, **skypilot.dry_run(spec, job_id, run_uri)}
+        task = skypilot.prepare(spec, job_id, run_uri)
     if dry_run:
         return {**summary, "dry_run": True, "spec": spec.model_dump(mode="json")}
     store = RunStore(run_uri, spec.checkpoint.storage_options, retry_seconds=20)
@@ -62,17 +75,21 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
         spec.model_dump(mode="json"),
         hourly_usd=spec.local.hourly_usd,
     )
-    _start(registry, job)
+    _start(registry, job, task)
     return summary
 
 
-def _start(registry: Registry, job: Job) -> None:
+def _start(registry: Registry, job: Job, task: dict[str, Any] | None = None) -> None:
     if job.backend == "local":
         from orchestrator.backends.local import start_supervisor, wait_for_previous_trainer
 
         wait_for_previous_trainer(registry, job)
         start_supervisor(registry, job)
-    else:  # pragma: no cover - refused at validation until the SkyPilot backend lands
+    elif job.backend == "skypilot":
+        from orchestrator.backends import skypilot
+
+        skypilot.start(registry, job, task)
+    else:  # pragma: no cover - refused at validation
         raise UserError(f"resources.backend: {job.backend} is not available")
 
 
@@ -91,6 +108,10 @@ def get_job(job_ref: str, registry: Registry | None = None) -> Job:
 
 def reconcile(registry: Registry, job: Job) -> Job:
     """A job whose supervisor died is not left RUNNING: it becomes FAILED, resumable."""
+    if job.state not in TERMINAL and job.backend == "skypilot":
+        from orchestrator.backends import skypilot
+
+        return skypilot.reconcile(registry, job)
     if job.state in TERMINAL or job.backend != "local":
         return job
     from orchestrator.backends.local import supervisor_alive
@@ -122,97 +143,39 @@ def _cost(registry: Registry, job: Job) -> float:
 
 
 def _store(job: Job) -> RunStore:
+    from trainer.store import RunStore
+
     options = job.spec.get("checkpoint", {}).get("storage_options") or {}
     return RunStore(job.run_uri, options, retry_seconds=5)
 
 
 def job_summary(registry: Registry, job: Job, progress: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One job's status row (see `orchestrator.overview.summarize`)."""
+    from orchestrator import overview
+
     if progress is None:
-        try:
-            progress = _store(job).read_progress() or {}
-        except Exception:  # a dead store must not break status
-            progress = {}
-    attempts = registry.attempts(job.job_id)
-    preemptions = sum(1 for a in attempts if (a.end_reason or "").startswith("preempted"))
-    running = job.state in ("RUNNING", "RECOVERING", "PREEMPTED", "PROVISIONING")
-    total = progress.get("total_steps")
-    return {
-        "job_id": job.job_id,
-        "name": job.name,
-        "backend": job.backend,
-        "state": job.state,
-        "reason": job.reason,
-        "step": progress.get("step", 0),
-        "total_steps": total,
-        "loss": progress.get("loss"),
-        "attempts": len(attempts),
-        "preemptions": preemptions,
-        "cost_usd": round(_cost(registry, job), 6),
-        "eta_s": progress.get("eta_s") if running else (0.0 if job.state == "SUCCEEDED" else None),
-        "run_uri": job.run_uri,
-        "output_uri": job.output_uri,
-        "last_checkpoint_step": progress.get("last_checkpoint_step"),
-        "last_checkpoint_at": progress.get("last_checkpoint_at"),
-        "tokens_per_s": progress.get("tokens_per_s"),
-        "where": attempts[-1].instance if attempts else None,
-        "created_at": job.created_at,
-        "updated_at": max(job.updated_at, progress.get("updated_at") or 0.0),
-        "ended_at": job.ended_at,
-    }
+        progress = overview.read_progress(job.run_uri, job.spec.get("checkpoint", {}).get("storage_options"))
+    return overview.with_backend_fields(
+        registry, job, overview.summarize(job, registry.attempts(job.job_id), progress, time.time())
+    )
 
 
 def status_all() -> list[dict[str, Any]]:
-    registry = Registry()
-    return [job_summary(registry, reconcile(registry, job)) for job in registry.jobs()]
+    from orchestrator import overview
+
+    return overview.status_all()
 
 
 def status_one(job_ref: str) -> dict[str, Any]:
-    registry = Registry()
-    job = get_job(job_ref, registry)
-    store = _store(job)
-    try:
-        progress = store.read_progress() or {}
-        checkpoints = [
-            {"step": c.step, "created_at": c.created_at, "size_bytes": c.size_bytes, "uri": store.uri(c.path)}
-            for c in store.complete_checkpoints()
-        ]
-        metrics = store.read_metrics()
-    except Exception as exc:
-        progress, checkpoints, metrics = {}, [], []
-        sys.stderr.write(f"warning: cannot read the run store {job.run_uri}: {exc.__class__.__name__}\n")
-    detail = job_summary(registry, job, progress)
-    detail["attempt_timeline"] = [
-        {
-            "n": a.n,
-            "instance": a.instance,
-            "spot": a.spot,
-            "hourly_usd": a.hourly_usd,
-            "started_at": a.started_at,
-            "first_step_at": a.first_step_at,
-            "ended_at": a.ended_at,
-            "exit_code": a.exit_code,
-            "end_reason": a.end_reason,
-            "start_step": a.start_step,
-            "end_step": a.end_step,
-        }
-        for a in registry.attempts(job.job_id)
-    ]
-    detail["events"] = registry.events(job.job_id)
-    detail["checkpoints"] = checkpoints
-    detail["loss_curve"] = [[m["step"], m["loss"]] for m in metrics if m.get("loss") is not None]
-    detail["eval_before"] = progress.get("eval_before")
-    detail["eval_after"] = progress.get("eval_after")
-    detail["lost_time_s"] = lost_time_per_preemption(detail["attempt_timeline"])
-    return detail
+    from orchestrator import overview
+
+    return overview.status_one(job_ref)
 
 
 def lost_time_per_preemption(timeline: list[dict[str, Any]]) -> list[float]:
-    """For each preemption: seconds from the end of the attempt to the next attempt's first step."""
-    lost = []
-    for previous, following in zip(timeline, timeline[1:], strict=False):
-        if (previous.get("end_reason") or "").startswith("preempted") and following.get("first_step_at"):
-            lost.append(round(following["first_step_at"] - previous["ended_at"], 2))
-    return lost
+    from orchestrator import overview
+
+    return overview.lost_time_per_preemption(timeline)
 
 
 def log_paths(registry: Registry, job: Job) -> list[Path]:
@@ -223,6 +186,11 @@ def log_paths(registry: Registry, job: Job) -> list[Path]:
 def print_logs(job_ref: str, follow: bool = False) -> None:
     registry = Registry()
     job = get_job(job_ref, registry)
+    if job.backend == "skypilot":
+        from orchestrator.backends import skypilot
+
+        skypilot.print_logs(job, follow)
+        return
     offsets: dict[Path, int] = {}
     while True:
         attempts = {a.n: a for a in registry.attempts(job.job_id)}
@@ -251,6 +219,10 @@ def cancel(job_ref: str, wait_s: float = 90.0) -> str:
     job = get_job(job_ref, registry)
     if job.state in TERMINAL:
         return f"{job.job_id} is already {job.state}; nothing to cancel"
+    if job.backend == "skypilot":
+        from orchestrator.backends import skypilot
+
+        return skypilot.cancel(registry, job)
     if job.backend == "local":
         from orchestrator.backends.local import request_cancel
 
@@ -271,6 +243,8 @@ def resume(job_ref: str, overrides: list[str]) -> str:
     job = get_job(job_ref, registry)
     if job.state not in RESUMABLE:
         raise UserError(f"JOB: {job.job_id} is {job.state}; only {', '.join(RESUMABLE)} jobs can be resumed")
+    from orchestrator.spec import apply_overrides, validate_job
+
     data = apply_overrides(dict(job.spec), overrides)
     spec = validate_job(data)
     store = _store(job)

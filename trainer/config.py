@@ -150,7 +150,15 @@ class ResourcesSpec(_Strict):
     #: a duration from launch ('12h') or an ISO clock time with a zone ('2026-12-01T07:00+01:00')
     deadline: str | None = None
     disk_gb: int | None = Field(None, ge=10)
+    #: a VM image, or a container as 'docker:<image>' (SkyPilot's image_id)
     image_id: str | None = None
+    #: environment variable names passed to the cloud job as SkyPilot secrets, read from your environment
+    #: at launch, never stored or printed; None = HF_TOKEN and the store's credentials, those that are set
+    secrets: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] | None = None
+    #: SkyPilot's recovery strategy after a preemption
+    recovery: Literal["EAGER_NEXT_REGION", "FAILOVER"] = "EAGER_NEXT_REGION"
+    #: SkyPilot backend: relaunches after trainer crashes (preemptions do not count)
+    max_restarts_on_errors: int = Field(2, ge=0, le=100)
 
     @field_validator("deadline")
     @classmethod
@@ -252,8 +260,6 @@ class JobSpec(_Strict):
 def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
     """(field, message) for settings that are valid but that this build cannot act on yet."""
     problems: list[tuple[str, str]] = []
-    if spec.resources.backend == "skypilot":
-        problems.append(("resources.backend", "'skypilot' is not available yet; valid now: local"))
     if spec.method == "qlora":
         problems.append(("method", "'qlora' is not supported by the trainer yet; valid now: full, lora"))
     if spec.local.nproc > 1:

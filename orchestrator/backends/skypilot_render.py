@@ -1,0 +1,280 @@
+"""SkyPilot task YAML from a job spec and its plan. Pure functions: no sky, no torch, no network.
+
+The templates in task_templates/ hold setup and run (install ftorch, claim an attempt number, run the
+trainer, alone or under torchrun); rendering fills in what depends on the job:
+
+- resources: the plan's adequate offers as `ordered` (the plan's ranking by expected cost is kept),
+  spot offers first, then on-demand offers only when `resources.fallback: on-demand`;
+- job_recovery: strategy, `recover_on_exit_codes: [75]` (the trainer's "preempted, checkpoint
+  written"), `max_restarts_on_errors`; `max_hourly_cost`; `disk_size` for the model; `image_id`;
+- envs: the run's id and store URL (the same across every recovery: ftorch's job id is the run id);
+- secrets: names only. Values are read from the user's environment at launch, inside the SDK call,
+  and never written to the YAML, the registry, the run store or any output.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.errors import SpecError
+from trainer import exitcodes
+from trainer.config import JobSpec
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "task_templates"
+KINDS = ("single", "node", "multinode")
+#: fsspec protocols a cloud instance can reach (a local path or memory:// is only on this machine)
+REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oci", "hf")
+MAX_PER_KIND = 10  # spot offers, then as many on-demand offers, at most
+HUB_TOKENS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+STORE_CREDENTIALS = {
+    "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
+    "az": ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_CONNECTION_STRING"),
+}
+SKY_INFRA = {"aws": "aws", "gcp": "gcp", "azure": "azure", "lambda": "lambda", "runpod": "runpod"}
+SECRETS_NOTE = (
+    "# secrets: names only; the values are read from your environment at launch and never printed\n"
+)
+
+
+def scheme(uri: str) -> str:
+    return uri.split("://", 1)[0].lower() if "://" in uri else ""
+
+
+def require_remote(spec: JobSpec) -> None:
+    """A cloud instance reads and writes the run store, the data and the model: none can be local."""
+    for field, value in (
+        ("checkpoint.uri", spec.checkpoint.uri),
+        ("output.uri", spec.output.uri),
+        ("data.path", spec.data.path),
+    ):
+        if value is not None and scheme(value) not in REMOTE_SCHEMES:
+            raise SpecError(
+                field,
+                f"{value} is not reachable from a cloud instance; the skypilot backend needs a bucket "
+                "URL such as s3://bucket/ftorch or gs://bucket/ftorch",
+            )
+    if spec.model.startswith("/") or "://" in spec.model and scheme(spec.model) not in REMOTE_SCHEMES:
+        raise SpecError("model", f"{spec.model} is a local folder; give a hub id for the skypilot backend")
+
+
+def secret_names(spec: JobSpec, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The secrets to pass: the job file's list, else the hub token and the store's keys that are set."""
+    if spec.resources.secrets is not None:
+        return list(dict.fromkeys(spec.resources.secrets))
+    environ = os.environ if environ is None else environ
+    store = "s3" if scheme(spec.checkpoint.uri) in ("s3", "s3a") else scheme(spec.checkpoint.uri)
+    wanted = [*HUB_TOKENS, *STORE_CREDENTIALS.get(store, ())]
+    return [name for name in wanted if environ.get(name)]
+
+
+def disk_gb(spec: JobSpec) -> int:
+    """The job file's disk, else room for the model's 16-bit weights twice (download + cache) and 60 GB."""
+    if spec.resources.disk_gb:
+        return spec.resources.disk_gb
+    try:
+        from orchestrator.shapes import resolve_shape
+
+        params = resolve_shape(spec.model).params
+    except Exception:  # an unknown model: a generous default
+        return 256
+    need = 2.0 * params * 2 / 1e9 + 60
+    return int(max(100, math.ceil(need / 50.0) * 50))
+
+
+def job_recovery(spec: JobSpec) -> dict[str, Any]:
+    return {
+        "strategy": spec.resources.recovery,
+        "max_restarts_on_errors": spec.resources.max_restarts_on_errors,
+        "recover_on_exit_codes": [exitcodes.PREEMPTED],
+    }
+
+
+def _entry(c: Any, spot: bool, region: str | None) -> dict[str, Any]:
+    infra = SKY_INFRA.get(c.cloud, c.cloud)
+    return {
+        "infra": f"{infra}/{region}" if region else infra,
+        "accelerators": {c.accelerator: c.count},
+        "use_spot": spot,
+    }
+
+
+def resource_entries(spec: JobSpec, plan: Any) -> list[dict[str, Any]]:
+    """The plan's offers for SkyPilot, spot first (plan order), then on-demand (only with fallback).
+
+    Entries name cloud (and region when the job file restricts regions), accelerator and count, and
+    leave the instance type to SkyPilot: its catalog picks the cheapest instance with those GPUs.
+    """
+    res = spec.resources
+    want_spot = res.spot and res.policy != "on-demand"
+    want_ondemand = not want_spot or (res.fallback == "on-demand" and res.policy != "spot-only")
+    seen: set[tuple[Any, ...]] = set()
+    spot_entries: list[dict[str, Any]] = []
+    od_entries: list[dict[str, Any]] = []
+
+    def add(target: list[dict[str, Any]], c: Any, spot: bool) -> None:
+        regions = [r for r in c.regions if r in res.regions] if res.regions else [None]
+        for region in regions:
+            key = (c.cloud, c.accelerator, c.count, spot, region)
+            if key not in seen and len(target) < MAX_PER_KIND:
+                seen.add(key)
+                target.append(_entry(c, spot, region))
+
+    if want_spot:
+        for c in plan.candidates:
+            if c.spot_hourly_usd is not None:
+                add(spot_entries, c, True)
+    if want_ondemand:
+        by_od_cost = sorted(
+            (c for c in plan.candidates if c.ondemand_hourly_usd is not None),
+            key=lambda c: (c.expected_cost_ondemand_usd or math.inf, c.count),
+        )
+        for c in by_od_cost:
+            add(od_entries, c, False)
+    return spot_entries + od_entries
+
+
+def template_kind(spec: JobSpec, entries: list[dict[str, Any]]) -> str:
+    if spec.resources.nodes > 1:
+        return "multinode"
+    if any(max(e["accelerators"].values()) > 1 for e in entries):
+        return "node"
+    return "single"
+
+
+def load_template(kind: str) -> dict[str, Any]:
+    path = TEMPLATES / f"{kind}.yaml"
+    if not path.exists():
+        raise SpecError("resources.backend", f"the SkyPilot task template {path} is missing")
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def source_root() -> Path | None:
+    """The ftorch source tree this CLI runs from, if any (it is synced to the instance as workdir)."""
+    root = Path(__file__).resolve().parents[2]
+    pyproject = root / "pyproject.toml"
+    if pyproject.exists() and 'name = "ftorch"' in pyproject.read_text(encoding="utf-8"):
+        return root
+    return None
+
+
+def install_spec(environ: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+    """(pip spec, workdir): the synced source tree when there is one, else the released package."""
+    environ = os.environ if environ is None else environ
+    if environ.get("FTORCH_PIP_SPEC"):
+        return environ["FTORCH_PIP_SPEC"], None
+    root = source_root()
+    if root is not None:
+        return ".[s3,gcs]", str(root)
+    from importlib.metadata import version
+
+    return f"ftorch[s3,gcs]=={version('ftorch')}", None
+
+
+def extra_pip(spec: JobSpec) -> str:
+    extras = []
+    if spec.method == "qlora":
+        extras.append("bitsandbytes>=0.43")
+    if spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit") and "bitsandbytes>=0.43" not in extras:
+        extras.append("bitsandbytes>=0.43")
+    if scheme(spec.checkpoint.uri) in ("az", "abfs", "abfss"):
+        extras.append("adlfs")
+    return " ".join(extras)
+
+
+def render_task(
+    spec: JobSpec,
+    job_id: str,
+    run_uri: str,
+    plan: Any,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The SkyPilot task config (a dict, as in a task YAML) for one ftorch job."""
+    require_remote(spec)
+    entries = resource_entries(spec, plan)
+    if not entries:
+        why = plan.why_none() if getattr(plan, "chosen", None) is None else "no offer fits the spot policy"
+        raise SpecError("resources", why)
+    kind = template_kind(spec, entries)
+    task = load_template(kind)
+    pip_spec, workdir = install_spec(environ)
+    resources: dict[str, Any] = {
+        "ordered": entries,
+        "disk_size": disk_gb(spec),
+        "job_recovery": job_recovery(spec),
+    }
+    if spec.resources.max_hourly_usd is not None:
+        resources["max_hourly_cost"] = spec.resources.max_hourly_usd
+    if spec.resources.image_id:
+        resources["image_id"] = spec.resources.image_id
+    envs = dict(task.get("envs") or {})
+    envs.update(
+        FTORCH_RUN_URI=run_uri,
+        FTORCH_RUN_ID=job_id,
+        FTORCH_PIP_SPEC=pip_spec,
+        FTORCH_EXTRA_PIP=extra_pip(spec),
+        FTORCH_STORAGE_OPTIONS=json.dumps(spec.checkpoint.storage_options, sort_keys=True),
+    )
+    rendered: dict[str, Any] = {"name": job_id}
+    if workdir:
+        rendered["workdir"] = workdir
+    if kind == "multinode":
+        rendered["num_nodes"] = spec.resources.nodes
+    rendered["resources"] = resources
+    rendered["envs"] = {k: str(v) for k, v in envs.items()}
+    names = secret_names(spec, environ)
+    if names:
+        rendered["secrets"] = {name: None for name in names}
+    rendered["setup"] = task["setup"]
+    rendered["run"] = task["run"]
+    return rendered
+
+
+def template_of(task: Mapping[str, Any]) -> str:
+    """Which template a rendered task came from (by its run script)."""
+    for kind in KINDS:
+        if load_template(kind)["run"] == task.get("run"):
+            return kind
+    return "custom"
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (setup, run) as literal blocks, as people write them."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(task: Mapping[str, Any]) -> str:
+    """The task as YAML, with a note on where secret values come from. Never holds a secret value."""
+    text = yaml.dump(dict(task), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=110)
+    return (SECRETS_NOTE if task.get("secrets") else "") + text
+
+
+def plan_table(plan: Any, limit: int = 8) -> list[dict[str, Any]]:
+    """The plan's top offers, for --dry-run."""
+    rows = []
+    for c in plan.candidates[:limit]:
+        rows.append(
+            {
+                "cloud": c.cloud,
+                "instance_type": c.instance_type,
+                "gpus": f"{c.count}x {c.accelerator}",
+                "spot": c.spot,
+                "hourly_usd": round(c.hourly_usd, 4),
+                "est_hours": round(c.est_hours, 2),
+                "expected_cost_usd": round(c.expected_cost_usd, 2),
+            }
+        )
+    return rows
