@@ -1,13 +1,24 @@
-"""`launch --follow` / `resume --follow`: stream a job's progress until it ends, then summarise."""
+"""Watching jobs: `status --watch` and `launch/resume --follow`.
+
+On a terminal both draw a live view that refreshes in place (rich Live on the alternate screen, so a
+resize just redraws at the new size); piped, `--follow` streams state changes and trainer log lines.
+Both end by themselves when the job ends, and Ctrl-C only stops the watching: the job goes on.
+`follow()` returns 0 only if the job SUCCEEDED, and ends with a summary (adapter, loss, preemptions,
+held-out before/after, time lost per preemption, cost).
+"""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator import jobs
 from orchestrator.registry import TERMINAL, Registry
+
+POLL_S = 1.0
+LOG_LINES = 6
 
 
 def _write(line: str) -> None:
@@ -15,42 +26,142 @@ def _write(line: str) -> None:
     sys.stdout.flush()
 
 
-def follow(job_id: str, poll_s: float = 0.25) -> int:
-    """Print state changes and trainer log lines as they come; 0 only if the job SUCCEEDED."""
+# ---- the live view ------------------------------------------------------------------------------
+def _log_tail(job_id: str, n: int = LOG_LINES) -> list[str]:
+    """The last lines of the newest attempt's trainer log (local backend)."""
     registry = Registry()
-    job = jobs.get_job(job_id, registry)
+    paths = jobs.log_paths(registry, registry.get(job_id))
+    if not paths:
+        return []
+    try:
+        with open(paths[-1], "rb") as handle:
+            handle.seek(0, 2)
+            handle.seek(max(0, handle.tell() - 8192))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-n:]
+
+
+def _frame(job_id: str | None, show_all: bool, width: int, with_log: bool) -> tuple[Any, bool]:
+    """(what to draw, whether everything watched has ended)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from orchestrator import overview, ui
+
+    stamp = Text(f"ftorch status --watch · {time.strftime('%H:%M:%S')} · Ctrl-C stops watching", style="dim")
+    if job_id is None:
+        rows = overview.status_all()
+        done = all(r["state"] in TERMINAL for r in rows)
+        return Group(ui.render_jobs(rows, width, show_all), stamp), done
+    detail = overview.status_one(job_id)
+    parts: list[Any] = [ui.render_detail(detail, width)]
+    if with_log:
+        lines = _log_tail(detail["job_id"])
+        if lines:
+            parts += [Text(""), Text("log", style="bold")]
+            parts += [Text(line, no_wrap=True, overflow="ellipsis", style="dim") for line in lines]
+    return Group(*parts, stamp), detail["state"] in TERMINAL
+
+
+def live(
+    job_id: str | None,
+    show_all: bool = False,
+    out: Any = None,
+    poll_s: float = POLL_S,
+    with_log: bool = False,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Redraw until everything watched has ended ("ended") or Ctrl-C ("interrupted")."""
+    from rich.live import Live
+
+    from orchestrator import ui
+
+    out = out or ui.console()
+    frame, done = _frame(job_id, show_all, out.width, with_log)
+    outcome = "ended"
+    try:
+        with Live(frame, console=out, screen=out.is_terminal, auto_refresh=False, transient=False) as view:
+            while not done:
+                sleep(poll_s)
+                frame, done = _frame(job_id, show_all, out.width, with_log)
+                view.update(frame, refresh=True)
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+    if out.is_terminal:  # the alternate screen is gone: leave the last frame on the normal one
+        out.print(frame)
+    return outcome
+
+
+def watch(job_id: str | None, show_all: bool = False, out: Any = None, poll_s: float = POLL_S) -> int:
+    """`ftorch status --watch [JOB]`: 0 when the job (or every job) has ended or on Ctrl-C."""
+    if job_id is not None:
+        job_id = jobs.get_job(job_id).job_id
+    outcome = live(job_id, show_all, out=out, poll_s=poll_s)
+    if outcome == "interrupted":
+        target = f"`ftorch status {job_id}`" if job_id else "`ftorch status`"
+        _write(f"stopped watching; the job goes on. {target} to check on it.")
+    return 0
+
+
+# ---- --follow -----------------------------------------------------------------------------------
+def follow(job_id: str, poll_s: float = 0.25, out: Any = None) -> int:
+    """Follow a job until it ends, then summarise; 0 only if the job SUCCEEDED."""
+    from orchestrator import ui
+
+    job = jobs.get_job(job_id)
+    out = out or ui.console()
+    if out.is_terminal:
+        if live(job.job_id, out=out, poll_s=max(poll_s, 0.5), with_log=True) == "interrupted":
+            return _interrupted(job.job_id)
+    else:
+        try:
+            _stream(job.job_id, poll_s)
+        except KeyboardInterrupt:
+            return _interrupted(job.job_id)
+    detail = jobs.status_one(job.job_id)
+    _summary(detail)
+    return 0 if detail["state"] == "SUCCEEDED" else 1
+
+
+def _interrupted(job_id: str) -> int:
+    _write(f"\nstopped following; the job goes on. `ftorch status {job_id}` to check on it.")
+    return 130
+
+
+def _stream(job_id: str, poll_s: float) -> None:
+    """Print state changes and trainer log lines as they come, until the job ends."""
+    registry = Registry()
+    job = registry.get(job_id)
     seen_events = 0
     offsets: dict[str, int] = {}
-    try:
-        while True:
-            events = registry.events(job.job_id)
-            for event in events[seen_events:]:
-                if event["kind"] in ("state", "chaos", "crash", "resume"):
-                    stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))
-                    _write(f"{stamp} [ftorch] {event['kind']}: {event['detail']}")
-            seen_events = len(events)
-            for path in jobs.log_paths(registry, job):
-                key = str(path)
-                with open(path, encoding="utf-8", errors="replace") as handle:
-                    handle.seek(offsets.get(key, 0))
-                    text = handle.read()
-                    complete, _, _rest = text.rpartition("\n")
-                    if complete:
-                        for line in complete.split("\n"):
-                            _write(f"  {line}")
-                        offsets[key] = offsets.get(key, 0) + len(complete.encode("utf-8", "replace")) + 1
-            job = jobs.reconcile(registry, registry.get(job.job_id))
-            if job.state in TERMINAL:
-                break
-            time.sleep(poll_s)
-    except KeyboardInterrupt:
-        _write(f"\nstopped following; the job goes on. `ftorch status {job.job_id}` to check on it.")
-        return 130
-    _summary(jobs.status_one(job.job_id))
-    return 0 if job.state == "SUCCEEDED" else 1
+    while True:
+        events = registry.events(job.job_id)
+        for event in events[seen_events:]:
+            if event["kind"] in ("state", "chaos", "crash", "resume", "budget", "notify"):
+                stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))
+                _write(f"{stamp} [ftorch] {event['kind']}: {event['detail']}")
+        seen_events = len(events)
+        for path in jobs.log_paths(registry, job):
+            key = str(path)
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                handle.seek(offsets.get(key, 0))
+                text = handle.read()
+                complete, _, _rest = text.rpartition("\n")
+                if complete:
+                    for line in complete.split("\n"):
+                        _write(f"  {line}")
+                    offsets[key] = offsets.get(key, 0) + len(complete.encode("utf-8", "replace")) + 1
+        job = jobs.reconcile(registry, registry.get(job.job_id))
+        if job.state in TERMINAL:
+            return
+        time.sleep(poll_s)
 
 
 def _summary(detail: dict[str, Any]) -> None:
+    from orchestrator.ui import money
+
     _write("")
     _write(
         f"job {detail['job_id']}: {detail['state']}"
@@ -65,6 +176,12 @@ def _summary(detail: dict[str, Any]) -> None:
     if detail["lost_time_s"]:
         lost = ", ".join(f"{s:.1f} s" for s in detail["lost_time_s"])
         _write(f"  time lost per preemption (end of attempt -> first new step): {lost}")
+    cost = f"  cost {money(detail['cost_usd'])}"
+    if detail.get("budget_usd") is not None:
+        cost += f" of a {money(detail['budget_usd'])} budget"
+    if detail["state"] != "SUCCEEDED" and detail.get("projected_cost_usd") is not None:
+        cost += f"; projected to finish: {money(detail['projected_cost_usd'])}"
+    _write(cost)
     curve = detail["loss_curve"]
     if curve:
         head = sum(v for _s, v in curve[:5]) / len(curve[:5])
@@ -80,21 +197,10 @@ def _summary(detail: dict[str, Any]) -> None:
         )
     if detail["state"] == "SUCCEEDED":
         _write(f"  trained adapter: {detail['output_uri']}")
+    elif detail.get("stop_reason") == "budget":
+        _write(
+            f"  stopped at the budget; checkpoints: {detail['run_uri']}; "
+            f"`ftorch resume {detail['job_id']} --set resources.budget_usd=...` continues"
+        )
     else:
         _write(f"  checkpoints: {detail['run_uri']}; `ftorch resume {detail['job_id']}` continues")
-
-
-def watch(job_id: str | None) -> int:
-    """A simple refreshing view (a richer live view comes with the status work)."""
-    from orchestrator import ui
-
-    try:
-        while True:
-            rows = jobs.status_all() if job_id is None else [jobs.status_one(job_id)]
-            ui.clear()
-            ui.print_jobs_table(rows, show_all=job_id is not None)
-            if all(r["state"] in TERMINAL for r in rows):
-                return 0
-            time.sleep(1.0)
-    except KeyboardInterrupt:
-        return 0
