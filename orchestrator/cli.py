@@ -68,16 +68,26 @@ def launch(
 def status(
     job: Annotated[str | None, typer.Argument(help="a job id (default: all jobs)")] = None,
     as_json: JsonOut = False,
-    show_all: Annotated[bool, typer.Option("--all", help="include finished jobs")] = False,
-    watch: Annotated[bool, typer.Option("--watch", help="live view")] = False,
+    show_all: Annotated[bool, typer.Option("--all", help="include older finished jobs")] = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="live view; ends when the job ends; Ctrl-C stops watching only")
+    ] = False,
+    plot: Annotated[
+        str | None,
+        typer.Option(
+            "--plot", metavar="FILE.png", help="write the loss curve, preemptions and cost (needs JOB)"
+        ),
+    ] = None,
 ) -> None:
     """All jobs, or one job in detail."""
     from orchestrator import jobs, ui
 
+    if plot is not None and job is None:
+        raise UserError("--plot: give a JOB: `ftorch status JOB --plot loss.png`")
     if watch:
         from orchestrator import follow as follow_mod
 
-        raise typer.Exit(follow_mod.watch(job))
+        raise typer.Exit(follow_mod.watch(job, show_all=show_all))
     if job is None:
         rows = jobs.status_all()
         if as_json:
@@ -86,10 +96,16 @@ def status(
             ui.print_jobs_table(rows, show_all=show_all)
         return
     detail = jobs.status_one(job)
+    if plot is not None:
+        from orchestrator.charts import plot_png
+
+        plot_png(detail, plot)
     if as_json:
         _print_json(detail)
     else:
         ui.print_job_detail(detail)
+        if plot is not None:
+            typer.echo(f"loss plot: {plot}")
 
 
 @app.command()
