@@ -282,18 +282,9 @@ def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
         problems.append(
             ("train.attn_implementation", "'flash_attention_2' is not supported yet; valid now: sdpa, eager")
         )
-    if spec.resources.budget_usd is not None:
-        problems.append(
-            (
-                "resources.budget_usd",
-                "the budget guard is not enforced yet; remove it or use `ftorch plan` to check costs",
-            )
-        )
     if spec.resources.deadline is not None or spec.resources.policy not in (None, "spot-only"):
         field = "resources.deadline" if spec.resources.deadline is not None else "resources.policy"
         problems.append(
             (field, "deadline-aware policies are not applied to runs yet (see `ftorch simulate`)")
         )
-    if spec.notify is not None:
-        problems.append(("notify", "notifications are not sent yet; remove the notify section"))
     return problems

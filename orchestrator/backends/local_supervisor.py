@@ -6,6 +6,8 @@ State machine (registry states):
                             -> RECOVERING (crash, within local.max_restarts_on_errors) -> RUNNING ...
                             -> FAILED (bad config, or too many crashes)
                             -> CANCELLED (ftorch cancel: SIGTERM to the trainer, which checkpoints)
+                            -> STOPPED "budget: ..." (the next checkpoint interval would pass budget_usd)
+Notifications (`notify:`) go out on SUCCEEDED, FAILED, CANCELLED, the budget stop and each preemption.
 The trainer gets SIGTERM if this process dies, so it never runs unsupervised.
 """
 
@@ -22,6 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import procs
+from orchestrator.budget import BudgetGuard
+from orchestrator.notify import notify_job
+from orchestrator.overview import cost_usd
 from orchestrator.registry import Registry
 from trainer import exitcodes
 from trainer.config import ChaosSpec, JobSpec
@@ -106,6 +111,7 @@ class Supervisor:
         )
         self.crashes = 0
         self.proc: subprocess.Popen[bytes] | None = None
+        self.budget_stop: str | None = None
 
     def log(self, message: str) -> None:
         sys.stdout.write(f"{time.strftime('%H:%M:%S')} [supervisor] {message}\n")
@@ -113,6 +119,21 @@ class Supervisor:
 
     def on_sigterm(self, _signum: int, _frame: object) -> None:
         self.cancelled = True
+
+    def notify(self, event: str) -> None:
+        notify_job(self.registry, self.job_id, event, self.log)
+
+    def end(self, state: str, reason: str | None = None, event: str | None = None) -> None:
+        """Record a final state and send its notification."""
+        self.registry.set_state(self.job_id, state, reason)
+        self.notify(event or state.lower())
+
+    def budget_guard(self) -> BudgetGuard:
+        progress = self.store.read_progress() or {}
+        return BudgetGuard.for_spec(self.registry.get(self.job_id).spec, self.spec.local.hourly_usd, progress)
+
+    def spent(self) -> float:
+        return cost_usd(self.registry.attempts(self.job_id), "RUNNING", time.time())
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.on_sigterm)
@@ -124,18 +145,28 @@ class Supervisor:
         self.registry.set_state(self.job_id, "PROVISIONING" if first else "RECOVERING")
         while True:
             if self.cancelled or self.registry.get(self.job_id).cancel_requested:
-                self.registry.set_state(self.job_id, "CANCELLED", "cancelled by the user; checkpoints kept")
+                self.end("CANCELLED", "cancelled by the user; checkpoints kept")
+                return 0
+            over = self.budget_guard().check(self.spent())
+            if over:  # e.g. a resume without a higher budget: stop before starting anything
+                self.registry.event(self.job_id, "budget", over.removeprefix("budget: "))
+                self.end("STOPPED", over, event="budget")
                 return 0
             outcome = self.run_attempt()
             if outcome == "succeeded":
-                self.registry.set_state(self.job_id, "SUCCEEDED")
+                self.end("SUCCEEDED")
                 return 0
             if outcome == "cancelled":
-                self.registry.set_state(self.job_id, "CANCELLED", "cancelled by the user; checkpoints kept")
+                self.end("CANCELLED", "cancelled by the user; checkpoints kept")
+                return 0
+            if outcome.startswith("budget"):
+                self.end("STOPPED", outcome, event="budget")
                 return 0
             if outcome.startswith("failed"):
-                self.registry.set_state(self.job_id, "FAILED", outcome.removeprefix("failed: "))
+                self.end("FAILED", outcome.removeprefix("failed: "))
                 return 1
+            if outcome.startswith("preempted"):
+                self.notify("preempted")
             time.sleep(self.spec.local.restart_backoff_s)
             self.registry.set_state(self.job_id, "RECOVERING", outcome)
 
@@ -170,10 +201,14 @@ class Supervisor:
         running = False
         preempted: str | None = None
         last = time.time()
+        guard = self.budget_guard()
+        last_budget_check = 0.0
         while self.proc.poll() is None:
             time.sleep(POLL_S)
             now = time.time()
             step = tail.poll()
+            if step is not None:
+                guard.observe_step(step, now)
             if step is not None and not running:
                 running = True
                 self.registry.update_attempt(self.job_id, attempt.n, first_step_at=now)
@@ -182,6 +217,16 @@ class Supervisor:
                 self.cancelled = True
                 self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
                 break
+            if guard.budget_usd is not None and now - last_budget_check >= 1.0:
+                last_budget_check = now
+                if guard.every_steps is None and guard.every_seconds is None:
+                    guard.observe_checkpoint((self.store.read_progress() or {}).get("last_checkpoint_at"))
+                self.budget_stop = guard.check(self.spent())
+                if self.budget_stop:
+                    self.registry.event(self.job_id, "budget", self.budget_stop.removeprefix("budget: "))
+                    self.log(f"{self.budget_stop}: asking the trainer to checkpoint and stop")
+                    self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
+                    break
             due = self.chaos.due(step or 0, now - last) if running else None
             last = now
             if due is not None:
@@ -213,6 +258,9 @@ class Supervisor:
     def classify(self, code: int, preempted: str | None, progress: dict, tail: LogTail) -> str:
         if self.cancelled:
             return "cancelled"
+        if self.budget_stop and code in (exitcodes.PREEMPTED, exitcodes.OK, -signal.SIGTERM):
+            finished = code == exitcodes.OK and progress.get("state") == "finished"
+            return "succeeded" if finished else self.budget_stop
         if preempted:
             return preempted
         if code == exitcodes.OK and progress.get("state") == "finished":
@@ -252,7 +300,7 @@ def main() -> int:
     try:
         return supervisor.run()
     except Exception as exc:
-        supervisor.registry.set_state(job_id, "FAILED", f"supervisor error: {exc.__class__.__name__}: {exc}")
+        supervisor.end("FAILED", f"supervisor error: {exc.__class__.__name__}: {exc}")
         raise
 
 
