@@ -187,8 +187,10 @@ def check_store(spec: JobSpec, run_uri: str) -> None:
 def enabled_clouds() -> list[str]:
     """Clouds SkyPilot has credentials for (lower-case), through its API server."""
     sky = _sky()
+    from sky.client import sdk as sky_sdk  # enabled_clouds is not exported at the top level
+
     try:
-        clouds = sky.get(sky.enabled_clouds())
+        clouds = sky.get(sky_sdk.enabled_clouds())
     except Exception as exc:
         raise SkyUnavailable(f"SkyPilot: cannot list enabled clouds: {one_line(exc)}") from None
     return sorted({str(c).lower().split("/")[0] for c in clouds or []})
@@ -354,11 +356,16 @@ def where(record: Mapping[str, Any]) -> str | None:
     return " ".join(p for p in (place.lower(), gpus, kind) if p)
 
 
+def placed(record: Mapping[str, Any]) -> bool:
+    """Running on a cluster whose cloud is known (while recovering, the old placement still shows)."""
+    return bool(record.get("cloud")) and str(record.get("status")) in ("RUNNING", "CANCELLING")
+
+
 def update_segments(state: dict[str, Any], record: Mapping[str, Any], now: float) -> None:
     """One segment per recovery: its price and where it starts in SkyPilot's running time."""
     segments = state.setdefault("segments", [])
     n = int(record.get("recovery_count") or 0)
-    if not record.get("cloud") or (segments and segments[-1]["n"] == n):
+    if not placed(record) or (segments and segments[-1]["n"] == n):
         return
     total = float(record.get("job_duration") or 0.0)
     current = 0.0
@@ -423,17 +430,19 @@ def apply_record(registry: Registry, job: Job, record: Mapping[str, Any] | None)
 
 
 def _sync_attempts(registry: Registry, job: Job, record: Mapping[str, Any], state: Mapping[str, Any]) -> None:
-    """Attempt n+1 starts at SkyPilot's n-th recovery; the one before it ends as preempted."""
-    if not record.get("cloud"):
-        return
-    wanted = int(record.get("recovery_count") or 0) + 1
-    attempts = registry.attempts(job.job_id)
+    """Attempt n+1 runs after SkyPilot's n-th recovery; the one before it ends as preempted."""
+    recoveries = int(record.get("recovery_count") or 0)
     seg = (state.get("segments") or [{}])[-1]
-    while len(attempts) < wanted:
+    attempts = registry.attempts(job.job_id)
+
+    def end_open(reason: str, at: float | None = None) -> None:
         if attempts and attempts[-1].ended_at is None:
-            registry.update_attempt(
-                job.job_id, attempts[-1].n, ended_at=time.time(), end_reason="preempted (SkyPilot recovered)"
-            )
+            registry.update_attempt(job.job_id, attempts[-1].n, ended_at=at or time.time(), end_reason=reason)
+
+    if len(attempts) <= recoveries:  # recovering, or already running again
+        end_open("preempted (SkyPilot recovered)")
+    while placed(record) and len(attempts) < recoveries + 1:
+        end_open("preempted (SkyPilot recovered)")
         registry.start_attempt(
             job.job_id,
             None,
@@ -442,16 +451,9 @@ def _sync_attempts(registry: Registry, job: Job, record: Mapping[str, Any], stat
             hourly_usd=seg.get("hourly_usd") or 0.0,
         )
         attempts = registry.attempts(job.job_id)
-    end_at = record.get("end_at")
-    if str(record.get("status")) in STATES and STATES[str(record.get("status"))] in TERMINAL:
-        last = attempts[-1]
-        if last.ended_at is None:
-            registry.update_attempt(
-                job.job_id,
-                last.n,
-                ended_at=float(end_at or time.time()),
-                end_reason=str(record.get("status")),
-            )
+    status = str(record.get("status"))
+    if STATES.get(status) in TERMINAL:
+        end_open(status, float(record.get("end_at") or time.time()))
 
 
 def _progress(job: Job) -> dict[str, Any]:
