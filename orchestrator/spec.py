@@ -150,6 +150,8 @@ def _resolve_paths(spec: JobSpec, base: Path) -> JobSpec:
     spec.checkpoint.uri = _resolve_local_path(spec.checkpoint.uri, base)
     if spec.output.uri:
         spec.output.uri = _resolve_local_path(spec.output.uri, base)
+    if spec.local.chaos is not None and spec.local.chaos.trace:
+        spec.local.chaos.trace = [_resolve_local_path(t, base) for t in spec.local.chaos.trace]
     model = spec.model
     if model.startswith((".", "/", "~")) or (base / model / "config.json").exists():
         spec.model = _resolve_local_path(os.path.expanduser(model), base)

@@ -192,6 +192,15 @@ class ChaosSpec(_Strict):
     rate_per_min: float = Field(0.0, ge=0.0, le=60.0)
     seed: int = 0
     grace_s: float = Field(30.0, ge=0.0, le=3600.0)
+    #: spot availability traces to replay (the `ftorch simulate` format; several files = several zones):
+    #: the supervisor then follows resources.policy on this simulated capacity
+    trace: list[Annotated[str, Field(min_length=1)]] | None = None
+    #: trace seconds per wall second while replaying (600: a 195 s trace tick lasts 0.33 s)
+    speedup: float = Field(600.0, gt=0.0, le=1e6)
+    #: the trace tick the run starts at
+    start_tick: int = Field(0, ge=0)
+    #: restart overhead the policy assumes, in trace seconds
+    restart_overhead_s: float = Field(300.0, ge=0.0)
 
     @model_validator(mode="after")
     def _notice_matches(self) -> ChaosSpec:
@@ -282,9 +291,16 @@ def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
         problems.append(
             ("train.attn_implementation", "'flash_attention_2' is not supported yet; valid now: sdpa, eager")
         )
-    if spec.resources.deadline is not None or spec.resources.policy not in (None, "spot-only"):
+    replaying = (
+        spec.resources.backend == "local" and spec.local.chaos is not None and bool(spec.local.chaos.trace)
+    )
+    if (spec.resources.deadline is not None or spec.resources.policy is not None) and not replaying:
         field = "resources.deadline" if spec.resources.deadline is not None else "resources.policy"
         problems.append(
-            (field, "deadline-aware policies are not applied to runs yet (see `ftorch simulate`)")
+            (
+                field,
+                "policies act on runs with simulated spot capacity (local.chaos.trace) and in"
+                " `ftorch simulate`; on skypilot use resources.fallback",
+            )
         )
     return problems
