@@ -188,7 +188,7 @@ def render_jobs(rows: list[dict[str, Any]], width: int, show_all: bool = False) 
             counts[r["state"].lower()] = counts.get(r["state"].lower(), 0) + 1
         kinds = ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: -kv[1]))
         noun = "job" if len(hidden) == 1 else "jobs"
-        parts.append(Text(f"{len(hidden)} older finished {noun} ({kinds}); --all shows them", style="dim"))
+        parts.append(Text(f"{len(hidden)} older {noun} hidden ({kinds}): --all", style="dim"))
     return Group(*parts)
 
 
@@ -232,26 +232,33 @@ def _attempts(d: dict[str, Any], width: int, now: float) -> RenderableType:
                 )
             )
         return Group(Text("attempts", style="bold"), *lines)
+    wide = width >= WIDE
+    columns = ("#", "WHERE", "PRICE", "START", "END", "STEPS", "GAINED", "LOST", "WHY")
+    if not wide:  # the clock times and the price give way to why it ended
+        columns = ("#", "WHERE", "STEPS", "GAINED", "LOST", "WHY")
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("#", "WHERE", "PRICE", "START", "END", "STEPS", "GAINED", "LOST", "WHY"):
-        table.add_column(column, no_wrap=column != "WHY", overflow="fold")
+    for column in columns:
+        table.add_column(
+            column, no_wrap=column != "WHY", overflow="fold", min_width=8 if column == "WHY" else None
+        )
     for a in rows:
         market = "" if a.get("spot") is None else (" spot" if a["spot"] else " on-demand")
         end = a["end_step"] if a["end_step"] is not None else "?"
         lost = f"{a['steps_lost']} st" if a.get("steps_lost") else "-"
         if a.get("time_lost_s"):
             lost += f" + {duration(a['time_lost_s'])}"
-        table.add_row(
-            str(a["n"]),
-            f"{a['instance'] or '-'}{market}",
-            f"{money(a['hourly_usd'])}/h",
-            _clock(a["started_at"], now),
-            _clock(a["ended_at"], now),
-            f"{a['start_step'] or 0}→{end}",
-            f"+{a.get('steps_gained') or 0}",
-            lost,
-            _why(a),
-        )
+        cells = {
+            "#": str(a["n"]),
+            "WHERE": f"{a['instance'] or '-'}{market}",
+            "PRICE": f"{money(a['hourly_usd'])}/h",
+            "START": _clock(a["started_at"], now),
+            "END": _clock(a["ended_at"], now),
+            "STEPS": f"{a['start_step'] or 0}→{end}",
+            "GAINED": f"+{a.get('steps_gained') or 0}",
+            "LOST": lost,
+            "WHY": _why(a),
+        }
+        table.add_row(*(cells[c] for c in columns))
     return Group(Text("attempts", style="bold"), table)
 
 
