@@ -312,3 +312,18 @@ def test_validate_job_accepts_the_new_resources_fields() -> None:
     assert caught.value.field == "resources.recovery"
     with pytest.raises(SpecError):
         validate_job({**base, "resources": {"secrets": ["not a name"]}})
+
+
+def test_launch_refuses_what_the_cloud_backend_cannot_enforce_or_run() -> None:
+    from orchestrator.backends import skypilot
+
+    spec = load_job(REPO / "examples/mistral-7b-lora.yaml", ["resources.budget_usd=50"])
+    _p, task = render_job(spec, "j", "s3://b/j", environ={})
+    with pytest.raises(SpecError) as caught:
+        skypilot.preflight(spec, "s3://b/j", task)
+    assert caught.value.field == "resources.budget_usd"
+    spec = load_job(REPO / "examples/llama3-8b-full.yaml", check_support=False)
+    _p, task = render_job(spec, "j", "s3://b/j", environ={})
+    with pytest.raises(SpecError) as caught:  # 8 GPUs: until the trainer shards (FSDP)
+        skypilot.check_multi_gpu(task)
+    assert caught.value.field == "resources.gpus"

@@ -133,7 +133,7 @@ def format_dry_run(result: Mapping[str, Any]) -> str:
     for row in plan["top_offers"]:
         kind = "spot" if row["spot"] else "on-demand"
         lines.append(
-            f"  {row['cloud']:<7} {row['instance_type']:<22} {row['gpus']:<14} {kind:<9} "
+            f"  {row['cloud']:<7} {row['instance_type']:<22} {row['gpus']:<24} {kind:<9} "
             f"${row['hourly_usd']:>7.3f}/h  ~{row['est_hours']:.1f} h  expected ${row['expected_cost_usd']:.2f}"
         )
     lines.append(f"task template: task_templates/{result['template']}.yaml")
@@ -217,6 +217,11 @@ def restrict_to_clouds(task: dict[str, Any], clouds: list[str]) -> dict[str, Any
 
 def preflight(spec: JobSpec, run_uri: str, task: dict[str, Any]) -> dict[str, Any]:
     """Before anything is recorded: secrets set, store writable, cloud access. Returns the usable task."""
+    if spec.resources.budget_usd is not None:  # the budget guard lives in the local supervisor
+        raise SpecError(
+            "resources.budget_usd",
+            "is not enforced for the skypilot backend yet; remove it (max_hourly_usd caps the price)",
+        )
     check_multi_gpu(task)
     check_secrets(spec)
     check_store(spec, run_uri)
