@@ -147,7 +147,13 @@ def check_multi_gpu(task: Mapping[str, Any]) -> None:
     if render.template_of(task) == "single":
         return
     probe = JobSpec.model_validate(
-        {"model": "x", "data": {"path": "x"}, "checkpoint": {"uri": "x"}, "local": {"nproc": 2}}
+        {
+            "model": "x",
+            "data": {"path": "x"},
+            "checkpoint": {"uri": "x"},
+            "train": {"micro_batch_size": 64},
+            "local": {"nproc": 2},
+        }
     )
     if any(field == "local.nproc" for field, _ in unsupported_features(probe)):
         raise SpecError(
