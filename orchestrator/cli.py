@@ -80,7 +80,7 @@ def status(
     ] = None,
 ) -> None:
     """All jobs, or one job in detail."""
-    from orchestrator import jobs, ui
+    from orchestrator import jobs
 
     if plot is not None and job is None:
         raise UserError("--plot: give a JOB: `ftorch status JOB --plot loss.png`")
@@ -93,6 +93,8 @@ def status(
         if as_json:
             _print_json(rows)
         else:
+            from orchestrator import ui
+
             ui.print_jobs_table(rows, show_all=show_all)
         return
     detail = jobs.status_one(job)
@@ -103,6 +105,8 @@ def status(
     if as_json:
         _print_json(detail)
     else:
+        from orchestrator import ui
+
         ui.print_job_detail(detail)
         if plot is not None:
             typer.echo(f"loss plot: {plot}")
@@ -154,9 +158,47 @@ def _register_optional_commands() -> None:
 _register_optional_commands()
 
 
+def _fast_status(argv: list[str]) -> dict[str, object] | None:
+    """`ftorch status [JOB] [--json] [--all] [--watch] [--plot F]`, parsed without typer.
+
+    typer coerces parameters through pydantic, which costs more than the whole status read; the status
+    command is what people run most, so its plain forms skip that. Anything else (help, typos, other
+    commands) goes through typer as usual.
+    """
+    if not argv or argv[0] != "status":
+        return None
+    options: dict[str, object] = {
+        "job": None,
+        "as_json": False,
+        "show_all": False,
+        "watch": False,
+        "plot": None,
+    }
+    flags = {"--json": "as_json", "--all": "show_all", "--watch": "watch"}
+    rest = iter(argv[1:])
+    for token in rest:
+        if token in flags:
+            options[flags[token]] = True
+        elif token == "--plot":
+            options["plot"] = next(rest, None)
+            if options["plot"] is None:
+                return None
+        elif token.startswith("--plot="):
+            options["plot"] = token.split("=", 1)[1]
+        elif not token.startswith("-") and options["job"] is None:
+            options["job"] = token
+        else:
+            return None
+    return options
+
+
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        fast = _fast_status(sys.argv[1:])
+        if fast is not None:
+            status(**fast)  # type: ignore[arg-type]
+        else:
+            app(standalone_mode=False)
     except (SpecError, UserError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         sys.exit(2)

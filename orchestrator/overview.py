@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
 from typing import Any
 
-from orchestrator.registry import TERMINAL, Attempt, Job, Registry, _job
+from orchestrator.registry import TERMINAL, Attempt, Job, Registry
 
 ACTIVE = ("PENDING", "PROVISIONING", "RUNNING", "PREEMPTED", "RECOVERING")
 CACHE_KIND = "final_progress"
@@ -152,38 +151,46 @@ def with_backend_fields(registry: Registry, job: Job, row: dict[str, Any]) -> di
 
 
 # ---- bulk reading for the jobs table ------------------------------------------------------------
-def _attempt(row: sqlite3.Row) -> Attempt:
-    return Attempt(
-        job_id=row["job_id"],
-        n=row["n"],
-        started_at=row["started_at"],
-        ended_at=row["ended_at"],
-        pid=row["pid"],
-        exit_code=row["exit_code"],
-        end_reason=row["end_reason"],
-        start_step=row["start_step"],
-        end_step=row["end_step"],
-        first_step_at=row["first_step_at"],
-        instance=row["instance"],
-        spot=None if row["spot"] is None else bool(row["spot"]),
-        hourly_usd=row["hourly_usd"],
-    )
+JOB_COLUMNS = (
+    "job_id", "name", "backend", "state", "reason", "run_uri", "output_uri", "spec_json", "created_at",
+    "updated_at", "ended_at", "supervisor_pid", "supervisor_started", "cancel_requested", "backend_job_id",
+    "hourly_usd",
+)  # fmt: skip
+ATTEMPT_COLUMNS = (
+    "job_id", "n", "started_at", "ended_at", "pid", "exit_code", "end_reason", "start_step", "end_step",
+    "first_step_at", "instance", "spot", "hourly_usd",
+)  # fmt: skip
 
 
 def _load(registry: Registry) -> tuple[list[Job], dict[str, list[Attempt]], dict[str, dict[str, Any]]]:
-    """All jobs, their attempts and their cached final progress, in one connection."""
+    """All jobs, their attempts and their cached final progress: one connection, plain tuples (fast)."""
     attempts: dict[str, list[Attempt]] = {}
-    cached: dict[str, dict[str, Any]] = {}
+    cached: dict[str, str] = {}
     with registry._connect() as db:
-        jobs = [_job(r) for r in db.execute("SELECT * FROM jobs ORDER BY created_at")]
-        for row in db.execute("SELECT * FROM attempts ORDER BY job_id, n"):
-            attempts.setdefault(row["job_id"], []).append(_attempt(row))
-        for row in db.execute("SELECT job_id, detail FROM events WHERE kind = ? ORDER BY id", (CACHE_KIND,)):
-            try:
-                cached[row["job_id"]] = json.loads(row["detail"])
-            except (TypeError, json.JSONDecodeError):
-                continue
-    return jobs, attempts, cached
+        db.row_factory = None
+        job_rows = db.execute(f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs ORDER BY created_at").fetchall()
+        for row in db.execute(f"SELECT {', '.join(ATTEMPT_COLUMNS)} FROM attempts ORDER BY job_id, n"):
+            a = Attempt(*row)
+            if a.spot is not None:
+                a.spot = bool(a.spot)
+            attempts.setdefault(a.job_id, []).append(a)
+        for job_id, detail in db.execute(
+            "SELECT job_id, detail FROM events WHERE kind = ? ORDER BY id", (CACHE_KIND,)
+        ):
+            cached[job_id] = detail
+    jobs = []
+    for row in job_rows:
+        values = list(row)
+        values[7] = json.loads(values[7])
+        values[13] = bool(values[13])
+        jobs.append(Job(*values))
+    parsed: dict[str, dict[str, Any]] = {}
+    for job_id, detail in cached.items():
+        try:
+            parsed[job_id] = json.loads(detail)
+        except (TypeError, json.JSONDecodeError):
+            continue
+    return jobs, attempts, parsed
 
 
 def cache_final_progress(registry: Registry, job: Job, progress: dict[str, Any]) -> None:

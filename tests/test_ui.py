@@ -184,3 +184,29 @@ def test_plot_png(demo: Registry, tmp_path: Path) -> None:
     assert f"loss plot: {target}" in done.stdout
     no_job = ftorch("status", "--plot", str(target))
     assert no_job.returncode == 2 and "--plot" in no_job.stderr
+
+
+def test_the_fast_registry_read_matches_the_registry_dataclasses() -> None:
+    """overview reads rows positionally; if the registry's Job or Attempt changes, this says so."""
+    import dataclasses
+
+    from orchestrator.registry import Attempt, Job
+
+    job_fields = tuple(f.name for f in dataclasses.fields(Job))
+    assert job_fields == tuple("spec" if c == "spec_json" else c for c in overview.JOB_COLUMNS)
+    attempt_fields = tuple(f.name for f in dataclasses.fields(Attempt))
+    assert attempt_fields[: len(overview.ATTEMPT_COLUMNS)] == overview.ATTEMPT_COLUMNS
+
+
+def test_the_status_fast_path_parses_like_typer(demo: Registry) -> None:
+    from orchestrator.cli import _fast_status
+
+    assert _fast_status(["status"]) == {
+        "job": None, "as_json": False, "show_all": False, "watch": False, "plot": None,
+    }  # fmt: skip
+    assert _fast_status(["status", "abc", "--json", "--plot", "x.png"]) == {
+        "job": "abc", "as_json": True, "show_all": False, "watch": False, "plot": "x.png",
+    }  # fmt: skip
+    for other in (["status", "--help"], ["status", "a", "b"], ["status", "--plot"], ["logs", "x"], []):
+        assert _fast_status(other) is None, other  # typer handles these (help, usage errors)
+    assert ftorch("status", "--bogus").returncode == 2

@@ -1,0 +1,137 @@
+"""How fast `ftorch status` answers with 1,000 jobs in the registry, measured side by side with the
+interpreter's own start (`python -c pass`) and the CLI's start (`ftorch --help`), interleaved, in one run.
+
+    .venv/bin/python bench/status_speed.py [--jobs 1000] [--runs 15] [--write docs/benchmarks.md]
+
+Exits 1 if the median `ftorch status` takes 0.3 s or more, or if it loads torch, sky or fsspec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from fakejobs import bulk_registry  # noqa: E402
+
+LIMIT_S = 0.3
+SECTION = "## Status speed"
+
+
+def _ftorch() -> list[str]:
+    exe = Path(sys.executable).parent / "ftorch"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "orchestrator.cli"]
+
+
+def _time(cmd: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {done.stderr.decode()[-500:]}")
+    return elapsed
+
+
+def _heavy_modules(env: dict[str, str]) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "orchestrator.cli", "status"],
+        env=env, capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    names = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    return sorted(
+        n for n in names if n.split(".")[0] in ("torch", "sky", "fsspec", "matplotlib", "transformers")
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--write", help="replace the '## Status speed' section of this markdown file")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        home, runs = Path(tmp) / "home", Path(tmp) / "runs"
+        bulk_registry(home, runs, n=args.jobs, active=10)
+        env = {**os.environ, "FTORCH_HOME": str(home), "COLUMNS": "120"}
+        cases = {
+            "python -c pass": [sys.executable, "-c", "pass"],
+            "ftorch --help": [*_ftorch(), "--help"],
+            "ftorch status": [*_ftorch(), "status"],
+            "ftorch status --json": [*_ftorch(), "status", "--json"],
+        }
+        for cmd in cases.values():  # warm the page cache
+            _time(cmd, env)
+        times: dict[str, list[float]] = {name: [] for name in cases}
+        for _ in range(args.runs):  # interleaved, so load on the machine hits every case alike
+            for name, cmd in cases.items():
+                times[name].append(_time(cmd, env))
+        heavy = _heavy_modules(env)
+    med = {name: statistics.median(v) for name, v in times.items()}
+    base = med["python -c pass"]
+    lines = [
+        SECTION,
+        "",
+        "Produced by `bench/status_speed.py`; regenerate with",
+        "",
+        "```",
+        ".venv/bin/python bench/status_speed.py --jobs 1000 --runs 15 --write docs/benchmarks.md",
+        "```",
+        "",
+        f"A registry with {args.jobs} jobs ({args.jobs - 10} finished, 10 running with a progress.json in their "
+        f"run store); each command run {args.runs} times, interleaved, wall clock of the whole process "
+        f"(median, min-max). Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}.",
+        "",
+        "| command | median | min - max | vs `python -c pass` |",
+        "|---|---|---|---|",
+    ]
+    for name, values in times.items():
+        lines.append(
+            f"| `{name}` | {med[name] * 1000:.0f} ms | {min(values) * 1000:.0f} - {max(values) * 1000:.0f} ms "
+            f"| {med[name] / base:.1f}x |"
+        )
+    status_only = med["ftorch status"] - med["ftorch --help"]
+    lines += [
+        "",
+        f"`ftorch status` over {args.jobs} jobs: {med['ftorch status'] * 1000:.0f} ms in all, of which "
+        f"{max(0.0, status_only) * 1000:.0f} ms beyond the CLI's own start (limit: {LIMIT_S * 1000:.0f} ms in all). "
+        f"Modules from torch, sky, fsspec, matplotlib, transformers loaded by `ftorch status`: "
+        f"{', '.join(heavy) if heavy else 'none'}. The list reads one SQLite snapshot (jobs, attempts and the "
+        "last progress of finished jobs, cached in the registry when they end) and reads progress.json only "
+        "for running jobs. The CLI's start is mostly typer (which loads pydantic for its parameter "
+        "handling) and rich.",
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        _write_section(Path(args.write), text)
+    ok = med["ftorch status"] < LIMIT_S and not heavy
+    if not ok:
+        print(f"FAIL: median {med['ftorch status']:.3f} s (limit {LIMIT_S} s); heavy modules: {heavy}")
+    return 0 if ok else 1
+
+
+def _write_section(path: Path, text: str) -> None:
+    """Replace our section (up to the next '## ' heading) or append it; other sections stay as they are."""
+    doc = path.read_text() if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(doc):
+        doc = pattern.sub(lambda _m: text + "\n", doc, count=1)
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + text
+    path.write_text(doc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
