@@ -34,7 +34,7 @@ def _resolved_spec(spec: JobSpec, run_id: str, output_uri: str) -> dict[str, Any
 def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[str, Any]:
     """Validate, record and start a job. Nothing is recorded or started when the input is wrong."""
     from orchestrator.spec import load_job
-    from trainer.store import RunStore, StoreError, join_uri
+    from trainer.store import RunStore, StoreError, join_uri, preflight
 
     spec = load_job(job_file, overrides)
     job_id = new_job_id(spec.name)
@@ -58,6 +58,10 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
         task = skypilot.prepare(spec, job_id, run_uri)
     if dry_run:
         return {**summary, "dry_run": True, "spec": spec.model_dump(mode="json")}
+    try:  # preflight: write, read back and delete a probe, so a wrong store fails now, in one line
+        preflight(spec.checkpoint.uri, spec.checkpoint.storage_options)
+    except StoreError as exc:
+        raise UserError(f"checkpoint.uri: {exc}") from None
     store = RunStore(run_uri, spec.checkpoint.storage_options, retry_seconds=20)
     try:
         store.write_spec(_resolved_spec(spec, job_id, output_uri))

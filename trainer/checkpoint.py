@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import random
@@ -69,15 +70,53 @@ def _set_numpy_rng(state: dict[str, Any]) -> None:
     )
 
 
-def capture(
+@dataclass
+class Snapshot:
+    """A checkpoint's state copied off the training path (host memory), not yet serialised."""
+
+    step: int
+    weights: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    rng: dict[str, torch.Tensor]
+    trainer_state: dict[str, Any]
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [*self.weights.values(), *_tensors(self.optimizer)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for v in tree.values() for t in _tensors(v)]
+    if isinstance(tree, (list, tuple)):
+        return [t for v in tree for t in _tensors(v)]
+    return []
+
+
+def _copied(tree: Any) -> Any:
+    """A deep copy in which every tensor is a fresh CPU copy (so training can go on changing its own)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {k: _copied(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_copied(v) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(_copied(v) for v in tree)
+    return copy.deepcopy(tree)
+
+
+def snapshot(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, state: TrainerState
-) -> dict[str, bytes]:
-    """Everything that decides the rest of the run, as bytes (copied off the training tensors)."""
+) -> Snapshot:
+    """Copy everything that decides the rest of the run off the training tensors: the blocking part."""
     weights = {
         name: p.detach().to("cpu", copy=True).contiguous() for name, p in trainable_parameters(model).items()
     }
-    buffer = io.BytesIO()
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, buffer)
     rng: dict[str, torch.Tensor] = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         for index, cuda_state in enumerate(torch.cuda.get_rng_state_all()):
@@ -88,14 +127,35 @@ def capture(
         "tokens_seen": state.tokens_seen,
         "python_rng": _python_rng(),
         "numpy_rng": _numpy_rng(),
-        "extra": state.extra,
+        "extra": copy.deepcopy(state.extra),
     }
+    return Snapshot(
+        step=state.step,
+        weights=weights,
+        optimizer=_copied(optimizer.state_dict()),
+        scheduler=_copied(scheduler.state_dict()),
+        rng=rng,
+        trainer_state=trainer_state,
+    )
+
+
+def serialize(snap: Snapshot) -> dict[str, bytes]:
+    """A snapshot as the checkpoint's files (safe to run in a background thread)."""
+    buffer = io.BytesIO()
+    torch.save({"optimizer": snap.optimizer, "scheduler": snap.scheduler}, buffer)
     return {
-        WEIGHTS: safetensors_save(weights),
+        WEIGHTS: safetensors_save(snap.weights),
         OPTIMIZER: buffer.getvalue(),
-        RNG: safetensors_save(rng),
-        STATE: json.dumps(trainer_state).encode(),
+        RNG: safetensors_save(snap.rng),
+        STATE: json.dumps(snap.trainer_state).encode(),
     }
+
+
+def capture(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, state: TrainerState
+) -> dict[str, bytes]:
+    """Everything that decides the rest of the run, as bytes (copied off the training tensors)."""
+    return serialize(snapshot(model, optimizer, scheduler, state))
 
 
 def restore(

@@ -177,7 +177,55 @@ def load_dataset(
     micro_batch_size: int,
     seed: int,
     storage_options: dict[str, Any] | None = None,
+    cache_store: Any = None,
 ) -> Dataset:
+    """Tokenise the data file; with `cache_store` (a RunStore), reuse an earlier attempt's result."""
+    encoded, held, skipped = _tokenise_cached(spec, tokenizer, storage_options, cache_store)
+    if len(encoded) < micro_batch_size:
+        raise DataError(
+            f"data.path: {len(encoded)} usable training examples, fewer than "
+            f"train.micro_batch_size ({micro_batch_size})"
+        )
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return Dataset(encoded, held, skipped, micro_batch_size, seed, int(pad if pad is not None else 0))
+
+
+def _tokenise_cached(
+    spec: DataSpec, tokenizer: Any, storage_options: dict[str, Any] | None, cache_store: Any
+) -> tuple[list[Example], list[Example], int]:
+    from trainer import data_cache
+
+    if cache_store is None or not data_cache.enabled():
+        return _tokenise(spec, tokenizer, storage_options)
+    key = data_cache.cache_key(spec, tokenizer, storage_options)
+    hit = data_cache.load(cache_store, key)
+    if hit is not None:
+        _log(f"tokenised data from the run store's cache ({key[:12]}): {len(hit.train)} examples")
+        train = [Example(i, lab) for i, lab in hit.train]
+        return train, [Example(i, lab) for i, lab in hit.held_out], hit.skipped
+    encoded, held, skipped = _tokenise(spec, tokenizer, storage_options)
+    try:
+        data_cache.save(
+            cache_store,
+            key,
+            data_cache.Tokenised(
+                [(e.input_ids, e.labels) for e in encoded], [(e.input_ids, e.labels) for e in held], skipped
+            ),
+        )
+    except Exception as exc:  # noqa: BLE001 - the cache is an optimisation
+        _log(f"could not cache the tokenised data ({exc.__class__.__name__}: {exc})")
+    return encoded, held, skipped
+
+
+def _log(message: str) -> None:
+    from trainer.progress import log
+
+    log(message)
+
+
+def _tokenise(
+    spec: DataSpec, tokenizer: Any, storage_options: dict[str, Any] | None
+) -> tuple[list[Example], list[Example], int]:
     rows = read_jsonl(spec.path, storage_options)
     if spec.eval_examples >= len(rows):
         raise DataError(
@@ -194,13 +242,7 @@ def load_dataset(
             skipped += 1  # truncation left nothing to learn from
             continue
         (encoded if n < cut else held).append(example)
-    if len(encoded) < micro_batch_size:
-        raise DataError(
-            f"data.path: {len(encoded)} usable training examples, fewer than "
-            f"train.micro_batch_size ({micro_batch_size})"
-        )
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return Dataset(encoded, held, skipped, micro_batch_size, seed, int(pad if pad is not None else 0))
+    return encoded, held, skipped
 
 
 def collate(

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from trainer import exitcodes
-from trainer.checkpoint import TrainerState, capture, restore
+from trainer.async_checkpoint import AsyncCheckpointer, StagingError
+from trainer.checkpoint import TrainerState, restore
+from trainer.checkpoint_interval import AutoInterval, History
 from trainer.config import JobSpec
 from trainer.data import Dataset, collate, load_dataset
 from trainer.faults import maybe_crash
@@ -20,12 +22,7 @@ from trainer.model import autocast_dtype, count_parameters, load_model, load_tok
 from trainer.notices import start_watcher
 from trainer.preemption import PreemptionFlag, install_signal_handlers
 from trainer.progress import ProgressReporter, log
-from trainer.store import RunStore, checkpoint_name
-
-#: assumed mean time between preemptions for `checkpoint.every: auto` (Young/Daly interval)
-AUTO_MTBF_S = float(os.environ.get("FTORCH_AUTO_MTBF_S", "3600"))
-AUTO_MIN_INTERVAL_S = float(os.environ.get("FTORCH_AUTO_MIN_INTERVAL_S", "5"))
-AUTO_MAX_INTERVAL_S = 1800.0
+from trainer.store import Fenced, RunStore, StoreUnavailable, checkpoint_name
 
 
 def total_steps(spec: JobSpec, dataset: Dataset) -> int:
@@ -97,39 +94,85 @@ def evaluate(
     }
 
 
-@dataclass
 class Checkpointer:
-    """Decides when to checkpoint, and writes checkpoints to the run store."""
+    """Decides when to checkpoint (every N steps, a duration, or auto = Young/Daly), and saves through
+    the asynchronous writer. Store failures that must end the attempt become their exit codes."""
 
-    store: RunStore
-    spec: JobSpec
-    last_step: int = -1
-    last_time: float = 0.0
-    last_seconds: float = 0.0
+    def __init__(self, store: RunStore, spec: JobSpec, last_step: int, attempt: int) -> None:
+        self.store = store
+        self.spec = spec
+        self.last_step = last_step
+        self.last_time = time.time()
+        self.writer = AsyncCheckpointer(store, spec.checkpoint.keep, log, meta={"attempt": attempt})
+        self.writer.durable_step = last_step if last_step > 0 else None
+        self.auto = AutoInterval(history=History.from_epochs(store.epoch_records(), store.epoch, time.time()))
+        self.interval_s: float | None = None
 
     def due(self, step: int, now: float) -> bool:
+        self.poll()
         every_steps = self.spec.checkpoint.every_steps()
         if every_steps is not None:
             return step % every_steps == 0
         interval = self.spec.checkpoint.every_seconds()
-        if interval is None:  # auto: Young's interval sqrt(2 * cost * MTBF), clamped
-            interval = math.sqrt(2.0 * max(self.last_seconds, 0.05) * AUTO_MTBF_S)
-            interval = min(AUTO_MAX_INTERVAL_S, max(AUTO_MIN_INTERVAL_S, interval))
+        if interval is None:
+            interval = self._auto_interval()
         return now - self.last_time >= interval
 
-    def save(self, model: torch.nn.Module, optimizer: Any, scheduler: Any, state: TrainerState) -> float:
-        started = time.time()
-        blobs = capture(model, optimizer, scheduler, state)
-        self.store.commit_checkpoint(state.step, blobs, meta={"attempt": state.extra.get("attempt")})
-        self.store.prune_checkpoints(self.spec.checkpoint.keep)
+    def _auto_interval(self) -> float:
+        interval, why = self.auto.choose()
+        if self.interval_s is None or abs(interval - self.interval_s) > 0.2 * self.interval_s:
+            log(f"checkpoint interval (auto) {why}")
+        self.interval_s = interval
+        return interval
+
+    def poll(self) -> None:
+        try:
+            self.writer.poll()
+        except BaseException as exc:  # noqa: BLE001 - mapped to an exit code
+            _stop_for(exc)
+
+    def save(
+        self, model: torch.nn.Module, optimizer: Any, scheduler: Any, state: TrainerState, wait: bool = False
+    ) -> None:
+        try:
+            previous = self.writer.last
+            result = self.writer.save(model, optimizer, scheduler, state, wait=wait)
+            if wait:
+                self.writer.wait()
+        except BaseException as exc:  # noqa: BLE001 - mapped to an exit code
+            _stop_for(exc)
+        if result is None:
+            return
         self.last_step = state.step
         self.last_time = time.time()
-        self.last_seconds = self.last_time - started
-        log(
-            f"checkpoint {checkpoint_name(state.step)} saved in {self.last_seconds * 1000:.0f} ms "
-            f"({sum(len(b) for b in blobs.values()) / 1024:.0f} KiB)"
-        )
-        return self.last_seconds
+        done = self.writer.last if self.writer.last is not previous else None
+        self.auto.observe(result.blocking_s, done.upload_s if done else self.auto.upload_s)
+
+    def finish(self) -> None:
+        """Wait for the upload in flight; fail the attempt if its checkpoint is not durable."""
+        try:
+            self.writer.wait()
+            if self.writer.durable_step != self.last_step and self.last_step > 0:
+                raise StoreUnavailable(
+                    f"checkpoint {checkpoint_name(self.last_step)} could not be saved; "
+                    f"the last good checkpoint is {self.writer._last_good()}"
+                )
+        except BaseException as exc:  # noqa: BLE001 - mapped to an exit code
+            _stop_for(exc)
+
+
+def _stop_for(exc: BaseException) -> None:
+    """Fenced -> FENCED, store outage -> STORE_UNAVAILABLE, full staging disk -> ERROR; else re-raise."""
+    if isinstance(exc, Fenced):
+        log(f"fenced: {exc}")
+        raise SystemExit(exitcodes.FENCED) from None
+    if isinstance(exc, StoreUnavailable):
+        log(f"error: store unavailable: {exc}")
+        raise SystemExit(exitcodes.STORE_UNAVAILABLE) from None
+    if isinstance(exc, StagingError):
+        log(f"error: {exc}")
+        raise SystemExit(exitcodes.ERROR) from None
+    raise exc
 
 
 def write_output(model: torch.nn.Module, tokenizer: Any, spec: JobSpec, output_uri: str) -> None:
@@ -157,6 +200,9 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     resolved = store.read_spec()
     spec = JobSpec.model_validate(resolved["job"])
     store = RunStore(run_uri, spec.checkpoint.storage_options)
+    if int(os.environ.get("RANK", "0")) == 0:  # fencing: this attempt's epoch; older attempts stop writing
+        epoch = store.claim_epoch({"attempt": attempt, "pid": os.getpid(), "host": platform.node()})
+        log(f"attempt {attempt} holds epoch {epoch} of the run")
     output_uri = resolved["output_uri"]
     if spec.local.threads:
         torch.set_num_threads(spec.local.threads)
@@ -165,7 +211,12 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
 
     tokenizer = load_tokenizer(spec)
     dataset = load_dataset(
-        spec.data, tokenizer, spec.train.micro_batch_size, spec.train.seed, spec.checkpoint.storage_options
+        spec.data,
+        tokenizer,
+        spec.train.micro_batch_size,
+        spec.train.seed,
+        spec.checkpoint.storage_options,
+        cache_store=store,
     )
     steps = total_steps(spec, dataset)
     model = load_model(spec, device)
@@ -194,7 +245,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     state.extra["attempt"] = attempt
     store.prune_checkpoints(spec.checkpoint.keep)
 
-    checkpointer = Checkpointer(store, spec, last_step=state.step, last_time=time.time())
+    checkpointer = Checkpointer(store, spec, last_step=state.step, attempt=attempt)
     reporter = ProgressReporter(store, resolved["run_id"], attempt, steps, output_uri)
     reporter.last_checkpoint(checkpointer.last_step if found else None)
     reporter.start(state.step)
@@ -234,18 +285,20 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         if state.step < steps and checkpointer.due(state.step, time.time()):
             reporter.set_state("checkpointing")
             checkpointer.save(model, optimizer, scheduler, state)
-            reporter.last_checkpoint(state.step)
+            reporter.last_checkpoint(checkpointer.writer.durable_step)
             reporter.set_state("running")
 
     if checkpointer.last_step != state.step:
-        checkpointer.save(model, optimizer, scheduler, state)
-        reporter.last_checkpoint(state.step)
+        checkpointer.save(model, optimizer, scheduler, state, wait=True)
+    checkpointer.finish()
+    reporter.last_checkpoint(state.step)
     if dataset.held_out:
         state.extra["eval_after"] = evaluate(model, dataset, device, spec)
         log(f"held-out after training:  {_fmt_eval(state.extra['eval_after'])}")
     reporter.set_state("writing_output")
     write_output(model, tokenizer, spec, output_uri)
     reporter.finish(eval_before=state.extra.get("eval_before"), eval_after=state.extra.get("eval_after"))
+    store.update_epoch_record(ended="finished", step=state.step)
     log(f"done: {steps} steps; output at {output_uri}")
     return exitcodes.OK
 
@@ -260,10 +313,13 @@ def _stop_on_notice(
     reporter: ProgressReporter,
 ) -> int:
     log(f"preemption notice ({flag.reason}) at step {state.step}: saving before the machine goes")
+    checkpointer.finish()  # the upload in flight first, then the final checkpoint
     if checkpointer.last_step != state.step:
         reporter.set_state("checkpointing")
-        checkpointer.save(model, optimizer, scheduler, state)
-        reporter.last_checkpoint(state.step)
+        checkpointer.save(model, optimizer, scheduler, state, wait=True)
+        checkpointer.finish()
+    reporter.last_checkpoint(state.step)
+    checkpointer.store.update_epoch_record(ended="notice", step=state.step)
     reporter.set_state("preempted", flush=True)
     log(f"checkpoint at step {state.step} is safe; exiting with code {exitcodes.PREEMPTED} (preempted)")
     return exitcodes.PREEMPTED

@@ -6,10 +6,19 @@ Layout under `run_uri` (= `<checkpoint.uri>/<run_id>`):
     progress.json                   the latest progress snapshot (rewritten every few seconds)
     metrics/<attempt>-<part>.jsonl  the metric history, one row per logged step
     checkpoints/step-00000020/      one folder per checkpoint; MANIFEST.json is written last
+        e00000003/<files>           the files, in a folder of the epoch that wrote them (fenced attempts)
+    fence/epoch-00000003.json       one object per attempt that claimed the run (created conditionally)
+    cache/                          derived data that later attempts reuse (the tokenised data set)
     output/                         the final adapter (or HF model), unless output.uri says otherwise
 
 A checkpoint exists only once its MANIFEST.json (files, sizes, sha256) is there and parses; readers
 verify the files against it before trusting them.
+
+Fencing: an attempt claims the next epoch with a conditional create (If-None-Match on S3, O_EXCL on a
+local disk). Before every commit, prune and progress write it checks that no newer epoch exists, and
+raises `Fenced` if one does. Its files go under its own epoch folder and the manifest is created
+conditionally, so even a write racing past the check can neither overwrite a newer attempt's files nor
+replace its manifest; deletions re-read the manifest and never touch a newer epoch's checkpoint.
 """
 
 from __future__ import annotations
@@ -37,6 +46,9 @@ from tenacity import (
 from trainer.faults import maybe_die
 
 MANIFEST = "MANIFEST.json"
+FENCE = "fence"
+EPOCH_PREFIX = "epoch-"
+CACHE = "cache"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_PREFIX = "step-"
 PROGRESS = "progress.json"
@@ -54,6 +66,24 @@ class StoreError(RuntimeError):
 
 class CorruptCheckpoint(StoreError):
     """A checkpoint's files do not match its manifest."""
+
+
+class Fenced(StoreError):
+    """A newer attempt claimed this run: this attempt must stop writing."""
+
+
+class StoreUnavailable(StoreError):
+    """The store kept failing for longer than the outage bound."""
+
+
+def is_exists_error(exc: BaseException) -> bool:
+    """A failed conditional create: FileExistsError (AWS, moto), OSError(EINVAL) 412 (SeaweedFS)."""
+    if isinstance(exc, FileExistsError):
+        return True
+    text = str(exc)
+    return isinstance(exc, OSError) and (
+        "PreconditionFailed" in text or "pre-conditions you specified did not hold" in text
+    )
 
 
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
@@ -131,6 +161,8 @@ class CheckpointInfo:
     created_at: float
     files: dict[str, dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
+    epoch: int = 0
+    dir: str = ""
 
     @property
     def size_bytes(self) -> int:
@@ -141,9 +173,16 @@ class RunStore:
     """A run's folder on an fsspec filesystem, with retried operations and manifest-last checkpoints."""
 
     def __init__(
-        self, run_uri: str, storage_options: dict[str, Any] | None = None, retry_seconds: float = 120.0
+        self,
+        run_uri: str,
+        storage_options: dict[str, Any] | None = None,
+        retry_seconds: float | None = None,
     ) -> None:
+        if retry_seconds is None:
+            retry_seconds = float(os.environ.get("FTORCH_STORE_RETRY_S", "120"))
         self.run_uri = run_uri.rstrip("/")
+        self.epoch = 0  # 0: not fenced (tools, tests); the trainer claims one with claim_epoch()
+        self.fenced_by: int | None = None
         self.storage_options = dict(storage_options or {})
         self.fs, self.root = url_to_fs(self.run_uri, **self.storage_options)
         self.root = self.root.rstrip("/")
@@ -161,8 +200,12 @@ class RunStore:
     def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return self._retry(fn)(*args, **kwargs)
 
-    def write_bytes(self, rel: str, data: bytes, atomic: bool = True) -> None:
-        """Write one object. On a local disk, through a temporary file and a rename (atomic)."""
+    def write_bytes(self, rel: str, data: bytes, atomic: bool = True, create: bool = False) -> None:
+        """Write one object. On a local disk, through a temporary file and a rename (atomic).
+
+        `create=True` writes only if nothing is there yet (S3 If-None-Match, a hard link locally) and
+        raises FileExistsError otherwise.
+        """
         target = self.path(rel)
         if self.is_local:
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -171,16 +214,35 @@ class RunStore:
                 with open(tmp, "wb") as handle:
                     handle.write(data)
                     handle.flush()
-                    if atomic:
+                    if atomic or create:
                         os.fsync(handle.fileno())
-                os.replace(tmp, target)
+                if create:
+                    os.link(tmp, target)  # atomic, and fails if the target exists
+                else:
+                    os.replace(tmp, target)
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
-            if atomic:
+            if atomic or create:
                 _fsync_dir(os.path.dirname(target))
             return
-        self._call(self.fs.pipe_file, target, data)
+        if not create:
+            self._call(self.fs.pipe_file, target, data)
+            return
+        try:
+            self._call(self.fs.pipe_file, target, data, mode="create")
+        except OSError as exc:
+            if is_exists_error(exc):
+                raise FileExistsError(f"{target} exists") from None
+            raise
+
+    def write_many(self, blobs: dict[str, bytes]) -> None:
+        """Write several objects; on object stores concurrently (one request each, retried together)."""
+        if self.is_local or len(blobs) < 2:
+            for rel, data in blobs.items():
+                self.write_bytes(rel, data, atomic=False)
+            return
+        self._call(self.fs.pipe, {self.path(rel): data for rel, data in blobs.items()})
 
     def read_bytes(self, rel: str) -> bytes:
         return self._call(self.fs.cat_file, self.path(rel))
@@ -223,25 +285,105 @@ class RunStore:
         except FileNotFoundError:
             pass
 
+    # ---- fencing ------------------------------------------------------------------------------
+    def epochs(self) -> list[int]:
+        found = []
+        for name in self.listdir(FENCE):
+            stem = name.removeprefix(EPOCH_PREFIX).removesuffix(".json")
+            if name.startswith(EPOCH_PREFIX) and stem.isdigit():
+                found.append(int(stem))
+        return sorted(found)
+
+    def epoch_records(self) -> dict[int, dict[str, Any]]:
+        return {n: self.read_json_or_none(_epoch_rel(n)) or {} for n in self.epochs()}
+
+    def claim_epoch(self, record: dict[str, Any] | None = None) -> int:
+        """Claim the next epoch of this run for this attempt (a conditional create: one winner)."""
+        candidate = (self.epochs() or [0])[-1] + 1
+        while True:
+            payload = {"epoch": candidate, "claimed_at": time.time(), **(record or {})}
+            try:
+                self.write_bytes(_epoch_rel(candidate), json.dumps(payload).encode(), create=True)
+            except FileExistsError:
+                candidate = max(candidate + 1, (self.epochs() or [0])[-1] + 1)
+                continue
+            self.epoch = candidate
+            return candidate
+
+    def update_epoch_record(self, **fields: Any) -> None:
+        """Add to this attempt's own epoch record (e.g. how it ended). Best effort."""
+        if not self.epoch:
+            return
+        try:
+            record = self.read_json_or_none(_epoch_rel(self.epoch)) or {}
+            self.write_json(_epoch_rel(self.epoch), {**record, **fields}, atomic=False)
+        except Exception:  # advisory
+            pass
+
+    def check_fence(self) -> None:
+        """Raise Fenced if a newer attempt claimed the run (sticky once seen)."""
+        if not self.epoch:
+            return
+        if self.fenced_by is None:
+            newest = (self.epochs() or [0])[-1]
+            if newest > self.epoch:
+                self.fenced_by = newest
+        if self.fenced_by is not None:
+            raise Fenced(
+                f"attempt epoch {self.epoch} was replaced by epoch {self.fenced_by} of the same run; "
+                "this attempt stops without writing"
+            )
+
     # ---- checkpoints ---------------------------------------------------------------------------
     def commit_checkpoint(
         self, step: int, blobs: dict[str, bytes], meta: dict[str, Any] | None = None
     ) -> str:
-        """Write a checkpoint's files, then its manifest. Returns the checkpoint's folder name."""
+        """Write a checkpoint's files, then its manifest. Returns the checkpoint's folder name.
+
+        The files go to this epoch's own folder; the manifest is created only if none is there, or
+        replaces one written by this or an older epoch (never a newer one's).
+        """
+        self.check_fence()
         name = checkpoint_name(step)
         folder = f"{CHECKPOINTS}/{name}"
-        # a leftover of an earlier, interrupted write of the same step is not trusted: start clean
-        self.remove_file(f"{folder}/{MANIFEST}")
-        files: dict[str, dict[str, Any]] = {}
-        for rel, data in blobs.items():
-            self.write_bytes(f"{folder}/{rel}", data, atomic=False)
-            files[rel] = {"size": len(data), "sha256": sha256_bytes(data)}
-            maybe_die("checkpoint-partial", step)
+        sub = _epoch_dir(self.epoch)
+        files: dict[str, dict[str, Any]] = {
+            rel: {"size": len(data), "sha256": sha256_bytes(data)} for rel, data in blobs.items()
+        }
+        if _POINTS_ACTIVE():
+            for rel, data in blobs.items():  # one at a time, so a kill can land between files
+                self.write_bytes(_join(folder, sub, rel), data, atomic=False)
+                maybe_die("checkpoint-partial", step)
+        else:
+            self.write_many({_join(folder, sub, rel): data for rel, data in blobs.items()})
         maybe_die("before-manifest", step)
         if self.is_local:
             _fsync_tree(self.path(folder))
-        manifest = {"format": 1, "step": step, "created_at": time.time(), "files": files, "meta": meta or {}}
-        self.write_json(f"{folder}/{MANIFEST}", manifest)
+        manifest = {
+            "format": 2,
+            "step": step,
+            "epoch": self.epoch,
+            "dir": sub,
+            "created_at": time.time(),
+            "files": files,
+            "meta": meta or {},
+        }
+        self.check_fence()
+        body = json.dumps(manifest, indent=1, sort_keys=True).encode()
+        rel = f"{folder}/{MANIFEST}"
+        try:
+            self.write_bytes(rel, body, create=True)
+        except FileExistsError:
+            existing = self.read_json_or_none(rel)
+            theirs = int(existing.get("epoch") or 0) if isinstance(existing, dict) else 0
+            if theirs > self.epoch:
+                self.fenced_by = theirs
+                raise Fenced(
+                    f"{folder} was committed by epoch {theirs}; epoch {self.epoch} does not replace it"
+                ) from None
+            # ours or older (e.g. a corrupt one the resume skipped): replace it
+            self.remove_file(rel)
+            self.write_bytes(rel, body, create=True)
         return name
 
     def _manifest(self, name: str) -> CheckpointInfo | None:
@@ -258,6 +400,8 @@ class RunStore:
             created_at=float(manifest["created_at"]),
             files=files,
             meta=manifest.get("meta") or {},
+            epoch=int(manifest.get("epoch") or 0),
+            dir=str(manifest.get("dir") or ""),
         )
 
     def checkpoint_names(self) -> list[str]:
@@ -273,12 +417,13 @@ class RunStore:
         """All files of a checkpoint, verified against its manifest (size and sha256)."""
         blobs: dict[str, bytes] = {}
         for rel, expected in info.files.items():
+            where = _join(info.path, info.dir, rel)
             try:
-                data = self.read_bytes(f"{info.path}/{rel}")
+                data = self.read_bytes(where)
             except FileNotFoundError:
-                raise CorruptCheckpoint(f"{info.path}/{rel} is missing") from None
+                raise CorruptCheckpoint(f"{where} is missing") from None
             if len(data) != int(expected["size"]) or sha256_bytes(data) != expected["sha256"]:
-                raise CorruptCheckpoint(f"{info.path}/{rel} does not match its manifest")
+                raise CorruptCheckpoint(f"{where} does not match its manifest")
             blobs[rel] = data
         return blobs
 
@@ -305,20 +450,28 @@ class RunStore:
 
         The manifest goes first, so a checkpoint that is half deleted is never taken for complete.
         Incomplete folders newer than the newest complete one are left alone (a save may be running).
+        A fenced attempt deletes nothing, and a checkpoint of a newer epoch is never deleted.
         """
+        self.check_fence()
         names = self.checkpoint_names()
-        complete = [c.path.rsplit("/", 1)[-1] for c in self.complete_checkpoints()]
-        doomed = complete[:-keep] if keep > 0 else complete
-        newest_complete = step_of(complete[-1]) if complete else None
+        complete = self.complete_checkpoints()
+        complete_names = [c.path.rsplit("/", 1)[-1] for c in complete]
+        doomed = complete_names[:-keep] if keep > 0 else complete_names
+        newest_complete = complete[-1].step if complete else None
         leftovers = [
             n
             for n in names
-            if n not in complete and newest_complete is not None and (step_of(n) or 0) < newest_complete
+            if n not in complete_names and newest_complete is not None and (step_of(n) or 0) < newest_complete
         ]
         removed = []
         for name in [*doomed, *leftovers]:
             if protect_above is not None and (step_of(name) or 0) > protect_above:
                 continue
+            current = self._manifest(name)  # read again right before deleting
+            if current is not None and current.epoch > self.epoch:
+                continue
+            if name in leftovers and current is not None:
+                continue  # it became complete meanwhile
             self.remove_file(f"{CHECKPOINTS}/{name}/{MANIFEST}")
             self.remove_tree(f"{CHECKPOINTS}/{name}")
             removed.append(name)
@@ -326,6 +479,7 @@ class RunStore:
 
     # ---- progress and metrics ------------------------------------------------------------------
     def write_progress(self, progress: dict[str, Any]) -> None:
+        self.check_fence()
         self.write_json(PROGRESS, progress, atomic=False)
 
     def read_progress(self) -> dict[str, Any] | None:
@@ -394,5 +548,65 @@ def _fsync_tree(path: str) -> None:
         _fsync_dir(dirpath)
 
 
+def _epoch_rel(epoch: int) -> str:
+    return f"{FENCE}/{EPOCH_PREFIX}{epoch:08d}.json"
+
+
+def _epoch_dir(epoch: int) -> str:
+    """Where an epoch's checkpoint files go inside the step folder ('' for unfenced writers)."""
+    return f"e{epoch:08d}" if epoch else ""
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p)
+
+
+def _POINTS_ACTIVE() -> bool:  # noqa: N802 - reads like the constant it stands for
+    return bool(os.environ.get("FTORCH_FAULTS"))
+
+
 def join_uri(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *[p.strip("/") for p in parts]])
+
+
+def preflight(uri: str, storage_options: dict[str, Any] | None = None, budget_s: float = 8.0) -> None:
+    """Write, read back and delete a probe object under `uri`; StoreError with one clear line if not.
+
+    Catches what would otherwise surface an hour into a run: no such bucket, access denied, a wrong
+    endpoint, a read-only location.
+    """
+    options = dict(storage_options or {})
+    probe_name = f".ftorch-preflight-{uuid.uuid4().hex[:12]}"
+    try:
+        fs, _root = url_to_fs(uri, **options)
+        if "s3" in _protocols(fs) or "s3a" in _protocols(fs):
+            # fewer retries inside botocore: a wrong endpoint answers in seconds, not minutes
+            config = {"connect_timeout": 3, "read_timeout": 10, "retries": {"max_attempts": 2}}
+            options["config_kwargs"] = {**config, **options.get("config_kwargs", {})}
+        store = RunStore(uri, options, retry_seconds=budget_s)
+        payload = uuid.uuid4().hex.encode()
+        store.write_bytes(probe_name, payload, atomic=False)
+        if store.read_bytes(probe_name) != payload:
+            raise StoreError("the probe object read back differs from what was written")
+        store.remove_file(probe_name)
+    except StoreError as exc:
+        raise StoreError(f"{uri}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line for the user
+        raise StoreError(f"{uri}: {_describe(exc)}") from None
+
+
+def _describe(exc: BaseException) -> str:
+    """A short reason for a store failure, without a traceback."""
+    text = " ".join(str(exc).split()) or exc.__class__.__name__
+    if isinstance(exc, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
+        return (
+            f"access denied ({text}); check that the bucket exists and that the credentials in the "
+            "environment may write there"
+        )
+    if "NoSuchBucket" in text or (isinstance(exc, FileNotFoundError) and "bucket" in text.lower()):
+        return f"no such bucket ({text})"
+    if "Could not connect" in text or isinstance(exc, ConnectionError) or "EndpointConnection" in text:
+        return f"cannot reach the store ({text}); check the endpoint (AWS_ENDPOINT_URL or storage_options)"
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES):
+        return f"cannot write ({text})"
+    return f"{exc.__class__.__name__}: {text}"
