@@ -1,0 +1,264 @@
+"""Multi-process training (FSDP2 under torchrun): the process group, sharding, and rank agreement.
+
+The training loop calls a `Parallel` at a few points. The single-process one (`Parallel`) does
+nothing; `Sharded` runs FSDP2 (`fully_shard` per decoder layer, then the root):
+
+- `setup` decides: sharded when torchrun started several ranks (WORLD_SIZE > 1), when the job asks for
+  `local.nproc > 1`, or when the run's newest checkpoint is sharded (DCP) -- a run saved by 2 ranks and
+  resumed by 1 stays on the sharded path, as a world of one.
+- data: `train.micro_batch_size` is the *global* micro-batch. Every rank takes the same micro-batch of
+  the stateless sampler and keeps its contiguous slice, and the loss is normalised by the label tokens of
+  the whole micro-batch, so the global batch, the data order and the loss are the single-process run's.
+- the stop flag and the checkpoint decision are all-reduced, so all ranks stop and save at the same step.
+- every rank has its own torch RNG stream (seeded from (seed, rank)), saved with the checkpoint.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer.config import JobSpec
+from trainer.data import IGNORE, Example
+
+PR_SET_PDEATHSIG = 1
+
+
+class Parallel:
+    """One process, no process group: every hook is the identity (the single-process trainer)."""
+
+    rank = 0
+    world = 1
+    sharded = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def wrap(self, model: torch.nn.Module, spec: JobSpec) -> torch.nn.Module:
+        return model
+
+    def local(self, examples: list[Example]) -> list[Example]:
+        return examples
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model(**batch).loss
+
+    def tokens(self, batch: dict[str, torch.Tensor]) -> int:
+        return int(batch["attention_mask"].sum())
+
+    def any(self, value: bool) -> bool:
+        return value
+
+    def mean(self, value: float) -> float:
+        return value
+
+    def barrier(self) -> None:
+        pass
+
+    def reporter(self, reporter: Any) -> Any:
+        return reporter
+
+    def write_output(self, write: Callable[..., None], model: torch.nn.Module, *args: Any) -> None:
+        write(model, *args)
+
+    def checkpointer(self, policy: Any) -> Any:
+        return policy
+
+
+class Sharded(Parallel):
+    """FSDP2 over a 1-D device mesh of all ranks (gloo on CPU, nccl on CUDA)."""
+
+    sharded = True
+
+    def __init__(self, device: torch.device) -> None:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            dist.init_process_group(backend)
+        else:  # a world of one without torchrun (e.g. resuming a sharded run on one process)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        self.dist = dist
+        self.device = device
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.mesh = init_device_mesh(device.type, (self.world,))
+        #: checkpoint I/O (DCP, also in a background thread) gets its own gloo group
+        self.io_group = dist.new_group(backend="gloo")
+        self._items = 0
+        self._tokens = 0
+        #: the run store epoch rank 0 claimed (fencing); the other ranks write their shards under it
+        self.epoch = 0
+
+    def share_epoch(self, store: Any) -> None:
+        box = [int(getattr(store, "epoch", 0) or 0)]
+        self.dist.broadcast_object_list(box, src=0)
+        self.epoch = int(box[0])
+
+    def checkpointer(self, policy: Any) -> Any:
+        """The loop's Checkpointer (policy) wrapped for sharded DCP saves."""
+        from trainer.sharded_checkpoint import ShardedCheckpointer
+
+        return ShardedCheckpointer(policy, self)
+
+    def load_newest(self, store: Any, spec: JobSpec, *objects: Any, on_skip: Any = None) -> Any:
+        """(info, TrainerState) of the newest checkpoint every rank could load, or None."""
+        from trainer.sharded_checkpoint import load_newest
+
+        return load_newest(store, spec, self, *objects, on_skip=on_skip)
+
+    # ---- model ---------------------------------------------------------------------------------
+    def wrap(self, model: torch.nn.Module, spec: JobSpec) -> torch.nn.Module:
+        from torch.distributed.fsdp import fully_shard
+
+        policy = mixed_precision(spec)
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=self.mesh, mp_policy=policy)
+        fully_shard(model, mesh=self.mesh, mp_policy=policy)
+        seed_rank(spec.train.seed, self.rank, 0)
+        return model
+
+    # ---- data ----------------------------------------------------------------------------------
+    def local(self, examples: list[Example]) -> list[Example]:
+        """This rank's contiguous slice of the global micro-batch (remembers the global counts)."""
+        if len(examples) < self.world:
+            raise ValueError(
+                f"train.micro_batch_size ({len(examples)}) is the global micro-batch and must be at "
+                f"least the number of ranks ({self.world})"
+            )
+        self._items = sum(sum(1 for label in e.labels[1:] if label != IGNORE) for e in examples)
+        self._tokens = sum(len(e.input_ids) for e in examples)
+        part = np.array_split(np.arange(len(examples)), self.world)[self.rank]
+        return [examples[int(i)] for i in part]
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Sum of this rank's token losses over the global micro-batch's label tokens, times the world
+        size (FSDP averages gradients over ranks): the gradient is the single-process one."""
+        out = model(**batch, num_items_in_batch=max(1, self._items))
+        return out.loss * self.world
+
+    def tokens(self, batch: dict[str, torch.Tensor]) -> int:
+        return self._tokens
+
+    # ---- agreement -----------------------------------------------------------------------------
+    def any(self, value: bool) -> bool:
+        flag = torch.tensor([1 if value else 0], dtype=torch.int32, device=self._comm_device)
+        self.dist.all_reduce(flag, op=self.dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def mean(self, value: float) -> float:
+        total = torch.tensor([value], dtype=torch.float64, device=self._comm_device)
+        self.dist.all_reduce(total)
+        return float(total.item()) / self.world
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    @property
+    def _comm_device(self) -> torch.device:
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    # ---- progress and output -------------------------------------------------------------------
+    def reporter(self, reporter: Any) -> Any:
+        """Only rank 0 writes progress and metrics."""
+        if not self.is_main:
+            reporter.flush = lambda: None
+        return reporter
+
+    def write_output(self, write: Callable[..., None], model: torch.nn.Module, *args: Any) -> None:
+        """Gather the full weights (a collective), then rank 0 writes them from an unsharded copy."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from trainer.model import load_model
+
+        spec: JobSpec = args[1]
+        full = get_model_state_dict(
+            model,
+            options=StateDictOptions(
+                full_state_dict=True, cpu_offload=True, ignore_frozen_params=spec.method != "full"
+            ),
+        )
+        if self.is_main:
+            plain = load_model(spec, torch.device("cpu"))
+            result = plain.load_state_dict(full, strict=spec.method == "full")
+            missing = [k for k in getattr(result, "missing_keys", []) if _is_trainable_key(k)]
+            if missing or getattr(result, "unexpected_keys", []):
+                raise RuntimeError(f"gathered weights do not fit the model: {missing[:3]}")
+            write(plain, *args)
+        self.barrier()
+
+
+def _is_trainable_key(key: str) -> bool:
+    return "lora_" in key
+
+
+def setup(spec: JobSpec, device: torch.device, store: Any) -> Parallel:
+    """The `Parallel` for this process (see the module docstring for when it is sharded)."""
+    from trainer.sharded_checkpoint import newest_is_sharded
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 and spec.local.nproc <= 1 and not newest_is_sharded(store):
+        return Parallel()
+    if spec.method == "qlora":
+        raise ValueError(
+            "method: qlora runs on one process in this build (FSDP with 4-bit bases is not supported)"
+        )
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        _die_with_parent()  # torchrun's workers sit in their own sessions: go when the agent goes
+    par = Sharded(device)
+    par.share_epoch(store)
+    if not par.is_main and not os.environ.get("FTORCH_LOG_ALL_RANKS"):
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - one log: rank 0's (errors still reach stderr)
+    return par
+
+
+def mixed_precision(spec: JobSpec) -> Any:
+    """bf16 parameters and compute with fp32 gradient reduction for bf16 runs; fp32 otherwise."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if spec.train.precision == "bf16-mixed":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if spec.train.precision == "bf16":
+        return MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks (the classes the model names in `_no_split_modules`)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"no decoder layers found to shard in {type(base).__name__}")
+    return layers
+
+
+def seed_rank(seed: int, rank: int, step: int) -> None:
+    """A torch/python/numpy RNG stream of its own for each rank (and for each reshard point)."""
+    import random
+
+    state = np.random.SeedSequence([seed, rank, step]).generate_state(2)
+    torch.manual_seed(int(state[0]))
+    random.seed(int(state[1]))
+    np.random.seed(int(state[1]))
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except OSError:
+        pass
+    if os.getppid() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)

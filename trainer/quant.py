@@ -1,0 +1,107 @@
+"""QLoRA: the frozen base in 4-bit NF4 (double quantization) through bitsandbytes, 8-bit optimizers.
+
+The base is quantized while it loads (`BitsAndBytesConfig`); LoRA adapters (spec.lora, all linear
+layers by default) train in higher precision on top, computing in bf16. Checkpoints hold only what is
+trainable (`trainer.model.trainable_parameters`: the adapters; 4-bit weights never require grad), plus
+the optimizer, RNG and data position; the base is quantized again from the model files on resume.
+
+bitsandbytes >= 0.49 runs NF4 and its 8-bit optimizers on the CPU as well (slowly; paged optimizers fall
+back to unpaged there). With an older build on a machine without a GPU, `check_available` stops the run
+before any work with a message that says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainer.config import JobSpec
+
+COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+class QuantUnavailable(RuntimeError):
+    """This machine (or this bitsandbytes) cannot run the 4-bit / 8-bit path."""
+
+
+def bitsandbytes_devices() -> set[str]:
+    """The torch device types the installed bitsandbytes supports (empty if it is not installed)."""
+    try:
+        import bitsandbytes
+    except ImportError:
+        return set()
+    found = getattr(bitsandbytes, "supported_torch_devices", None)
+    if found is None:  # builds before the multi-backend refactor were CUDA-only
+        return {"cuda"}
+    return set(found)
+
+
+def check_available(device: torch.device, devices: set[str] | None = None) -> None:
+    """Fail early, with a clear message, when 4-bit loading cannot work here."""
+    devices = bitsandbytes_devices() if devices is None else devices
+    if not devices:
+        raise QuantUnavailable(
+            "method: qlora needs bitsandbytes, which is not installed (pip install 'ftorch[qlora]')"
+        )
+    if device.type not in devices:
+        where = "this machine has no GPU" if device.type == "cpu" else f"device {device.type}"
+        raise QuantUnavailable(
+            f"method: qlora cannot run here: {where} and the installed bitsandbytes supports only "
+            f"{', '.join(sorted(devices))}; run it on a CUDA GPU or install bitsandbytes >= 0.49"
+        )
+
+
+def bnb_config(spec: JobSpec) -> Any:
+    from transformers import BitsAndBytesConfig
+
+    q = spec.quantization
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=q.quant_type,
+        bnb_4bit_use_double_quant=q.double_quant,
+        bnb_4bit_compute_dtype=COMPUTE[q.compute_dtype],
+        bnb_4bit_quant_storage=torch.uint8,
+    )
+
+
+def load_quantized(spec: JobSpec, device: torch.device) -> torch.nn.Module:
+    """The base model, quantized to 4 bits as it loads, made ready for adapter training."""
+    from peft import prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM
+
+    check_available(device)
+    model = AutoModelForCausalLM.from_pretrained(
+        spec.model,
+        quantization_config=bnb_config(spec),
+        dtype=COMPUTE[spec.quantization.compute_dtype],
+        attn_implementation=spec.train.attn_implementation,
+        device_map={"": device},
+    )
+    model.config.use_cache = False
+    return prepare_model_for_kbit_training(
+        model,
+        use_gradient_checkpointing=spec.train.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+    )
+
+
+def make_8bit_optimizer(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """bitsandbytes AdamW with 8-bit states (paged: states in unified memory, on CUDA)."""
+    import bitsandbytes as bnb
+
+    if not bitsandbytes_devices():
+        raise QuantUnavailable(
+            f"train.optimizer: {spec.train.optimizer} needs bitsandbytes (pip install 'ftorch[qlora]')"
+        )
+    cls = bnb.optim.PagedAdamW8bit if spec.train.optimizer == "paged_adamw_8bit" else bnb.optim.AdamW8bit
+    return cls(params, lr=spec.train.lr, weight_decay=spec.train.weight_decay)
+
+
+def quantized_modules(model: torch.nn.Module) -> int:
+    """How many 4-bit linear layers the model holds (for logs and tests)."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return 0
+    return sum(1 for m in model.modules() if isinstance(m, bnb.nn.Linear4bit))
