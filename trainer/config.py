@@ -269,15 +269,24 @@ class JobSpec(_Strict):
 def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
     """(field, message) for settings that are valid but that this build cannot act on yet."""
     problems: list[tuple[str, str]] = []
-    if spec.method == "qlora":
-        problems.append(("method", "'qlora' is not supported by the trainer yet; valid now: full, lora"))
-    if spec.local.nproc > 1:
-        problems.append(("local.nproc", "multi-process (FSDP) training is not supported yet; valid now: 1"))
-    if spec.train.optimizer not in ("adamw", "sgd"):
+    ranks = max(spec.local.nproc, spec.resources.gpus or 1)
+    if spec.method == "qlora" and ranks > 1:
+        problems.append(("method", "'qlora' runs on one GPU (FSDP over 4-bit bases is not supported yet)"))
+    if spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit") and ranks > 1:
+        problems.append(("train.optimizer", f"'{spec.train.optimizer}' runs on one GPU; use adamw with FSDP"))
+    if spec.train.optimizer == "adafactor":
         problems.append(
             (
                 "train.optimizer",
-                f"'{spec.train.optimizer}' is not supported by the trainer yet; valid now: adamw, sgd",
+                "'adafactor' is not supported by the trainer yet; valid now: adamw, sgd, adamw_8bit",
+            )
+        )
+    if spec.local.nproc > spec.train.micro_batch_size:
+        problems.append(
+            (
+                "train.micro_batch_size",
+                f"is the global micro-batch, split across local.nproc ({spec.local.nproc}) ranks; "
+                "it must be at least that",
             )
         )
     if spec.train.precision == "fp16-mixed":

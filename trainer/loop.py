@@ -17,6 +17,7 @@ from trainer.checkpoint import TrainerState, restore
 from trainer.checkpoint_interval import AutoInterval, History
 from trainer.config import JobSpec
 from trainer.data import Dataset, collate, load_dataset
+from trainer.distributed import setup as setup_parallel
 from trainer.faults import maybe_crash
 from trainer.model import autocast_dtype, count_parameters, load_model, load_tokenizer, pick_device
 from trainer.notices import start_watcher
@@ -53,6 +54,10 @@ def lr_lambda_for(spec: JobSpec, steps: int) -> Any:
 
 def make_optimizer(spec: JobSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
+    if spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        from trainer.quant import make_8bit_optimizer
+
+        return make_8bit_optimizer(spec, params)
     if spec.train.optimizer == "sgd":
         return torch.optim.SGD(params, lr=spec.train.lr, momentum=0.9, weight_decay=spec.train.weight_decay)
     return torch.optim.AdamW(params, lr=spec.train.lr, weight_decay=spec.train.weight_decay, foreach=False)
@@ -207,6 +212,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     if spec.local.threads:
         torch.set_num_threads(spec.local.threads)
     device = pick_device(spec.local.device)
+    par = setup_parallel(spec, device, store)  # FSDP across ranks (torchrun), or the identity
     log(f"attempt {attempt} of run {resolved['run_id']} on {device} (torch {torch.__version__})")
 
     tokenizer = load_tokenizer(spec)
@@ -219,7 +225,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         cache_store=store,
     )
     steps = total_steps(spec, dataset)
-    model = load_model(spec, device)
+    model = par.wrap(load_model(spec, device), spec)
     params, trainable = count_parameters(model)
     optimizer = make_optimizer(spec, model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_for(spec, steps))
@@ -232,8 +238,14 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         name = what if isinstance(what, str) else what.path
         log(f"not using checkpoint {name}: {why}")
 
-    found = store.newest_valid_checkpoint(on_skip=skipped)
-    if found is not None:
+    if par.sharded:  # sharded (DCP) or single-process checkpoints, resharded onto these ranks
+        found = par.load_newest(store, spec, model, optimizer, scheduler, on_skip=skipped)
+    else:
+        found = store.newest_valid_checkpoint(on_skip=skipped)
+    if found is not None and par.sharded:
+        info, state = found
+        log(f"resumed from {info.path} (step {state.step}/{steps})")
+    elif found is not None:
         info, blobs = found
         state = restore(blobs, model, optimizer, scheduler)
         log(f"resumed from {info.path} (step {state.step}/{steps})")
@@ -243,10 +255,11 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
             state.extra["eval_before"] = evaluate(model, dataset, device, spec)
             log(f"held-out before training: {_fmt_eval(state.extra['eval_before'])}")
     state.extra["attempt"] = attempt
-    store.prune_checkpoints(spec.checkpoint.keep)
+    if par.is_main:
+        store.prune_checkpoints(spec.checkpoint.keep)
 
-    checkpointer = Checkpointer(store, spec, last_step=state.step, attempt=attempt)
-    reporter = ProgressReporter(store, resolved["run_id"], attempt, steps, output_uri)
+    checkpointer = par.checkpointer(Checkpointer(store, spec, last_step=state.step, attempt=attempt))
+    reporter = par.reporter(ProgressReporter(store, resolved["run_id"], attempt, steps, output_uri))
     reporter.last_checkpoint(checkpointer.last_step if found else None)
     reporter.start(state.step)
 
@@ -255,16 +268,18 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     accum = spec.train.grad_accum
     log_every = spec.train.log_every or max(1, steps // 100)
     while state.step < steps:
-        if flag.is_set():
+        if par.any(flag.is_set()):  # all ranks stop at the same step
             return _stop_on_notice(flag, checkpointer, model, optimizer, scheduler, state, reporter)
         step_loss = 0.0
         for k in range(accum):
-            batch = collate(dataset.micro_batch(state.micro_batches + k), dataset.pad_id, device)
+            examples = par.local(dataset.micro_batch(state.micro_batches + k))  # this rank's slice
+            batch = collate(examples, dataset.pad_id, device)
             with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                loss = model(**batch).loss / accum
+                loss = par.loss(model, batch) / accum
             loss.backward()
             step_loss += float(loss.detach())
-            state.tokens_seen += int(batch["attention_mask"].sum())
+            state.tokens_seen += par.tokens(batch)
+        step_loss = par.mean(step_loss)
         if spec.train.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(
                 [p for p in model.parameters() if p.requires_grad], spec.train.max_grad_norm
@@ -296,7 +311,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         state.extra["eval_after"] = evaluate(model, dataset, device, spec)
         log(f"held-out after training:  {_fmt_eval(state.extra['eval_after'])}")
     reporter.set_state("writing_output")
-    write_output(model, tokenizer, spec, output_uri)
+    par.write_output(write_output, model, tokenizer, spec, output_uri)
     reporter.finish(eval_before=state.extra.get("eval_before"), eval_after=state.extra.get("eval_after"))
     store.update_epoch_record(ended="finished", step=state.step)
     log(f"done: {steps} steps; output at {output_uri}")

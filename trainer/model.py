@@ -43,15 +43,20 @@ def load_model(spec: JobSpec, device: torch.device) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(spec.train.seed)
-    model = AutoModelForCausalLM.from_pretrained(
-        spec.model,
-        dtype=DTYPES[spec.train.precision],
-        attn_implementation=spec.train.attn_implementation,
-    )
+    if spec.method == "qlora":  # the base in 4-bit NF4 (trainer/quant.py), adapters below
+        from trainer.quant import load_quantized
+
+        model = load_quantized(spec, device)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            spec.model,
+            dtype=DTYPES[spec.train.precision],
+            attn_implementation=spec.train.attn_implementation,
+        )
     model.config.use_cache = False
     if spec.train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if spec.method == "lora":
+    if spec.method in ("lora", "qlora"):
         from peft import LoraConfig, get_peft_model
 
         if spec.train.gradient_checkpointing:
@@ -66,7 +71,7 @@ def load_model(spec: JobSpec, device: torch.device) -> torch.nn.Module:
         )
         torch.manual_seed(spec.train.seed)
         model = get_peft_model(model, config)
-    return model.to(device)
+    return model if spec.method == "qlora" else model.to(device)  # 4-bit weights are placed as they load
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:

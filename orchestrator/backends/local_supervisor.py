@@ -187,8 +187,9 @@ class Supervisor:
         finally:
             os.umask(old)
         with log_file:
+            self.attempt_n = attempt.n
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "trainer", job.run_uri, "--attempt", str(attempt.n)],
+                trainer_command(self.spec.local.nproc, job.run_uri, attempt.n),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -258,14 +259,15 @@ class Supervisor:
     def classify(self, code: int, preempted: str | None, progress: dict, tail: LogTail) -> str:
         if self.cancelled:
             return "cancelled"
-        if self.budget_stop and code in (exitcodes.PREEMPTED, exitcodes.OK, -signal.SIGTERM):
+        noticed = code == exitcodes.PREEMPTED or self.ranks_preempted(code, progress)
+        if self.budget_stop and (noticed or code in (exitcodes.OK, -signal.SIGTERM)):
             finished = code == exitcodes.OK and progress.get("state") == "finished"
             return "succeeded" if finished else self.budget_stop
         if preempted:
             return preempted
         if code == exitcodes.OK and progress.get("state") == "finished":
             return "succeeded"
-        if code == exitcodes.PREEMPTED:
+        if noticed:
             self.registry.set_state(self.job_id, "PREEMPTED", "preemption notice (SIGTERM)")
             return "preempted (notice from outside)"
         last = " | ".join(tail.last_lines(1)) or "no output"
@@ -282,6 +284,15 @@ class Supervisor:
         )
         return f"crashed (exit code {code}); restart {self.crashes} of {limit}"
 
+    def ranks_preempted(self, code: int, progress: dict) -> bool:
+        """torchrun exits 1 after forwarding SIGTERM; rank 0's progress says whether it saved and left."""
+        return (
+            self.spec.local.nproc > 1
+            and code != exitcodes.OK
+            and progress.get("state") == "preempted"
+            and progress.get("attempt") == getattr(self, "attempt_n", None)
+        )
+
     def stop_trainer(self, notice: bool, grace: float) -> None:
         assert self.proc is not None
         if notice:
@@ -292,6 +303,15 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 self.log(f"trainer still running {grace:.0f}s after the notice: killing it")
         self.proc.kill()
+
+
+def trainer_command(nproc: int, run_uri: str, attempt: int) -> list[str]:
+    """`python -m trainer`, or torchrun with `nproc` ranks (FSDP; it forwards SIGTERM to every rank,
+    and the ranks die with it on SIGKILL)."""
+    args = ["-m", "trainer", run_uri, "--attempt", str(attempt)]
+    if nproc <= 1:
+        return [sys.executable, *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
 
 
 def main() -> int:
