@@ -54,6 +54,10 @@ def launch(
     result = jobs.launch(job_file, overrides, dry_run=dry_run)
     if as_json:
         _print_json(result)
+    elif dry_run and "task_yaml" in result:
+        from orchestrator.backends import skypilot
+
+        typer.echo(skypilot.format_dry_run(result), nl=False)
     elif dry_run:
         typer.echo(json.dumps(result, indent=2, default=str))
     else:

@@ -7,6 +7,7 @@ Exit codes are in trainer/exitcodes.py: 0 done, 75 preempted (checkpoint written
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -38,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from trainer.loop import run
 
-        return run(args.run_uri, args.attempt)
+        # how to reach the store before spec.json (which holds checkpoint.storage_options) is read
+        options = json.loads(os.environ.get("FTORCH_STORAGE_OPTIONS") or "{}")
+        return run(args.run_uri, args.attempt, options)
     except (DataError, ValidationError) as exc:
         log(f"error: {exc}")
         return exitcodes.BAD_CONFIG
