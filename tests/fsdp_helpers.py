@@ -117,3 +117,20 @@ def new_run(job: dict[str, Any], run_id: str) -> str:
 PY = sys.executable
 SIGKILL = signal.SIGKILL
 SIGTERM = signal.SIGTERM
+
+
+def output_weights(run_uri: str) -> dict[str, Any]:
+    """The final weights from the run store (local or s3://)."""
+    from safetensors.torch import load
+
+    from trainer.store import RunStore
+
+    store = RunStore(run_uri)
+    names = store.listdir("output")
+    name = "adapter_model.safetensors" if "adapter_model.safetensors" in names else "model.safetensors"
+    return load(store.read_bytes(f"output/{name}"))
+
+
+def max_abs_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
