@@ -92,3 +92,21 @@ def local_reference(job: dict[str, Any], tmp: Path) -> dict[str, Any]:
     done = run_trainer(run_uri)
     assert done.returncode == 0, done.stdout + done.stderr
     return final_weights(run_uri)
+
+
+def job_for(tiny_model: Path, data: Path, uri: str, **sections: Any) -> dict[str, Any]:
+    """The standard small job of the S3 tests: LoRA with dropout, 30 steps, a checkpoint every 5."""
+    from helpers import job_dict
+
+    checkpoint = {"uri": uri, "every": 5, "keep": 2, **sections.pop("checkpoint", {})}
+    return job_dict(tiny_model, data, Path("/unused"), checkpoint=checkpoint, **sections)
+
+
+def wait_for_line(proc: subprocess.Popen[str], needle: str, seen: list[str]) -> bool:
+    """Read the trainer's output until a line contains `needle` (kept in `seen`); False at EOF."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if needle in line:
+            return True
+    return False

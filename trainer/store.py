@@ -486,6 +486,7 @@ class RunStore:
         return self.read_json_or_none(PROGRESS)
 
     def write_metrics_part(self, attempt: int, part: int, rows: Iterable[dict[str, Any]]) -> None:
+        self.check_fence()
         body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
         self.write_bytes(f"{METRICS}/{attempt:04d}-{part:04d}.jsonl", body.encode(), atomic=False)
 
