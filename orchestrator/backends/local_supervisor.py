@@ -33,6 +33,7 @@ from trainer.config import ChaosSpec, JobSpec
 from trainer.store import RunStore
 
 STEP_LINE = re.compile(r"\[trainer\] step (\d+)/(\d+)")
+RESUMED_LINE = re.compile(r"\[trainer\] resumed from \S+ \(step (\d+)/")
 POLL_S = 0.05
 
 
@@ -66,6 +67,8 @@ class LogTail:
         self.offset = 0
         self.buffer = ""
         self.step: int | None = None
+        #: the step the trainer says it resumed from (progress.json can lag after a kill)
+        self.resumed: int | None = None
 
     def poll(self) -> int | None:
         try:
@@ -81,6 +84,9 @@ class LogTail:
             match = STEP_LINE.search(line)
             if match:
                 self.step = int(match.group(1))
+            resumed = RESUMED_LINE.search(line)
+            if resumed:
+                self.resumed = int(resumed.group(1))
         return self.step
 
     def last_lines(self, n: int = 3) -> list[str]:
@@ -212,7 +218,8 @@ class Supervisor:
                 guard.observe_step(step, now)
             if step is not None and not running:
                 running = True
-                self.registry.update_attempt(self.job_id, attempt.n, first_step_at=now)
+                fields = {} if tail.resumed is None else {"start_step": tail.resumed}
+                self.registry.update_attempt(self.job_id, attempt.n, first_step_at=now, **fields)
                 self.registry.set_state(self.job_id, "RUNNING")
             if self.cancelled or (now - last > 1.0 and self.registry.get(self.job_id).cancel_requested):
                 self.cancelled = True
