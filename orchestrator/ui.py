@@ -244,9 +244,12 @@ def _attempts(d: dict[str, Any], width: int, now: float) -> RenderableType:
     for a in rows:
         market = "" if a.get("spot") is None else (" spot" if a["spot"] else " on-demand")
         end = a["end_step"] if a["end_step"] is not None else "?"
-        lost = f"{a['steps_lost']} st" if a.get("steps_lost") else "-"
+        if a["end_step"] is None and a["ended_at"] is None and a.get("steps_gained") is not None:
+            end = f"{(a['start_step'] or 0) + a['steps_gained']}…"
+        parts = [f"{a['steps_lost']} st"] if a.get("steps_lost") else []
         if a.get("time_lost_s"):
-            lost += f" + {duration(a['time_lost_s'])}"
+            parts.append(duration(a["time_lost_s"]))
+        lost = " + ".join(parts) or "-"
         cells = {
             "#": str(a["n"]),
             "WHERE": f"{a['instance'] or '-'}{market}",
