@@ -227,13 +227,19 @@ def status_all(registry: Registry | None = None) -> list[dict[str, Any]]:
 
 
 # ---- one job in detail --------------------------------------------------------------------------
-def timeline(attempts: list[Attempt], state: str, now: float) -> list[dict[str, Any]]:
-    """Each attempt with what it gained (steps that survived) and what it lost (steps and seconds)."""
+def timeline(
+    attempts: list[Attempt], state: str, now: float, current_step: int | None = None
+) -> list[dict[str, Any]]:
+    """Each attempt with what it gained (steps that survived) and what it lost (steps and seconds).
+
+    A running attempt has no end step yet: its gain so far is `current_step` (from progress)."""
     rows = []
     for i, a in enumerate(attempts):
         following = attempts[i + 1] if i + 1 < len(attempts) else None
         start = a.start_step or 0
         kept = following.start_step if following and following.start_step is not None else a.end_step
+        if kept is None and a.ended_at is None and following is None and current_step is not None:
+            kept = current_step
         steps_lost = max(0, (a.end_step or 0) - kept) if kept is not None and a.end_step is not None else 0
         time_lost = None
         if following is not None and a.ended_at and following.first_step_at:
@@ -315,7 +321,7 @@ def status_one(job_ref: str) -> dict[str, Any]:
         sys.stderr.write(f"warning: cannot read the run store {job.run_uri}: {exc.__class__.__name__}\n")
     now = time.time()
     detail = with_backend_fields(registry, job, summarize(job, attempts, progress, now))
-    detail["attempt_timeline"] = timeline(attempts, job.state, now)
+    detail["attempt_timeline"] = timeline(attempts, job.state, now, progress.get("step"))
     detail["events"] = [e for e in registry.events(job.job_id) if e["kind"] != CACHE_KIND]
     detail["checkpoints"] = checkpoints
     detail["loss_curve"] = [[m["step"], m["loss"]] for m in metrics if m.get("loss") is not None]
