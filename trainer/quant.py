@@ -12,21 +12,26 @@ before any work with a message that says so.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
 from trainer.config import JobSpec
+from trainer.data import DataError
 
 COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-class QuantUnavailable(RuntimeError):
-    """This machine (or this bitsandbytes) cannot run the 4-bit / 8-bit path."""
+class QuantUnavailable(DataError):
+    """This machine (or this bitsandbytes) cannot run the 4-bit / 8-bit path (the trainer exits 2)."""
 
 
 def bitsandbytes_devices() -> set[str]:
     """The torch device types the installed bitsandbytes supports (empty if it is not installed)."""
+    override = os.environ.get("FTORCH_BNB_DEVICES")  # tests: pretend a build without CPU support
+    if override is not None:
+        return {d for d in override.split(",") if d}
     try:
         import bitsandbytes
     except ImportError:
