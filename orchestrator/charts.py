@@ -55,10 +55,7 @@ def loss_chart(
     first, last = str(int(curve[0][0])), str(int(curve[-1][0]))
     legend = f" {MARK} preempted" if markers else ""
     gap = columns - len(first) - len(last)
-    if gap > len(legend) + 1:
-        middle = legend.center(gap)
-    else:
-        middle = " " * max(1, gap)
+    middle = legend.center(gap) if gap > len(legend) + 1 else " " * max(1, gap)
     lines.append(f"{'':>{pad}}  {first}{middle}{last}" if gap > 0 else f"{'':>{pad}}  {first}..{last}")
     return lines
 
