@@ -312,4 +312,12 @@ def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
                 " `ftorch simulate`; on skypilot use resources.fallback",
             )
         )
+    if spec.notify is not None and spec.resources.backend != "local":
+        problems.append(
+            (
+                "notify",
+                "notifications are sent by the local supervisor only so far; valid with"
+                " resources.backend: local",
+            )
+        )
     return problems

@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import procs
+from orchestrator.backends.capacity import PolicyDriver, TraceCapacity
 from orchestrator.budget import BudgetGuard
 from orchestrator.notify import notify_job
 from orchestrator.overview import cost_usd
+from orchestrator.policy import Mode
 from orchestrator.registry import Registry
 from trainer import exitcodes
 from trainer.config import ChaosSpec, JobSpec
@@ -118,6 +120,12 @@ class Supervisor:
         self.crashes = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.budget_stop: str | None = None
+        # simulated spot capacity (local.chaos.trace) and the policy that reacts to it
+        self.capacity = TraceCapacity.from_spec(self.spec)
+        self.driver = PolicyDriver.from_spec(self.spec, self.capacity) if self.capacity else None
+        self.mode = Mode.NONE
+        self.pending_mode: Mode | None = None
+        self.preemptions = 0
 
     def log(self, message: str) -> None:
         sys.stdout.write(f"{time.strftime('%H:%M:%S')} [supervisor] {message}\n")
@@ -158,7 +166,15 @@ class Supervisor:
                 self.registry.event(self.job_id, "budget", over.removeprefix("budget: "))
                 self.end("STOPPED", over, event="budget")
                 return 0
+            if self.driver is not None:
+                pending, self.pending_mode = self.pending_mode, None
+                self.mode = pending if pending not in (None, Mode.NONE) else self.wait_for_capacity()
+                if self.mode is Mode.NONE:  # cancelled while waiting
+                    continue
             outcome = self.run_attempt()
+            if outcome.startswith("switch"):  # the policy moved the job: no backoff, no preemption
+                self.registry.set_state(self.job_id, "RECOVERING", outcome)
+                continue
             if outcome == "succeeded":
                 self.end("SUCCEEDED")
                 return 0
@@ -172,6 +188,8 @@ class Supervisor:
                 self.end("FAILED", outcome.removeprefix("failed: "))
                 return 1
             if outcome.startswith("preempted"):
+                self.preemptions += 1
+                self.mode = Mode.NONE
                 self.notify("preempted")
             time.sleep(self.spec.local.restart_backoff_s)
             self.registry.set_state(self.job_id, "RECOVERING", outcome)
@@ -179,8 +197,13 @@ class Supervisor:
     def run_attempt(self) -> str:
         progress = self.store.read_progress() or {}
         start_step = progress.get("last_checkpoint_step") or 0
+        spot = None if self.driver is None else self.mode is Mode.SPOT
         attempt = self.registry.start_attempt(
-            self.job_id, start_step, instance="local", hourly_usd=self.spec.local.hourly_usd
+            self.job_id,
+            start_step,
+            instance="local" if spot is None else f"local ({self.mode.value}, simulated)",
+            spot=spot,
+            hourly_usd=self.spec.local.hourly_usd,
         )
         log_path = self.registry.job_dir(self.job_id) / "logs" / f"attempt-{attempt.n:03d}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -235,6 +258,10 @@ class Supervisor:
                     self.log(f"{self.budget_stop}: asking the trainer to checkpoint and stop")
                     self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
                     break
+            switch = self.follow_policy(now, step)
+            if switch is not None:
+                preempted = switch
+                break
             due = self.chaos.due(step or 0, now - last) if running else None
             last = now
             if due is not None:
@@ -270,6 +297,9 @@ class Supervisor:
         if self.budget_stop and (noticed or code in (exitcodes.OK, -signal.SIGTERM)):
             finished = code == exitcodes.OK and progress.get("state") == "finished"
             return "succeeded" if finished else self.budget_stop
+        if preempted and preempted.startswith("switch") and code == exitcodes.OK:
+            finished = progress.get("state") == "finished"
+            return "succeeded" if finished else preempted
         if preempted:
             return preempted
         if code == exitcodes.OK and progress.get("state") == "finished":
@@ -290,6 +320,75 @@ class Supervisor:
             self.job_id, "crash", f"exit code {code} ({self.crashes}/{limit} restarts): {last}"
         )
         return f"crashed (exit code {code}); restart {self.crashes} of {limit}"
+
+    def policy_inputs(self, step: int | None) -> tuple[int, int, int, float]:
+        """(step, total steps, last checkpoint step, wall seconds per step) from the run store."""
+        progress = self.store.read_progress() or {}
+        rate = progress.get("steps_per_s") or 0.0
+        total = progress.get("total_steps") or max(step or 0, 1)
+        return (
+            step or progress.get("step") or 0,
+            total,
+            progress.get("last_checkpoint_step") or 0,
+            1.0 / rate if rate > 0 else 0.05,
+        )
+
+    def wait_for_capacity(self) -> Mode:
+        """Before an attempt: ask the policy until it says spot or on demand (or the job is cancelled)."""
+        assert self.driver is not None and self.capacity is not None
+        waiting_logged = False
+        while not (self.cancelled or self.registry.get(self.job_id).cancel_requested):
+            step, total, ckpt, per_step = self.policy_inputs(None)
+            decision = self.driver.decide(
+                time.time(), Mode.NONE, step, total, ckpt, per_step, self.preemptions
+            )
+            if decision.mode is not Mode.NONE:
+                self.registry.event(self.job_id, "policy", f"{decision.mode.value}: {decision.reason}")
+                return decision.mode
+            if not waiting_logged:
+                self.registry.event(self.job_id, "policy", f"wait: {decision.reason}")
+                self.registry.set_state(self.job_id, "PENDING", decision.reason)
+                waiting_logged = True
+            time.sleep(min(self.capacity.wall_tick_s, 0.5))
+        return Mode.NONE
+
+    def follow_policy(self, now: float, step: int | None) -> str | None:
+        """While an attempt runs: spot capacity lost under a spot job is a preemption; a policy that wants
+        another mode gets a graceful switch. Returns the attempt's end reason, or None to go on."""
+        if self.driver is None or self.capacity is None:
+            return None
+        if now - getattr(self, "_last_policy_check", 0.0) < min(self.capacity.wall_tick_s, 0.5):
+            return None
+        self._last_policy_check = now
+        tick = self.capacity.tick(now)
+        if self.mode is Mode.SPOT and not self.capacity.spot_available(now):
+            chaos = self.spec.local.chaos
+            notice = (
+                chaos.notice_for(0)
+                if chaos and chaos.preempt_at_steps
+                else bool(chaos and chaos.notice is True)
+            )
+            reason = f"preempted ({'with' if notice else 'without'} notice, spot capacity gone at trace tick {tick})"
+            self.registry.event(self.job_id, "chaos", f"trace tick {tick} notice={notice}")
+            # decide where to go next now, as the simulator does, not after the trainer has left
+            progress = self.policy_inputs(step)
+            after = self.driver.decide(now, Mode.NONE, *progress, self.preemptions + 1)
+            self.pending_mode = after.mode
+            self.registry.event(self.job_id, "policy", f"{after.mode.value}: {after.reason}")
+            self.registry.set_state(self.job_id, "PREEMPTED", reason)
+            self.log(f"simulated spot capacity gone at trace tick {tick} (step {step}, notice={notice})")
+            self.stop_trainer(notice=notice, grace=self._grace())
+            return reason
+        done, total, ckpt, per_step = self.policy_inputs(step)
+        decision = self.driver.decide(now, self.mode, done, total, ckpt, per_step, self.preemptions)
+        if decision.mode is self.mode:
+            return None
+        self.pending_mode = decision.mode
+        reason = f"switch to {decision.mode.value} at trace tick {tick}: {decision.reason}"
+        self.registry.event(self.job_id, "policy", reason)
+        self.log(f"policy: {reason}; asking the trainer to checkpoint first")
+        self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
+        return reason
 
     def ranks_preempted(self, code: int, progress: dict) -> bool:
         """torchrun exits 1 after forwarding SIGTERM; rank 0's progress says whether it saved and left."""
