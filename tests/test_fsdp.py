@@ -96,3 +96,21 @@ def test_a_torn_sharded_checkpoint_is_skipped(tmp_path: Path, tiny_model: Path) 
     out = finish(run_uri, 2, nproc=2)
     assert f"not using checkpoint {newest.path}" in out, out
     assert f"resumed from {older.path}" in out, out
+
+
+def test_supervisor_starts_torchrun_and_reads_rank0_preemption() -> None:
+    """nproc > 1 goes through torchrun; its exit code 1 after a forwarded SIGTERM counts as a preemption
+    only when rank 0 recorded `preempted` for this very attempt."""
+    from types import SimpleNamespace
+
+    from orchestrator.backends.local_supervisor import Supervisor, trainer_command
+
+    assert trainer_command(1, "r", 3)[1:] == ["-m", "trainer", "r", "--attempt", "3"]
+    cmd = trainer_command(4, "r", 3)
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc-per-node=4" in cmd
+    sup = SimpleNamespace(spec=SimpleNamespace(local=SimpleNamespace(nproc=2)), attempt_n=3)
+    assert Supervisor.ranks_preempted(sup, 1, {"state": "preempted", "attempt": 3})
+    assert not Supervisor.ranks_preempted(sup, 1, {"state": "preempted", "attempt": 2})  # a stale one
+    assert not Supervisor.ranks_preempted(sup, 1, {"state": "running", "attempt": 3})  # a crash
+    sup.spec.local.nproc = 1
+    assert not Supervisor.ranks_preempted(sup, 1, {"state": "preempted", "attempt": 3})
