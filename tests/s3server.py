@@ -276,6 +276,10 @@ class _ProxyServer(ThreadingHTTPServer):
     daemon_threads = True
     proxy: FaultProxy
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Clients that drop connections (killed trainers, resets we injected) are expected: be quiet."""
+        return
+
 
 class FaultProxy:
     """An HTTP proxy in a thread of the test process; set `faults` at any time."""
