@@ -264,7 +264,8 @@ class _Handler(BaseHTTPRequestHandler):
         for key, value in response.getheaders():
             if key.lower() not in ("transfer-encoding", "connection", "content-length"):
                 self.send_header(key, value)
-        self.send_header("Content-Length", str(len(payload)))
+        length = response.getheader("Content-Length") if self.command == "HEAD" else None
+        self.send_header("Content-Length", length or str(len(payload)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(payload)
