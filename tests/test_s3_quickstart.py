@@ -1,0 +1,49 @@
+"""The quickstart with its checkpoints on S3: `ftorch launch examples/quickstart.yaml --set
+checkpoint.uri=s3://...` against the test's SeaweedFS, with the endpoint from AWS_ENDPOINT_URL."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO, ftorch
+
+from trainer.store import RunStore
+
+
+@pytest.mark.timeout(900)
+def test_quickstart_on_s3_survives_two_preemptions(tmp_path: Path, ftorch_home: Path, s3) -> None:
+    folder = tmp_path / "examples"
+    folder.mkdir()
+    shutil.copy(REPO / "examples" / "quickstart.yaml", folder / "quickstart.yaml")
+    made = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "make_quickstart.py"), "--out", str(folder / "quickstart")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert made.returncode == 0, made.stderr
+    uri = f"{s3.uri}/runs"
+    done = ftorch(
+        "launch",
+        str(folder / "quickstart.yaml"),
+        "--set",
+        f"checkpoint.uri={uri}",
+        "--follow",
+        env=s3.env,
+        timeout=800,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    assert "preempted (with notice" in done.stdout and "preempted (without notice" in done.stdout
+    job_id = done.stdout.splitlines()[0].strip()
+    status = json.loads(ftorch("status", job_id, "--json", env=s3.env).stdout)
+    assert status["state"] == "SUCCEEDED" and status["preemptions"] == 2
+    assert status["run_uri"].startswith(uri) and status["output_uri"].startswith("s3://")
+    store = RunStore(status["run_uri"], s3.options)
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= set(store.listdir("output"))
+    assert store.epochs() == [1, 2, 3]  # one fencing epoch per attempt
+    assert status["eval_after"]["loss"] < status["eval_before"]["loss"] / 5
