@@ -310,6 +310,8 @@ class Supervisor:
         last = " | ".join(tail.last_lines(1)) or "no output"
         if code == exitcodes.BAD_CONFIG:
             return f"failed: the trainer refused the job: {last}"
+        if code == exitcodes.STORE_UNAVAILABLE:
+            return f"failed: the run store stayed unreachable; checkpoints up to the last good one are safe, resume when it is back: {last}"
         if code == exitcodes.FENCED:
             return f"failed: another attempt owns this run: {last}"
         self.crashes += 1
