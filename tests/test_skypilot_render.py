@@ -211,6 +211,19 @@ def test_cli_dry_run_prints_plan_and_task_and_no_secret(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     for value in SECRET_VALUES.values():
         assert value not in result.stdout and value not in result.stderr
+    assert "(dry run: nothing launched)" in result.stdout and "recover_on_exit_codes" in result.stdout
+    result = ftorch(
+        "launch",
+        "examples/mistral-7b-lora.yaml",
+        "--dry-run",
+        "--json",
+        "--set",
+        "resources.secrets=[HF_TOKEN]",
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    for value in SECRET_VALUES.values():
+        assert value not in result.stdout and value not in result.stderr
     out = json.loads(result.stdout)
     assert out["dry_run"] and out["plan"]["chosen"]["count"] == 1
     assert out["plan"]["top_offers"][0]["cloud"] in ("aws", "gcp", "azure")
