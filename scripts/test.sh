@@ -8,4 +8,5 @@ scripts/setup.sh test
 .venv/bin/python -c "import sky" >/dev/null 2>&1 || .venv/bin/python -m pip install --quiet "skypilot==0.14.1"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-exec .venv/bin/python -m pytest -q "$@"
+# two workers (tests/conftest.py starts the longest tests first, so both finish together)
+exec .venv/bin/python -m pytest -q -n "${FTORCH_TEST_WORKERS:-2}" --dist worksteal "$@"

@@ -75,3 +75,47 @@ def fault_proxy(s3_server: SeaweedS3) -> Iterator[FaultProxy]:
         yield proxy
     finally:
         proxy.close()
+
+
+@pytest.fixture(scope="session")
+def quickstart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/quickstart.yaml next to freshly generated model and data (made once per session)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    folder = tmp_path_factory.mktemp("examples")
+    shutil.copy(REPO / "examples" / "quickstart.yaml", folder / "quickstart.yaml")
+    made = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "make_quickstart.py"), "--out", str(folder / "quickstart")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert made.returncode == 0, made.stderr
+    return folder
+
+
+#: the longest tests (each runs several trainer processes) start first, so parallel workers end together
+SLOW_FIRST = (
+    "test_chaos_soak.py",
+    "test_quickstart.py",
+    "test_s3_quickstart.py",
+    "test_policy_local.py",
+    "test_fsdp.py",
+    "test_exact_resume.py",
+    "test_budget.py",
+    "test_reshard.py",
+    "test_supervisor.py",
+    "test_qlora.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a file is kept

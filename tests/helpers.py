@@ -14,6 +14,8 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# one thread per process: tests run several processes at once, and oversubscribed OpenMP threads spin
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 WORDS = [
     "alpha",

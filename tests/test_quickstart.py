@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-from helpers import REPO, ftorch
+from helpers import ftorch
 
 
-def test_quickstart_survives_two_preemptions_and_learns(tmp_path: Path, ftorch_home: Path) -> None:
-    folder = tmp_path / "examples"
-    folder.mkdir()
-    shutil.copy(REPO / "examples" / "quickstart.yaml", folder / "quickstart.yaml")
-    made = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "make_quickstart.py"), "--out", str(folder / "quickstart")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert made.returncode == 0, made.stderr
-
-    done = ftorch("launch", str(folder / "quickstart.yaml"), "--follow", timeout=600)
+def test_quickstart_survives_two_preemptions_and_learns(quickstart_dir: Path, ftorch_home: Path) -> None:
+    # as the README runs it; one trainer thread because other tests may run beside this one
+    job = str(quickstart_dir / "quickstart.yaml")
+    done = ftorch("launch", job, "--set", "local.threads=1", "--follow", timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr
     out = done.stdout
     assert "preempted (with notice" in out and "preempted (without notice" in out

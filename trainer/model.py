@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import torch
@@ -38,8 +39,21 @@ def load_tokenizer(spec: JobSpec) -> Any:
     return tokenizer
 
 
+def needs_bitsandbytes(spec: JobSpec) -> bool:
+    return spec.method == "qlora" or spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit")
+
+
+def hide_bitsandbytes() -> None:
+    """peft imports bitsandbytes whenever it is installed (about a second, mostly torch._inductor), on every
+    attempt's start. A job that does not use it gets it hidden: `import` fails and find_spec says None."""
+    if "bitsandbytes" not in sys.modules:
+        sys.modules["bitsandbytes"] = None  # type: ignore[assignment]
+
+
 def load_model(spec: JobSpec, device: torch.device) -> torch.nn.Module:
     """The base model, then LoRA adapters (seeded, so every attempt builds the same model)."""
+    if not needs_bitsandbytes(spec):
+        hide_bitsandbytes()
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(spec.train.seed)
