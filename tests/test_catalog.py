@@ -93,6 +93,7 @@ def test_a_failing_or_slow_skypilot_falls_back(monkeypatch):
 
 def test_a_readable_skypilot_catalog_is_used(monkeypatch):
     live = [cat.Offer("aws", "p5.48xlarge", "H100", 8, 80, 98.0, 20.0, "unknown")]
+    monkeypatch.delitem(sys.modules, "sky", raising=False)  # another test in this process may have loaded it
     monkeypatch.setattr(cat, "sky_available", lambda: True)
     monkeypatch.setattr(cat, "_sky_offers", lambda timeout_s=None: live)
     c = cat.load_catalog(offline=False)

@@ -99,12 +99,14 @@ def test_kills_while_writing_checkpoints_resume_bitwise(tmp_path: Path, tiny_mod
     run_uri = prepare_run(job, "killed")
     store = RunStore(run_uri)
 
-    first = run_trainer(run_uri, 1, env={"FTORCH_FAULTS": "checkpoint-partial@15"})
+    # synchronous saves: a fault point names a step, and an async writer may skip a step while busy
+    sync = {"FTORCH_ASYNC_CHECKPOINT": "0"}
+    first = run_trainer(run_uri, 1, env={**sync, "FTORCH_FAULTS": "checkpoint-partial@15"})
     assert first.returncode == -signal.SIGKILL
     assert "checkpoints/step-00000015" not in {c.path for c in store.complete_checkpoints()}
     assert "step-00000015" in store.checkpoint_names()  # the partial folder is there, but not trusted
 
-    second = run_trainer(run_uri, 2, env={"FTORCH_FAULTS": "before-manifest@25"})
+    second = run_trainer(run_uri, 2, env={**sync, "FTORCH_FAULTS": "before-manifest@25"})
     assert second.returncode == -signal.SIGKILL
     assert "resumed from checkpoints/step-00000010" in second.stdout
     assert "not using checkpoint step-00000015: incomplete" in second.stdout
