@@ -16,6 +16,7 @@ import json
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 POSITIVE = [
     "great",
@@ -128,24 +129,17 @@ def make_data(out: Path, n_train: int, n_eval: int, seed: int) -> None:
             handle.write(json.dumps(row) + "\n")
 
 
-def make_model(out: Path, seed: int, pretrain_steps: int) -> None:
-    import torch
+def build_tokenizer(corpus: list[str], vocab_size: int) -> Any:
+    """A byte-level BPE tokenizer trained on `corpus`, with pad/bos/eos/end tokens and a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    rng = random.Random(seed + 1)
-    corpus = [review(rng)[0] for _ in range(4000)]
-    corpus += [
-        "### Instruction:\nIs this review positive or negative?\n\n### Input:\n",
-        "### Response:\n",
-        "positive negative",
-    ] * 50
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=512,
+        vocab_size=vocab_size,
         min_frequency=2,
         special_tokens=["<|pad|>", "<|bos|>", "<|eos|>", "<|end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -156,6 +150,21 @@ def make_model(out: Path, seed: int, pretrain_steps: int) -> None:
         tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>"
     )
     hf_tok.chat_template = CHAT_TEMPLATE
+    return hf_tok
+
+
+def make_model(out: Path, seed: int, pretrain_steps: int) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    rng = random.Random(seed + 1)
+    corpus = [review(rng)[0] for _ in range(4000)]
+    corpus += [
+        "### Instruction:\nIs this review positive or negative?\n\n### Input:\n",
+        "### Response:\n",
+        "positive negative",
+    ] * 50
+    hf_tok = build_tokenizer(corpus, vocab_size=512)
 
     torch.manual_seed(seed)
     config = LlamaConfig(

@@ -5,8 +5,18 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from typing import IO
 
 PR_SET_PDEATHSIG = 1
+
+
+def open_private(path: str | os.PathLike[str], mode: str = "ab") -> IO[bytes]:
+    """Open a file that only the owner can read (logs may quote job details)."""
+    old = os.umask(0o077)
+    try:
+        return open(path, mode)  # noqa: SIM115 - the caller hands it to a child process and closes it
+    finally:
+        os.umask(old)
 
 
 def start_time(pid: int) -> float | None:

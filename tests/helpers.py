@@ -45,36 +45,27 @@ WORDS = [
     "yankee",
     "zulu",
 ]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
+
+
+def quickstart_maker() -> Any:
+    """examples/make_quickstart.py as a module (its tokenizer builder is shared with the tests)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_quickstart", REPO / "examples" / "make_quickstart.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_tiny_model(folder: Path, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     rng = random.Random(seed)
     corpus = [" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(400)]
     corpus += ["### Instruction:\n", "### Response:\n", "### Input:\n", "<|user|>", "<|assistant|>"] * 20
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        min_frequency=2,
-        special_tokens=["<|pad|>", "<|bos|>", "<|eos|>", "<|end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer=trainer)
-    hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>"
-    )
-    hf_tok.chat_template = CHAT_TEMPLATE
+    hf_tok = quickstart_maker().build_tokenizer(corpus, vocab_size=300)
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(hf_tok),

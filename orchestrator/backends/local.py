@@ -22,11 +22,7 @@ def start_supervisor(registry: Registry, job: Job) -> int:
     log_path = registry.job_dir(job.job_id) / "supervisor.log"
     env = dict(os.environ)
     env["FTORCH_HOME"] = str(registry.home)
-    old = os.umask(0o077)
-    try:
-        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
-    finally:
-        os.umask(old)
+    log = procs.open_private(log_path)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.backends.local_supervisor", job.job_id],

@@ -210,11 +210,7 @@ class Supervisor:
         job = self.registry.get(self.job_id)
         env = dict(os.environ)
         env["FTORCH_ATTEMPT"] = str(attempt.n)
-        old = os.umask(0o077)
-        try:
-            log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child
-        finally:
-            os.umask(old)
+        log_file = procs.open_private(log_path)
         with log_file:
             self.attempt_n = attempt.n
             self.proc = subprocess.Popen(
