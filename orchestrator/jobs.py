@@ -50,18 +50,20 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
         "model": spec.model,
     }
     task = None
-    if spec.resources.backend == "skypilot":  # plan, render, preflight (store, clouds, secrets)
+    if dry_run and spec.resources.backend == "skypilot":
         from orchestrator.backends import skypilot
 
-        if dry_run:
-            return {**summary, "dry_run": True, **skypilot.dry_run(spec, job_id, run_uri)}
-        task = skypilot.prepare(spec, job_id, run_uri)
+        return {**summary, "dry_run": True, **skypilot.dry_run(spec, job_id, run_uri)}
     if dry_run:
         return {**summary, "dry_run": True, "spec": spec.model_dump(mode="json")}
     try:  # preflight: write, read back and delete a probe, so a wrong store fails now, in one line
-        preflight(spec.checkpoint.uri, spec.checkpoint.storage_options)
+        preflight(run_uri, spec.checkpoint.storage_options)
     except StoreError as exc:
-        raise UserError(f"checkpoint.uri: {exc}") from None
+        raise UserError(f"checkpoint.uri: the run store is not writable: {exc}") from None
+    if spec.resources.backend == "skypilot":  # plan, render, preflight (clouds, secrets)
+        from orchestrator.backends import skypilot
+
+        task = skypilot.prepare(spec, job_id, run_uri)
     store = RunStore(run_uri, spec.checkpoint.storage_options, retry_seconds=20)
     try:
         store.write_spec(_resolved_spec(spec, job_id, output_uri))

@@ -287,14 +287,16 @@ def test_launch_without_cloud_access_fails_in_one_line(sky_env: dict[str, str], 
     import s3fs
 
     fs = s3fs.S3FileSystem(key="k", secret="s", client_kwargs={"endpoint_url": s3})
-    assert not [p for p in fs.find("ckpt") if ".ftorch-probe" in p]
+    assert not [p for p in fs.find("ckpt") if ".ftorch-preflight" in p]
 
 
 @SERVER
 def test_launch_with_an_unwritable_store_fails_in_one_line(sky_env: dict[str, str], s3: str) -> None:
     result = ftorch(*_launch_args(s3, bucket="no-such-bucket"), env=_clean(sky_env))
     assert result.returncode == 2
-    assert result.stderr.startswith("error: checkpoint.uri: the run store s3://no-such-bucket/ftorch/")
+    assert result.stderr.startswith(
+        "error: checkpoint.uri: the run store is not writable: s3://no-such-bucket/ftorch/"
+    )
     assert result.stderr.count("\n") == 1
 
 

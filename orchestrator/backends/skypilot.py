@@ -16,7 +16,6 @@ import json
 import math
 import os
 import re
-import secrets as _secrets
 import sys
 import time
 from collections.abc import Mapping
@@ -176,20 +175,6 @@ def check_secrets(spec: JobSpec, environ: Mapping[str, str] | None = None) -> li
     return names
 
 
-def check_store(spec: JobSpec, run_uri: str) -> None:
-    """Write, read back and delete a probe object in the run store."""
-    store = RunStore(run_uri, spec.checkpoint.storage_options, retry_seconds=10)
-    name = f".ftorch-probe-{_secrets.token_hex(4)}"
-    payload = _secrets.token_bytes(16)
-    try:
-        store.write_bytes(name, payload, atomic=False)
-        if store.read_bytes(name) != payload:
-            raise OSError("the probe object read back differs from what was written")
-        store.remove_file(name)
-    except Exception as exc:
-        raise UserError(f"checkpoint.uri: the run store {run_uri} is not writable: {one_line(exc)}") from None
-
-
 def enabled_clouds() -> list[str]:
     """Clouds SkyPilot has credentials for (lower-case), through its API server."""
     sky = _sky()
@@ -222,7 +207,8 @@ def restrict_to_clouds(task: dict[str, Any], clouds: list[str]) -> dict[str, Any
 
 
 def preflight(spec: JobSpec, run_uri: str, task: dict[str, Any]) -> dict[str, Any]:
-    """Before anything is recorded: secrets set, store writable, cloud access. Returns the usable task."""
+    """Before anything is recorded: secrets set, cloud access (jobs.launch has probed the store).
+    Returns the usable task."""
     if spec.resources.budget_usd is not None:  # the budget guard lives in the local supervisor
         raise SpecError(
             "resources.budget_usd",
@@ -230,7 +216,6 @@ def preflight(spec: JobSpec, run_uri: str, task: dict[str, Any]) -> dict[str, An
         )
     check_multi_gpu(task)
     check_secrets(spec)
-    check_store(spec, run_uri)
     return restrict_to_clouds(task, enabled_clouds())
 
 
