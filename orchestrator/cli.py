@@ -1,6 +1,7 @@
 """The `ftorch` command line. Commands only: the work lives in the modules they call.
 
-Exit codes: 0 success; 2 the input is wrong (one line naming the field, no traceback); 1 anything else.
+Exit codes: 0 success; 2 the input is wrong (one line naming the field, no traceback); 1 anything else;
+`--follow` exits with the job's end state (orchestrator.follow.FOLLOW_EXIT_CODES); 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -202,7 +203,10 @@ def main() -> None:
         if fast is not None:
             status(**fast)  # type: ignore[arg-type]
         else:
-            app(standalone_mode=False)
+            # with standalone_mode=False click returns a command's `typer.Exit` code instead of exiting
+            code = app(standalone_mode=False)
+            if isinstance(code, int) and code:
+                sys.exit(code)
     except (SpecError, UserError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         sys.exit(2)

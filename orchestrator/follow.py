@@ -3,7 +3,7 @@
 On a terminal both draw a live view that refreshes in place (rich Live on the alternate screen, so a
 resize just redraws at the new size); piped, `--follow` streams state changes and trainer log lines.
 Both end by themselves when the job ends, and Ctrl-C only stops the watching: the job goes on.
-`follow()` returns 0 only if the job SUCCEEDED, and ends with a summary (adapter, loss, preemptions,
+`follow()` returns the job's end state as an exit code (FOLLOW_EXIT_CODES), and ends with a summary (adapter, loss, preemptions,
 held-out before/after, time lost per preemption, cost).
 """
 
@@ -19,6 +19,8 @@ from orchestrator.registry import TERMINAL, Registry
 
 POLL_S = 1.0
 LOG_LINES = 6
+#: what `launch --follow` and `resume --follow` exit with, per end state (documented in the README)
+FOLLOW_EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 3, "CANCELLED": 4, "STOPPED": 5}
 
 
 def _write(line: str) -> None:
@@ -107,7 +109,7 @@ def watch(job_id: str | None, show_all: bool = False, out: Any = None, poll_s: f
 
 # ---- --follow -----------------------------------------------------------------------------------
 def follow(job_id: str, poll_s: float = 0.25, out: Any = None) -> int:
-    """Follow a job until it ends, then summarise; 0 only if the job SUCCEEDED."""
+    """Follow a job until it ends, then summarise; the exit code says how it ended (FOLLOW_EXIT_CODES)."""
     from orchestrator import ui
 
     job = jobs.get_job(job_id)
@@ -122,7 +124,7 @@ def follow(job_id: str, poll_s: float = 0.25, out: Any = None) -> int:
             return _interrupted(job.job_id)
     detail = jobs.status_one(job.job_id)
     _summary(detail)
-    return 0 if detail["state"] == "SUCCEEDED" else 1
+    return FOLLOW_EXIT_CODES.get(detail["state"], 1)
 
 
 def _interrupted(job_id: str) -> int:
