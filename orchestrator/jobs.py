@@ -254,7 +254,7 @@ def resume(job_ref: str, overrides: list[str]) -> str:
     data = apply_overrides(dict(job.spec), overrides)
     spec = validate_job(data)
     store = _store(job)
-    resolved = store.read_spec()
+    resolved = _resolved_spec_for_resume(job, store)
     resolved["job"] = spec.model_dump(mode="json")
     store.write_spec(resolved)
     registry.update(
@@ -267,6 +267,15 @@ def resume(job_ref: str, overrides: list[str]) -> str:
     registry.set_state(job.job_id, "PENDING", "resuming from the newest checkpoint")
     _start(registry, registry.get(job.job_id))
     return f"{job.job_id} resumed from its newest checkpoint"
+
+
+def _resolved_spec_for_resume(job: Job, store: RunStore) -> dict[str, Any]:
+    """The run store's spec.json; rebuilt from the registry (one warning line) if it is unreadable."""
+    resolved = store.read_json_or_none("spec.json")
+    if isinstance(resolved, dict) and resolved.get("run_id") == job.job_id and resolved.get("output_uri"):
+        return resolved
+    sys.stderr.write(f"warning: {job.run_uri}/spec.json is unreadable or not this job's; rebuilt it\n")
+    return {"job": job.spec, "run_id": job.job_id, "output_uri": job.output_uri, "created_at": job.created_at}
 
 
 def _json(payload: Any) -> str:

@@ -27,7 +27,8 @@ def _local_path(uri: str) -> str | None:
 
 
 def read_progress(run_uri: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The run's progress.json, or {} when there is none or the store cannot be read."""
+    """The run's progress.json, or {} when there is none, the store cannot be read, or the file does not
+    check out (then one warning line on stderr names it)."""
     local = _local_path(run_uri)
     try:
         if local is not None:
@@ -36,10 +37,25 @@ def read_progress(run_uri: str, storage_options: dict[str, Any] | None = None) -
         else:
             from trainer.store import RunStore
 
-            data = RunStore(run_uri, storage_options or {}, retry_seconds=5).read_progress()
+            data = RunStore(run_uri, storage_options or {}, retry_seconds=5).read_json_or_none(PROGRESS_FILE)
     except Exception:  # a missing, half-written or unreachable progress file must not break status
         return {}
-    return data if isinstance(data, dict) else {}
+    return checked_or_warn(data, f"{run_uri.rstrip('/')}/{PROGRESS_FILE}")
+
+
+def checked_or_warn(data: Any, where: str) -> dict[str, Any]:
+    """A progress snapshot that checks out, or {} after one warning line naming the file."""
+    import sys
+
+    from trainer.runfiles import progress_problem
+
+    if data is None:
+        return {}
+    problem = progress_problem(data)
+    if problem is None:
+        return data
+    sys.stderr.write(f"warning: {where} ignored: {problem}\n")
+    return {}
 
 
 def _storage_options(job: Job) -> dict[str, Any]:
@@ -184,12 +200,16 @@ def _load(registry: Registry) -> tuple[list[Job], dict[str, list[Attempt]], dict
         values[7] = json.loads(values[7])
         values[13] = bool(values[13])
         jobs.append(Job(*values))
+    from trainer.runfiles import checked_progress
+
     parsed: dict[str, dict[str, Any]] = {}
     for job_id, detail in cached.items():
         try:
-            parsed[job_id] = json.loads(detail)
+            entry = json.loads(detail)
         except (TypeError, json.JSONDecodeError):
             continue
+        if isinstance(entry, dict) and checked_progress(entry.get("progress")) is not None:
+            parsed[job_id] = entry  # an entry cached before progress files were checked may not be
     return jobs, attempts, parsed
 
 
@@ -310,7 +330,7 @@ def status_one(job_ref: str) -> dict[str, Any]:
         from trainer.store import RunStore
 
         store = RunStore(job.run_uri, _storage_options(job), retry_seconds=5)
-        progress = store.read_progress() or {}
+        progress = checked_or_warn(store.read_json_or_none(PROGRESS_FILE), store.uri(PROGRESS_FILE))
         checkpoints = [
             {"step": c.step, "created_at": c.created_at, "size_bytes": c.size_bytes, "uri": store.uri(c.path)}
             for c in store.complete_checkpoints()

@@ -44,6 +44,7 @@ from tenacity import (
 )
 
 from trainer.faults import maybe_die
+from trainer.runfiles import checked_progress
 
 MANIFEST = "MANIFEST.json"
 FENCE = "fence"
@@ -483,7 +484,8 @@ class RunStore:
         self.write_json(PROGRESS, progress, atomic=False)
 
     def read_progress(self) -> dict[str, Any] | None:
-        return self.read_json_or_none(PROGRESS)
+        """The progress snapshot, or None when there is none or it does not check out (runfiles)."""
+        return checked_progress(self.read_json_or_none(PROGRESS))
 
     def write_metrics_part(self, attempt: int, part: int, rows: Iterable[dict[str, Any]]) -> None:
         self.check_fence()
@@ -505,7 +507,11 @@ class RunStore:
                     row = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                if isinstance(row, dict) and isinstance(row.get("step"), int):
+                if (
+                    isinstance(row, dict)
+                    and isinstance(row.get("step"), int)
+                    and isinstance(row.get("loss"), (int, float, type(None)))
+                ):
                     by_step[row["step"]] = row
         return [by_step[s] for s in sorted(by_step)]
 
