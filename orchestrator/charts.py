@@ -60,6 +60,25 @@ def loss_chart(
     return lines
 
 
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_plot_target(path: str) -> str:
+    """The file `--plot` will write, checked before anything is read (one line, exit 2, if wrong)."""
+    import os
+
+    if os.path.isdir(path):
+        raise UserError(f"--plot: {path} is a folder; give a file name such as {path.rstrip('/')}/loss.png")
+    if not path.lower().endswith(PLOT_SUFFIXES):
+        raise UserError(f"--plot: {path!r} must be a file name ending in {', '.join(PLOT_SUFFIXES)}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UserError(f"--plot: the folder {folder} does not exist (for {path})")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UserError(f"--plot: cannot write {path} (permission denied)")
+    return path
+
+
 def plot_png(detail: dict[str, Any], path: str) -> str:
     """Write the loss curve with preemption markers and the cost line to a PNG; returns the path."""
     try:
@@ -91,6 +110,10 @@ def plot_png(detail: dict[str, Any], path: str) -> str:
     ax.set_title(f"{detail['job_id']} ({detail['state']}): loss, preemptions, cost", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        fig.savefig(path)
+    except OSError as exc:
+        raise UserError(f"--plot: cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
     return path

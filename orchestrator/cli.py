@@ -89,6 +89,10 @@ def status(
 
     if plot is not None and job is None:
         raise UserError("--plot: give a JOB: `ftorch status JOB --plot loss.png`")
+    if plot is not None:
+        from orchestrator.charts import check_plot_target
+
+        check_plot_target(plot)
     if watch:
         from orchestrator import follow as follow_mod
 

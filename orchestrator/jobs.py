@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 # `status` must not load pydantic, yaml or fsspec: the job-file and store modules are imported where used
 
 
+#: fsspec filesystems that do not outlive the process that wrote them: never a run store
+NON_DURABLE_SCHEMES = ("memory",)
+
+
 def new_job_id(name: str) -> str:
     return f"{name[:40].lower()}-{secrets.token_hex(3)}"
 
@@ -56,6 +60,12 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
         return {**summary, "dry_run": True, **skypilot.dry_run(spec, job_id, run_uri)}
     if dry_run:
         return {**summary, "dry_run": True, "spec": spec.model_dump(mode="json")}
+    scheme = spec.checkpoint.uri.split("://", 1)[0] if "://" in spec.checkpoint.uri else "file"
+    if scheme in NON_DURABLE_SCHEMES:
+        raise UserError(
+            f"checkpoint.uri: {scheme}:// lives in one process's memory and is gone when it ends; "
+            "give a local folder, s3://, gs:// or another shared store"
+        )
     try:  # preflight: write, read back and delete a probe, so a wrong store fails now, in one line
         preflight(run_uri, spec.checkpoint.storage_options)
     except StoreError as exc:

@@ -125,8 +125,18 @@ class Registry:
         os.chmod(self.home, 0o700)
         self.path = self.home / "registry.db"
         fresh = not self.path.exists()
-        with self._connect() as db:
-            db.executescript(SCHEMA)
+        try:
+            with self._connect() as db:
+                db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise
+            from orchestrator.errors import UserError
+
+            raise UserError(
+                f"the job registry {self.path} is unreadable ({exc}); move it aside to start a new one "
+                f"(mv {self.path} {self.path}.bad); run stores and checkpoints are not affected"
+            ) from None
         if fresh:
             os.chmod(self.path, 0o600)
 

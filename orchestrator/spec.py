@@ -78,7 +78,25 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
         raise SpecError(key, f"--set value is not valid YAML ({exc.__class__.__name__})") from None
+    except RecursionError:
+        value = None
+        depth = MAX_DEPTH + 1
+    else:
+        depth = _depth(value)
+    if depth > MAX_DEPTH:
+        raise SpecError(key, f"--set value is nested more than {MAX_DEPTH} levels deep")
     return parts, value
+
+
+#: deeper values are refused: no field of a job needs more, and deep ones exhaust the recursion limit
+MAX_DEPTH = 32
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    if level > MAX_DEPTH or not isinstance(value, (dict, list)):
+        return level
+    items = value.values() if isinstance(value, dict) else value
+    return max((_depth(v, level + 1) for v in items), default=level + 1)
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -118,6 +136,10 @@ def load_job(path: str | Path, overrides: list[str] | None = None, check_support
         raise SpecError("JOB", f"cannot read {path}: {exc.__class__.__name__}") from None
     try:
         data = yaml.safe_load(text)
+        if _depth(data) > MAX_DEPTH:
+            raise SpecError("JOB", f"{path} is nested more than {MAX_DEPTH} levels deep")
+    except RecursionError:
+        raise SpecError("JOB", f"{path} is nested more than {MAX_DEPTH} levels deep") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -209,10 +209,12 @@ class RunStore:
         """
         target = self.path(rel)
         if self.is_local:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
+            _makedirs_private(os.path.dirname(target))
+            self._guard(target)
             tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
             try:
-                with open(tmp, "wb") as handle:
+                # owner-only, whatever the umask: a run store holds weights and the resolved job
+                with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
                     handle.write(data)
                     handle.flush()
                     if atomic or create:
@@ -246,7 +248,17 @@ class RunStore:
         self._call(self.fs.pipe, {self.path(rel): data for rel, data in blobs.items()})
 
     def read_bytes(self, rel: str) -> bytes:
+        self._guard(self.path(rel))
         return self._call(self.fs.cat_file, self.path(rel))
+
+    def _guard(self, target: str) -> None:
+        """A local path that a link leads out of the run store is refused: never read, written or deleted."""
+        if not self.is_local:
+            return
+        base = os.path.realpath(self.root)
+        real = os.path.realpath(target)
+        if real != base and not real.startswith(base + os.sep):
+            raise StoreError(f"{target} leads outside the run store {self.root} (a link); not following it")
 
     def exists(self, rel: str) -> bool:
         return self._call(self.fs.exists, self.path(rel))
@@ -275,12 +287,17 @@ class RunStore:
 
     def remove_tree(self, rel: str) -> None:
         target = self.path(rel)
+        if self.is_local and os.path.islink(target):
+            os.unlink(target)  # the link only, never what it points to
+            return
+        self._guard(target)
         try:
             self._call(self.fs.rm, target, recursive=True)
         except FileNotFoundError:
             pass
 
     def remove_file(self, rel: str) -> None:
+        self._guard(self.path(rel))
         try:
             self._call(self.fs.rm_file, self.path(rel))
         except FileNotFoundError:
@@ -407,7 +424,15 @@ class RunStore:
 
     def checkpoint_names(self) -> list[str]:
         names = [n for n in self.listdir(CHECKPOINTS) if step_of(n) is not None]
+        if self.is_local:  # a linked folder is not part of this run store
+            names = [n for n in names if not os.path.islink(self.path(CHECKPOINTS, n))]
         return sorted(names, key=lambda n: step_of(n) or 0)
+
+    def linked_checkpoint_names(self) -> list[str]:
+        """Step folders that are links (local stores): never followed; pruning removes the link."""
+        if not self.is_local:
+            return []
+        return [n for n in self.listdir(CHECKPOINTS) if os.path.islink(self.path(CHECKPOINTS, n))]
 
     def complete_checkpoints(self) -> list[CheckpointInfo]:
         """Checkpoints with a readable manifest, oldest first (files not verified yet)."""
@@ -465,6 +490,9 @@ class RunStore:
             if n not in complete_names and newest_complete is not None and (step_of(n) or 0) < newest_complete
         ]
         removed = []
+        for name in self.linked_checkpoint_names():
+            self.remove_tree(f"{CHECKPOINTS}/{name}")
+            removed.append(name)
         for name in [*doomed, *leftovers]:
             if protect_above is not None and (step_of(name) or 0) > protect_above:
                 continue
@@ -526,6 +554,19 @@ class RunStore:
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
     proto = fs.protocol
     return (proto,) if isinstance(proto, str) else tuple(proto)
+
+
+def _makedirs_private(path: str) -> None:
+    """Create `path` and any missing parents owner-only (0700); existing folders are left as they are."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent and parent != path:
+        _makedirs_private(parent)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
 
 
 def _fsync_dir(path: str) -> None:
