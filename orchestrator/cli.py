@@ -18,7 +18,7 @@ app = typer.Typer(
     name="ftorch",
     help="Fine-tune language models on the cheapest adequate (spot) GPUs, without losing work.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
 )
 
@@ -28,6 +28,23 @@ Sets = Annotated[
     typer.Option("--set", help="override a field: key.path=value (YAML-typed); repeatable"),
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from orchestrator import __version__
+
+        typer.echo(f"ftorch {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """Fine-tune language models on the cheapest adequate (spot) GPUs, without losing work."""
 
 
 def _print_json(payload: object) -> None:

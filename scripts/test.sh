@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh test
 # SkyPilot on its own step: it pins an older click than huggingface-hub asks for, which pip then only
 # reports (both work); resolved together with ftorch[test], pip would instead backtrack for minutes
-.venv/bin/python -c "import sky" >/dev/null 2>&1 || .venv/bin/python -m pip install --quiet "skypilot==0.14.1"
+.venv/bin/python -c "import sky" >/dev/null 2>&1 || .venv/bin/python -m pip install --quiet "skypilot>=0.14.1,<0.15"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 # two workers (tests/conftest.py starts the longest tests first, so both finish together)

@@ -103,6 +103,7 @@ SLOW_FIRST = (
     "test_chaos_soak.py",
     "test_quickstart.py",
     "test_s3_quickstart.py",
+    "test_wheel_install.py",
     "test_policy_local.py",
     "test_fsdp.py",
     "test_exact_resume.py",

@@ -161,7 +161,7 @@ def test_recovery_settings_are_wired() -> None:
         "recover_on_exit_codes": [75],
     }
     assert task["resources"]["image_id"] == "docker:pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
-    assert "bitsandbytes" in task["envs"]["FTORCH_EXTRA_PIP"]
+    assert task["envs"]["FTORCH_PIP_SPEC"] == ".[s3,gcs,qlora]"  # bitsandbytes and accelerate
     assert task["secrets"] == {"HF_TOKEN": None}
 
 

@@ -1,6 +1,6 @@
 """SkyPilot task YAML from a job spec and its plan. Pure functions: no sky, no torch, no network.
 
-The templates in task_templates/ hold setup and run (install ftorch, claim an attempt number, run the
+The templates (the task_templates package, shipped in the wheel) hold setup and run (install ftorch, claim an attempt number, run the
 trainer, alone or under torchrun); rendering fills in what depends on the job:
 
 - resources: the plan's adequate offers as `ordered` (the plan's ranking by expected cost is kept),
@@ -8,6 +8,8 @@ trainer, alone or under torchrun); rendering fills in what depends on the job:
 - job_recovery: strategy, `recover_on_exit_codes: [75]` (the trainer's "preempted, checkpoint
   written"), `max_restarts_on_errors`; `max_hourly_cost`; `disk_size` for the model; `image_id`;
 - envs: the run's id and store URL (the same across every recovery: ftorch's job id is the run id);
+- the ftorch to install: exactly this one (orchestrator/ship.py: the source tree as workdir, or the
+  installed wheel in file_mounts), never a version from a package index;
 - secrets: names only. Values are read from the user's environment at launch, inside the SDK call,
   and never written to the YAML, the registry, the run store or any output.
 """
@@ -23,11 +25,11 @@ from typing import Any
 
 import yaml
 
+from orchestrator import ship
 from orchestrator.errors import SpecError
 from trainer import exitcodes
 from trainer.config import JobSpec
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "task_templates"
 KINDS = ("single", "node", "multinode")
 #: fsspec protocols a cloud instance can reach (a local path or memory:// is only on this machine)
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oci", "hf")
@@ -149,43 +151,32 @@ def template_kind(spec: JobSpec, entries: list[dict[str, Any]]) -> str:
 
 
 def load_template(kind: str) -> dict[str, Any]:
-    path = TEMPLATES / f"{kind}.yaml"
-    if not path.exists():
-        raise SpecError("resources.backend", f"the SkyPilot task template {path} is missing")
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+    """A template from the task_templates package (package data in the wheel; the folder in a checkout)."""
+    from importlib import resources
+
+    try:
+        text = (resources.files("task_templates") / f"{kind}.yaml").read_text(encoding="utf-8")
+    except (ModuleNotFoundError, FileNotFoundError):
+        path = Path(__file__).resolve().parents[2] / "task_templates" / f"{kind}.yaml"
+        if not path.exists():
+            raise SpecError(
+                "resources.backend", f"the SkyPilot task template {kind}.yaml is missing"
+            ) from None
+        text = path.read_text(encoding="utf-8")
+    return yaml.safe_load(text)
 
 
-def source_root() -> Path | None:
-    """The ftorch source tree this CLI runs from, if any (it is synced to the instance as workdir)."""
-    root = Path(__file__).resolve().parents[2]
-    pyproject = root / "pyproject.toml"
-    if pyproject.exists() and 'name = "ftorch"' in pyproject.read_text(encoding="utf-8"):
-        return root
-    return None
-
-
-def install_spec(environ: Mapping[str, str] | None = None) -> tuple[str, str | None]:
-    """(pip spec, workdir): the synced source tree when there is one, else the released package."""
-    environ = os.environ if environ is None else environ
-    if environ.get("FTORCH_PIP_SPEC"):
-        return environ["FTORCH_PIP_SPEC"], None
-    root = source_root()
-    if root is not None:
-        return ".[s3,gcs]", str(root)
-    from importlib.metadata import version
-
-    return f"ftorch[s3,gcs]=={version('ftorch')}", None
+def pip_extras(spec: JobSpec) -> list[str]:
+    """ftorch's extras the instance needs: both bucket filesystems, and qlora for 4-bit or 8-bit Adam."""
+    extras = ["s3", "gcs"]
+    if spec.method == "qlora" or spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        extras.append("qlora")
+    return extras
 
 
 def extra_pip(spec: JobSpec) -> str:
-    extras = []
-    if spec.method == "qlora":
-        extras.append("bitsandbytes>=0.43")
-    if spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit") and "bitsandbytes>=0.43" not in extras:
-        extras.append("bitsandbytes>=0.43")
-    if scheme(spec.checkpoint.uri) in ("az", "abfs", "abfss"):
-        extras.append("adlfs")
-    return " ".join(extras)
+    """Packages outside ftorch's extras (adlfs for az:// stores)."""
+    return "adlfs" if scheme(spec.checkpoint.uri) in ("az", "abfs", "abfss") else ""
 
 
 def render_task(
@@ -203,7 +194,7 @@ def render_task(
         raise SpecError("resources", why)
     kind = template_kind(spec, entries)
     task = load_template(kind)
-    pip_spec, workdir = install_spec(environ)
+    install = ship.install_for_task(pip_extras(spec), environ)
     resources: dict[str, Any] = {
         "ordered": entries,
         "disk_size": disk_gb(spec),
@@ -217,13 +208,15 @@ def render_task(
     envs.update(
         FTORCH_RUN_URI=run_uri,
         FTORCH_RUN_ID=job_id,
-        FTORCH_PIP_SPEC=pip_spec,
+        FTORCH_PIP_SPEC=install.pip_spec,
         FTORCH_EXTRA_PIP=extra_pip(spec),
         FTORCH_STORAGE_OPTIONS=json.dumps(spec.checkpoint.storage_options, sort_keys=True),
     )
     rendered: dict[str, Any] = {"name": job_id}
-    if workdir:
-        rendered["workdir"] = workdir
+    if install.workdir:
+        rendered["workdir"] = install.workdir
+    if install.file_mounts:
+        rendered["file_mounts"] = dict(install.file_mounts)
     if kind == "multinode":
         rendered["num_nodes"] = spec.resources.nodes
     rendered["resources"] = resources
