@@ -14,6 +14,7 @@ never needs to remember anything between calls. See docs/policies.md for the rul
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
@@ -22,6 +23,8 @@ from typing import Protocol
 from trainer.config import ResourcesSpec, parse_duration
 
 POLICY_NAMES = ("spot-only", "spot-fallback", "deadline", "on-demand")
+#: policies the simulator also knows, for comparison only (not valid in a job file)
+BASELINE_NAMES = ("uniform-progress",)
 
 
 class Mode(str, Enum):
@@ -116,6 +119,50 @@ _D_SPOT = Decision(Mode.SPOT, "spot capacity is available")
 _D_WAIT = Decision(Mode.NONE, "no spot capacity, on or ahead of uniform progress: waiting")
 
 
+def _safety_net(obs: Observation) -> bool:
+    """True when waiting one more tick, losing the unsaved work and paying one restart would leave too
+    little time to finish on demand."""
+    remaining = max(obs.work_total_s - obs.work_done_s, 0.0)
+    time_left = obs.deadline_s - obs.now_s if obs.deadline_s is not None else math.inf
+    return time_left - obs.tick_s - remaining - obs.unsaved_work_s - obs.restart_overhead_s < 1e-6
+
+
+def _line(obs: Observation, at_s: float) -> float:
+    """The uniform-progress line: work that should be done at time `at_s`."""
+    assert obs.deadline_s is not None
+    window = obs.deadline_s - obs.start_s
+    return obs.work_total_s * (at_s - obs.start_s) / window if window > 0 else obs.work_total_s
+
+
+@dataclass(frozen=True)
+class UniformProgressPolicy:
+    """Uniform Progress of "Can't Be Late" (Wu et al., NSDI '24), kept as the baseline `deadline` must beat.
+
+    Safety net (the same as `deadline`'s, so both carry the same guarantee), then: spot whenever there
+    is capacity; without it, on demand when progress is behind the line W * elapsed / window, else wait.
+    Hysteresis as in the paper's simulator: a job on demand returns to spot only once its progress is
+    ahead of where the line will be `hysteresis_restarts` restart overheads from now (2d in the paper).
+    Not a job-file policy: `ftorch simulate` and bench/ compare against it.
+    """
+
+    hysteresis_restarts: float = 2.0
+    name: str = "uniform-progress"
+
+    def decide(self, obs: Observation) -> Decision:
+        if obs.deadline_s is None:
+            return _SPOT if obs.spot_available else _WAIT
+        if _safety_net(obs):
+            return _D_SAFETY
+        if obs.mode is Mode.ON_DEMAND:
+            ahead = _line(obs, obs.now_s + self.hysteresis_restarts * obs.restart_overhead_s)
+            if obs.spot_available and obs.work_done_s >= ahead:
+                return _D_BACK
+            return _D_HOLD
+        if obs.spot_available:
+            return _D_SPOT
+        return _D_BEHIND if obs.work_done_s < _line(obs, obs.now_s) else _D_WAIT
+
+
 @dataclass(frozen=True)
 class DeadlinePolicy:
     """Uniform progress with a safety net and hysteresis (after "Can't Be Late", NSDI '24).
@@ -125,39 +172,39 @@ class DeadlinePolicy:
     2. Spot whenever there is capacity, except that a job on demand goes back to spot only once its
        progress is ahead of the uniform-progress line by `hysteresis_s` and the remaining work is worth
        a restart (at least `min_spot_work_s`).
-    3. No spot capacity: run on demand if behind the line work_total * elapsed / (deadline - start),
-       otherwise wait. A job on demand stays on demand while spot is unavailable.
+    3. No spot capacity: run on demand if behind the line work_total * elapsed / (deadline - start) by
+       more than `lag` (a share of the slack, the time the window has beyond the work), else wait.
+       A job on demand stays on demand while spot is unavailable.
 
     The margin grows with each preemption, margin = hysteresis_s * (1 + backoff * preemptions), so spot
-    capacity that keeps vanishing is chased less and less. `hysteresis_s` defaults to 2 restart overheads
-    plus 2 ticks, `min_spot_work_s` to 2 restart overheads. With no deadline it behaves like spot-only.
+    capacity that keeps vanishing is chased less and less. `hysteresis_s` defaults to
+    `hysteresis_restarts` restart overheads plus `hysteresis_ticks` ticks, `min_spot_work_s` to 2 restart
+    overheads. The defaults were tuned on the first half of the shared traces (bench/tune_deadline.py).
+    With no deadline it behaves like spot-only.
     """
 
     hysteresis_s: float | None = None
     min_spot_work_s: float | None = None
     backoff: float = 1.0
+    lag: float = 0.0
+    hysteresis_restarts: float = 2.0
+    hysteresis_ticks: float = 2.0
     name: str = "deadline"
 
     def margin_s(self, obs: Observation) -> float:
         base = self.hysteresis_s
         if base is None:
-            base = 2.0 * obs.restart_overhead_s + 2.0 * obs.tick_s
+            base = self.hysteresis_restarts * obs.restart_overhead_s + self.hysteresis_ticks * obs.tick_s
         return base * (1.0 + self.backoff * obs.preemptions)
 
     def decide(self, obs: Observation) -> Decision:
         if obs.deadline_s is None:
             return _SPOT if obs.spot_available else _WAIT
-        remaining = obs.work_total_s - obs.work_done_s
-        if remaining < 0.0:
-            remaining = 0.0
-        time_left = obs.deadline_s - obs.now_s
-        spare = time_left - obs.tick_s - remaining - obs.unsaved_work_s - obs.restart_overhead_s
-        if spare < 1e-6:
+        if _safety_net(obs):
             return _D_SAFETY
-        window = obs.deadline_s - obs.start_s
-        expected = obs.work_total_s * (obs.now_s - obs.start_s) / window if window > 0 else obs.work_total_s
-        lead = obs.work_done_s - expected
+        lead = obs.work_done_s - _line(obs, obs.now_s)
         if obs.mode is Mode.ON_DEMAND:
+            remaining = obs.work_total_s - obs.work_done_s
             min_work = (
                 self.min_spot_work_s if self.min_spot_work_s is not None else 2.0 * obs.restart_overhead_s
             )
@@ -166,19 +213,22 @@ class DeadlinePolicy:
             return _D_HOLD
         if obs.spot_available:
             return _D_SPOT
-        return _D_BEHIND if lead < 0.0 else _D_WAIT
+        slack = (obs.deadline_s - obs.start_s) - obs.work_total_s
+        return _D_BEHIND if lead < -self.lag * max(slack, 0.0) else _D_WAIT
 
 
-def make_policy(name: str) -> Policy:
-    """A policy by its job-file name (resources.policy)."""
+def make_policy(name: str, baselines: bool = False) -> Policy:
+    """A policy by its job-file name (resources.policy); with `baselines`, also the comparison ones."""
     policies: dict[str, Policy] = {
         "spot-only": SpotOnlyPolicy(),
         "spot-fallback": SpotFallbackPolicy(),
         "deadline": DeadlinePolicy(),
         "on-demand": OnDemandPolicy(),
     }
+    if baselines:
+        policies["uniform-progress"] = UniformProgressPolicy()
     if name not in policies:
-        raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICY_NAMES)}")
+        raise ValueError(f"unknown policy {name!r}; valid: {', '.join(policies)}")
     return policies[name]
 
 

@@ -16,8 +16,11 @@ The model, tick by tick (one tick = the trace's gap_seconds):
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
+from orchestrator.errors import SpecError, UserError
 from orchestrator.policy import Mode, Observation, Policy
 from orchestrator.traces import Zones
 
@@ -236,3 +239,106 @@ def summarize(results: list[Result]) -> Summary:
 def sweep(policies: list[Policy], job: JobNumbers, zones: Zones, starts: list[int]) -> list[Summary]:
     """Each policy from each start tick, summarized per policy."""
     return [summarize([simulate(p, job, zones, s) for s in starts]) for p in policies]
+
+
+# ---- a job's numbers from the planner, and one `ftorch simulate` run ------------------------------------
+#: JobNumbers inputs: (attribute of the planner's chosen Candidate, the option that overrides it)
+PLAN_FIELDS = {
+    "hours": ("est_hours", "--hours"),
+    "spot_price": ("spot_hourly_usd", "--spot-price"),
+    "ondemand_price": ("ondemand_hourly_usd", "--ondemand-price"),
+    "checkpoint_interval_s": ("checkpoint_interval_s", "--checkpoint-interval"),
+    "restart_overhead_s": ("restart_overhead_s", "--restart-overhead"),
+}
+_NUMBER_OPTIONS = tuple(option for _, option in PLAN_FIELDS.values())
+
+
+def _from_planner(spec: Any) -> tuple[dict[str, float | None], str]:
+    """The chosen offer's numbers, and a one-line description of it."""
+    try:
+        from orchestrator.planner import make_plan
+    except ImportError:
+        raise UserError(
+            "the planner is not available in this build; give " + ", ".join(_NUMBER_OPTIONS)
+        ) from None
+    plan = make_plan(spec, offline=True)
+    chosen = getattr(plan, "chosen", None)
+    if chosen is None:
+        raise UserError("the planner found no offer for this job; give " + ", ".join(_NUMBER_OPTIONS))
+    where = " ".join(
+        str(getattr(chosen, k)) for k in ("cloud", "instance_type", "accelerator") if getattr(chosen, k, None)
+    )
+    count = getattr(chosen, "count", None)
+    offer = f"{where}{f' x{count}' if count else ''}"
+    numbers: dict[str, float | None] = {}
+    for key, (attr, _option) in PLAN_FIELDS.items():
+        value = getattr(chosen, attr, None)
+        numbers[key] = None if value is None else float(value)
+    return numbers, offer
+
+
+def job_numbers(
+    spec: Any, given: dict[str, float | None], deadline: str | None
+) -> tuple[JobNumbers, dict[str, str]]:
+    """JobNumbers from the given values (keys of PLAN_FIELDS), the planner filling what is not given;
+    and where each came from. `deadline` overrides resources.deadline."""
+    from orchestrator.policy import deadline_seconds
+
+    sources = {k: "given" for k, v in given.items() if v is not None}
+    values = dict(given)
+    if any(v is None for v in values.values()):
+        planned, offer = _from_planner(spec)
+        for key, value in values.items():
+            if value is None:
+                if planned.get(key) is None:
+                    option = PLAN_FIELDS[key][1]
+                    raise UserError(f"the planner's offer ({offer}) has no value for {option}; give {option}")
+                values[key] = planned[key]
+                sources[key] = f"planner ({offer})"
+    field = "--deadline" if deadline is not None else "resources.deadline"
+    text = deadline if deadline is not None else spec.resources.deadline
+    deadline_s = None
+    if text is not None:
+        try:
+            deadline_s = deadline_seconds(str(text))
+        except ValueError as exc:
+            raise SpecError(field, str(exc)) from None
+    job = JobNumbers(
+        work_s=float(values["hours"] or 0.0) * 3600.0,
+        spot_hourly_usd=float(values["spot_price"] or 0.0),
+        ondemand_hourly_usd=float(values["ondemand_price"] or 0.0),
+        checkpoint_interval_s=float(values["checkpoint_interval_s"] or 0.0),
+        restart_overhead_s=float(values["restart_overhead_s"] or 0.0),
+        deadline_s=deadline_s,
+    )
+    if job.work_s <= 0:
+        raise SpecError("--hours", "the job's compute time must be > 0")
+    return job, sources
+
+
+def run(
+    policies: list[Policy], job: JobNumbers, zones: Zones, start_tick: int, windows: int
+) -> dict[str, Any]:
+    """What `ftorch simulate` reports: the job, the traces, and per policy one result (one start) or a
+    summary over `windows` start offsets spread over the traces."""
+    began = time.perf_counter()
+    payload: dict[str, Any] = {
+        "job": dict(job.__dict__),
+        "traces": {
+            "zones": zones.names,
+            "gap_s": zones.gap_s,
+            "ticks": zones.n_ticks,
+            "available_share": float(zones.any_up.mean()),
+            "start_h": start_tick * zones.gap_s / 3600.0,
+            "note": "traces are used as the spot availability signal for the job's instance type",
+        },
+    }
+    if windows > 1:
+        tail = (job.deadline_s or 0.0) + job.ondemand_only_s()
+        starts = start_ticks(zones, windows, tail)
+        payload["windows"] = len(starts)
+        payload["summaries"] = [s.as_dict() for s in sweep(policies, job, zones, starts)]
+    else:
+        payload["results"] = [simulate(p, job, zones, start_tick).as_dict() for p in policies]
+    payload["elapsed_s"] = time.perf_counter() - began
+    return payload

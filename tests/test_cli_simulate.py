@@ -71,9 +71,9 @@ def test_table(monkeypatch, capsys, files) -> None:
 
 
 def cli_names() -> tuple[str, ...]:
-    from orchestrator.policy import POLICY_NAMES
+    from orchestrator.policy import BASELINE_NAMES, POLICY_NAMES
 
-    return POLICY_NAMES
+    return (*POLICY_NAMES, *BASELINE_NAMES)
 
 
 def test_json_and_files_after_trace(monkeypatch, capsys, files) -> None:
