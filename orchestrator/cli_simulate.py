@@ -89,7 +89,7 @@ def simulate_command(
     if not trace:
         raise SpecError("--trace", "give at least one spot trace file (one per zone)")
     spec = load_job(job_file, list(set_ or []), check_support=False)
-    known = (*POLICY_NAMES, *BASELINE_NAMES)
+    known = (*(n for n in POLICY_NAMES if n != "on-demand"), *BASELINE_NAMES, "on-demand")
     names = list(known) if policy == "all" else [policy]
     if policy != "all" and policy not in known:
         raise SpecError("--policy", f"unknown policy {policy!r}; valid: {', '.join(known)}, all")

@@ -113,8 +113,8 @@ class SpotFallbackPolicy:
 
 _D_SAFETY = Decision(Mode.ON_DEMAND, "safety net: on demand now or the deadline slips")
 _D_BEHIND = Decision(Mode.ON_DEMAND, "no spot capacity and behind uniform progress: on demand")
-_D_HOLD = Decision(Mode.ON_DEMAND, "on demand until ahead of uniform progress by the hysteresis margin")
-_D_BACK = Decision(Mode.SPOT, "ahead of uniform progress by the hysteresis margin: back to spot")
+_D_HOLD = Decision(Mode.ON_DEMAND, "on demand until ahead of uniform progress (by the margin, if any)")
+_D_BACK = Decision(Mode.SPOT, "ahead of uniform progress (by the margin, if any): back to spot")
 _D_SPOT = Decision(Mode.SPOT, "spot capacity is available")
 _D_WAIT = Decision(Mode.NONE, "no spot capacity, on or ahead of uniform progress: waiting")
 
@@ -185,10 +185,10 @@ class DeadlinePolicy:
 
     hysteresis_s: float | None = None
     min_spot_work_s: float | None = None
-    backoff: float = 1.0
+    backoff: float = 0.0
     lag: float = 0.0
-    hysteresis_restarts: float = 2.0
-    hysteresis_ticks: float = 2.0
+    hysteresis_restarts: float = 0.0
+    hysteresis_ticks: float = 0.0
     name: str = "deadline"
 
     def margin_s(self, obs: Observation) -> float:
