@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import pickle
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,11 +159,61 @@ def capture(
     return serialize(snapshot(model, optimizer, scheduler, state))
 
 
+class UnloadableCheckpoint(ValueError):
+    """A checkpoint whose files verify but cannot be loaded safely (e.g. refused by weights_only)."""
+
+
+@dataclass
+class Decoded:
+    """A checkpoint's files parsed (nothing applied to the model yet)."""
+
+    weights: dict[str, torch.Tensor]
+    states: dict[str, Any]
+    rng: dict[str, torch.Tensor]
+    saved: dict[str, Any]
+
+
+def _refusal(exc: BaseException) -> str:
+    """What torch's weights_only loader refused, without its advice to load the file unsafely."""
+    advice = ("weights_only", "Weights only load failed", "trusted source", "documentation", "https://")
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    kept = [line for line in lines if not any(a in line for a in advice)]
+    return kept[0] if kept else "it holds objects that are not plain tensors or numbers"
+
+
+def decode(blobs: dict[str, bytes]) -> Decoded:
+    """Parse a verified checkpoint's files; UnloadableCheckpoint (one line) if any cannot be read safely."""
+    try:
+        weights = safetensors_load(blobs[WEIGHTS])
+        rng = safetensors_load(blobs[RNG])
+        saved = json.loads(blobs[STATE])
+    except Exception as exc:  # noqa: BLE001 - any unreadable file makes the checkpoint unusable
+        raise UnloadableCheckpoint(f"unreadable ({exc.__class__.__name__}: {str(exc)[:200]})") from None
+    try:
+        states = torch.load(io.BytesIO(blobs[OPTIMIZER]), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise UnloadableCheckpoint(
+            f"{OPTIMIZER} refused by safe (weights_only) loading: {_refusal(exc)}"
+        ) from None
+    except Exception as exc:  # noqa: BLE001
+        raise UnloadableCheckpoint(f"{OPTIMIZER} unreadable ({exc.__class__.__name__})") from None
+    if not isinstance(states, dict) or not {"optimizer", "scheduler"} <= set(states):
+        raise UnloadableCheckpoint(f"{OPTIMIZER} does not hold optimizer and scheduler states")
+    return Decoded(weights, states, rng, saved)
+
+
 def restore(
-    blobs: dict[str, bytes], model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    blobs: dict[str, bytes] | Decoded,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
 ) -> TrainerState:
-    """Load a verified checkpoint into the freshly built model, optimizer and scheduler."""
-    weights = safetensors_load(blobs[WEIGHTS])
+    """Load a verified checkpoint into the freshly built model, optimizer and scheduler.
+
+    Everything is parsed before anything is applied, so a checkpoint that cannot be loaded leaves the
+    model untouched (and the previous checkpoint can be used instead)."""
+    decoded = blobs if isinstance(blobs, Decoded) else decode(blobs)
+    weights = decoded.weights
     params = trainable_parameters(model)
     missing = sorted(set(params) - set(weights))
     unexpected = sorted(set(weights) - set(params))
@@ -173,15 +224,14 @@ def restore(
     with torch.no_grad():
         for name, param in params.items():
             param.copy_(weights[name].to(param.device, param.dtype))
-    states = torch.load(io.BytesIO(blobs[OPTIMIZER]), map_location="cpu", weights_only=True)
-    optimizer.load_state_dict(states["optimizer"])
-    scheduler.load_state_dict(states["scheduler"])
-    rng = safetensors_load(blobs[RNG])
+    optimizer.load_state_dict(decoded.states["optimizer"])
+    scheduler.load_state_dict(decoded.states["scheduler"])
+    rng = decoded.rng
     torch.set_rng_state(rng["torch_cpu"])
     cuda_states = [rng[f"cuda_{i}"] for i in range(len(rng)) if f"cuda_{i}" in rng]
     if cuda_states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda_states[: torch.cuda.device_count()])
-    saved = json.loads(blobs[STATE])
+    saved = decoded.saved
     _set_python_rng(saved["python_rng"])
     _set_numpy_rng(saved["numpy_rng"])
     return TrainerState(

@@ -1,7 +1,8 @@
 """Fault injection for tests: die or crash at a named point, which no outside signal can hit reliably.
 
 FTORCH_FAULTS="checkpoint-partial@15,before-manifest@20,crash@8:1" kills the process with SIGKILL at those
-points of the checkpoint for those steps, or raises at the end of step 8 in attempt 1 only. Unset (always,
+points of the checkpoint for those steps, or raises at the end of step 8 in attempt 1 only;
+`store-full@N` makes the run store answer ENOSPC after the first file of checkpoint N. Unset (always,
 outside tests), this costs one set lookup.
 """
 
@@ -37,6 +38,14 @@ def _armed(point: str, step: int) -> bool:
 def maybe_die(point: str, step: int) -> None:
     if _POINTS and _armed(point, step):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_disk_full(point: str, step: int) -> None:
+    """Raise ENOSPC at `point` (a full disk, which tests cannot make for real)."""
+    if _POINTS and _armed(point, step):
+        import errno
+
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def maybe_crash(point: str, step: int) -> None:

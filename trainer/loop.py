@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import platform
@@ -13,7 +14,7 @@ import torch
 
 from trainer import exitcodes
 from trainer.async_checkpoint import AsyncCheckpointer, StagingError
-from trainer.checkpoint import TrainerState, restore
+from trainer.checkpoint import Decoded, TrainerState, UnloadableCheckpoint, decode, restore
 from trainer.checkpoint_interval import AutoInterval, History
 from trainer.config import JobSpec
 from trainer.data import Dataset, collate, load_dataset
@@ -23,7 +24,7 @@ from trainer.model import autocast_dtype, count_parameters, load_model, load_tok
 from trainer.notices import start_watcher
 from trainer.preemption import PreemptionFlag, install_signal_handlers
 from trainer.progress import ProgressReporter, log
-from trainer.store import Fenced, RunStore, StoreUnavailable, checkpoint_name
+from trainer.store import CorruptCheckpoint, Fenced, RunStore, StoreUnavailable, checkpoint_name
 
 
 def total_steps(spec: JobSpec, dataset: Dataset) -> int:
@@ -158,12 +159,22 @@ class Checkpointer:
         try:
             self.writer.wait()
             if self.writer.durable_step != self.last_step and self.last_step > 0:
+                error = self.writer.last.error if self.writer.last is not None else None
                 raise StoreUnavailable(
-                    f"checkpoint {checkpoint_name(self.last_step)} could not be saved; "
+                    f"checkpoint {checkpoint_name(self.last_step)} could not be saved{_cause(error)}; "
                     f"the last good checkpoint is {self.writer._last_good()}"
                 )
         except BaseException as exc:  # noqa: BLE001 - mapped to an exit code
             _stop_for(exc)
+
+
+def _cause(error: BaseException | None) -> str:
+    """Why a save failed, for the one line the supervisor shows: a full disk is named as such."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f": the run store's disk is full ({errno.errorcode[error.errno]}); free space, then resume"
+    if error is not None:
+        return f" ({error.__class__.__name__}: {' '.join(str(error).split())[:200]})"
+    return ""
 
 
 def _stop_for(exc: BaseException) -> None:
@@ -172,7 +183,7 @@ def _stop_for(exc: BaseException) -> None:
         log(f"fenced: {exc}")
         raise SystemExit(exitcodes.FENCED) from None
     if isinstance(exc, StoreUnavailable):
-        log(f"error: store unavailable: {exc}")
+        log(f"error: {exc}" if "disk is full" in str(exc) else f"error: store unavailable: {exc}")
         raise SystemExit(exitcodes.STORE_UNAVAILABLE) from None
     if isinstance(exc, StagingError):
         log(f"error: {exc}")
@@ -241,7 +252,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     if par.sharded:  # sharded (DCP) or single-process checkpoints, resharded onto these ranks
         found = par.load_newest(store, spec, model, optimizer, scheduler, on_skip=skipped)
     else:
-        found = store.newest_valid_checkpoint(on_skip=skipped)
+        found = store.newest_valid_checkpoint(on_skip=skipped, decode=_decode_or_skip)
     if found is not None and par.sharded:
         info, state = found
         log(f"resumed from {info.path} (step {state.step}/{steps})")
@@ -256,6 +267,9 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
             log(f"held-out before training: {_fmt_eval(state.extra['eval_before'])}")
     state.extra["attempt"] = attempt
     if par.is_main:
+        partial = store.remove_partial_checkpoints()
+        if partial:
+            log(f"removed incomplete checkpoint(s) left by earlier attempts: {', '.join(partial)}")
         store.prune_checkpoints(spec.checkpoint.keep)
 
     checkpointer = par.checkpointer(Checkpointer(store, spec, last_step=state.step, attempt=attempt))
@@ -316,6 +330,14 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     store.update_epoch_record(ended="finished", step=state.step)
     log(f"done: {steps} steps; output at {output_uri}")
     return exitcodes.OK
+
+
+def _decode_or_skip(blobs: dict[str, bytes]) -> Decoded:
+    """A checkpoint that cannot be loaded safely is skipped like a corrupt one."""
+    try:
+        return decode(blobs)
+    except UnloadableCheckpoint as exc:
+        raise CorruptCheckpoint(f"cannot be loaded safely: {exc}") from None
 
 
 def _stop_on_notice(

@@ -43,7 +43,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from trainer.faults import maybe_die
+from trainer.faults import maybe_die, maybe_disk_full
 from trainer.runfiles import checked_progress
 
 MANIFEST = "MANIFEST.json"
@@ -372,6 +372,7 @@ class RunStore:
             for rel, data in blobs.items():  # one at a time, so a kill can land between files
                 self.write_bytes(_join(folder, sub, rel), data, atomic=False)
                 maybe_die("checkpoint-partial", step)
+                maybe_disk_full("store-full", step)
         else:
             self.write_many({_join(folder, sub, rel): data for rel, data in blobs.items()})
         maybe_die("before-manifest", step)
@@ -454,9 +455,14 @@ class RunStore:
         return blobs
 
     def newest_valid_checkpoint(
-        self, on_skip: Callable[[CheckpointInfo | str, str], None] | None = None
-    ) -> tuple[CheckpointInfo, dict[str, bytes]] | None:
-        """The newest checkpoint whose files verify; corrupt or incomplete ones are skipped."""
+        self,
+        on_skip: Callable[[CheckpointInfo | str, str], None] | None = None,
+        decode: Callable[[dict[str, bytes]], Any] | None = None,
+    ) -> tuple[CheckpointInfo, Any] | None:
+        """The newest checkpoint whose files verify; corrupt or incomplete ones are skipped.
+
+        With `decode`, (info, decode(files)): a checkpoint whose decode raises CorruptCheckpoint is
+        skipped the same way (e.g. one that cannot be loaded safely)."""
         complete = {c.path.rsplit("/", 1)[-1]: c for c in self.complete_checkpoints()}
         for name in reversed(self.checkpoint_names()):
             info = complete.get(name)
@@ -465,11 +471,34 @@ class RunStore:
                     on_skip(name, "incomplete (no manifest)")
                 continue
             try:
-                return info, self.read_checkpoint(info)
+                blobs = self.read_checkpoint(info)
+                return info, (decode(blobs) if decode else blobs)
             except CorruptCheckpoint as exc:
                 if on_skip:
                     on_skip(info, str(exc))
         return None
+
+    def remove_partial_checkpoints(self) -> list[str]:
+        """At the start of an attempt: delete the files older epochs left in step folders without a
+        manifest (a kill or a full disk mid-save). Only epochs older than this one's are touched, so a
+        save of a newer attempt is never disturbed; on a full disk this is what frees the space."""
+        self.check_fence()
+        if not self.epoch:
+            return []
+        removed = []
+        for name in self.checkpoint_names():
+            if self._manifest(name) is not None:
+                continue
+            folder = f"{CHECKPOINTS}/{name}"
+            entries = self.listdir(folder)
+            older = [e for e in entries if e.startswith("e") and e[1:].isdigit() and int(e[1:]) < self.epoch]
+            for entry in older:
+                self.remove_tree(f"{folder}/{entry}")
+            if older and self._manifest(name) is None:
+                removed.append(name)
+                if len(older) == len(entries):
+                    self.remove_tree(folder)
+        return removed
 
     def prune_checkpoints(self, keep: int, protect_above: int | None = None) -> list[str]:
         """Keep the newest `keep` complete checkpoints; delete older ones and incomplete leftovers.

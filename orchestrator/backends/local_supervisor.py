@@ -307,7 +307,7 @@ class Supervisor:
         if code == exitcodes.BAD_CONFIG:
             return f"failed: the trainer refused the job: {last}"
         if code == exitcodes.STORE_UNAVAILABLE:
-            return f"failed: the run store stayed unreachable; checkpoints up to the last good one are safe, resume when it is back: {last}"
+            return f"failed: {store_failure_reason(last)}"
         if code == exitcodes.FENCED:
             return f"failed: another attempt owns this run: {last}"
         self.crashes += 1
@@ -407,6 +407,19 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 self.log(f"trainer still running {grace:.0f}s after the notice: killing it")
         self.proc.kill()
+
+
+def store_failure_reason(last_line: str) -> str:
+    """Why a trainer that exited STORE_UNAVAILABLE stopped, from its last log line."""
+    if "ENOSPC" in last_line or "EDQUOT" in last_line or "disk is full" in last_line:
+        return (
+            "the run store's disk is full (ENOSPC); checkpoints up to the last good one are safe; free "
+            f"space, then `ftorch resume` continues: {last_line}"
+        )
+    return (
+        "the run store stayed unreachable; checkpoints up to the last good one are safe, resume when it "
+        f"is back: {last_line}"
+    )
 
 
 def trainer_command(nproc: int, run_uri: str, attempt: int) -> list[str]:
