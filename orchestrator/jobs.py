@@ -41,6 +41,7 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
     from trainer.store import RunStore, StoreError, join_uri, preflight
 
     spec = load_job(job_file, overrides)
+    check_data(spec)
     job_id = new_job_id(spec.name)
     run_uri = join_uri(spec.checkpoint.uri, job_id)
     output_uri = spec.output.uri or join_uri(run_uri, "output")
@@ -93,6 +94,34 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
     )
     _start(registry, job, task)
     return summary
+
+
+def check_data(spec: JobSpec) -> None:
+    """The data file, checked at launch as the trainer will read it (encoding, JSON, the format's keys).
+
+    A local file must pass; a remote one is checked when it can be read now (when it cannot, the
+    trainer reports it, with the same `file:line` messages)."""
+    from trainer.data_check import DataError, read_jsonl
+
+    path = spec.data.path
+    remote = "://" in path and not path.startswith("file://")
+    options = dict(spec.checkpoint.storage_options)
+    if remote and path.startswith(("s3://", "s3a://")):  # answer in seconds when the store is unreachable
+        config = {"connect_timeout": 3, "read_timeout": 10, "retries": {"max_attempts": 2}}
+        options["config_kwargs"] = {**config, **options.get("config_kwargs", {})}
+    try:
+        rows = read_jsonl(path, options, fmt=spec.data.format)
+    except DataError as exc:
+        raise SpecError("data.path", str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - unreadable now: the trainer reads (and reports) it
+        if not remote:
+            raise SpecError("data.path", f"cannot read {path}: {exc.__class__.__name__}: {exc}") from None
+        return
+    if spec.data.eval_examples >= len(rows):
+        raise SpecError(
+            "data.eval_examples",
+            f"{spec.data.eval_examples} leaves no training examples ({path} has {len(rows)})",
+        )
 
 
 def _start(registry: Registry, job: Job, task: dict[str, Any] | None = None) -> None:

@@ -64,8 +64,8 @@ def test_chat_format_learns_only_assistant_turns(tokenizer) -> None:
 @pytest.mark.parametrize(
     ("row", "fmt", "message"),
     [
-        ({"txt": "x"}, "text", "'text' must be a string"),
-        ({"instruction": "x"}, "instruction", "'response' must be a string"),
+        ({"txt": "x"}, "text", "'text' is required"),
+        ({"instruction": "x", "response": "y"}, "instruction", "'output' is required"),
         ({"messages": []}, "chat", "'messages' must be a non-empty list"),
         ({"messages": [{"role": "user", "content": "x"}]}, "chat", "no assistant message"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "chat", "role must be"),

@@ -129,13 +129,13 @@ def test_repeated_crashes_end_failed(tmp_path: Path, tiny_model: Path, data: Pat
 
 
 def test_bad_data_fails_at_once_without_retries(tmp_path: Path, tiny_model: Path, ftorch_home: Path) -> None:
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"instruction": "x", "output": "y"}\n{not json\n')
+    bad = write_data(tmp_path / "bad.jsonl", "instruction", 8)
     job = job_dict(tiny_model, bad, tmp_path / "runs")
-    job_id = launch(write_job(tmp_path, job))
+    job_id = launch(write_job(tmp_path, job))  # checked at launch; it goes bad before the trainer reads it
+    bad.write_bytes(b'{"instruction": "x", "output": "y"}\n{"instruction": "caf\xe9", "output": "y"}\n')
     detail = wait_for(job_id, ended)
     assert detail["state"] == "FAILED" and detail["attempts"] == 1
-    assert "bad.jsonl:2: not valid JSON" in detail["reason"]
+    assert "bad.jsonl:2: not UTF-8 text" in detail["reason"]
 
 
 def test_cancel_keeps_checkpoints_and_resume_finishes_exactly(

@@ -6,15 +6,16 @@ micro-batches consumed, so resuming needs nothing but the step number.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import numpy as np
 import torch
 
 from trainer.config import DataSpec
+from trainer.data_check import DataError, check_row, read_jsonl, text_field
+
+__all__ = ["DataError", "Dataset", "Example", "collate", "encode_row", "load_dataset", "read_jsonl"]
 
 IGNORE = -100
 
@@ -22,42 +23,10 @@ INSTRUCTION_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
 INSTRUCTION_PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 
 
-class DataError(ValueError):
-    """The data file is wrong; the message names the line."""
-
-
 @dataclass
 class Example:
     input_ids: list[int]
     labels: list[int]
-
-
-def read_jsonl(path: str, storage_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    with fsspec.open(path, "rt", encoding="utf-8", **(storage_options or {})) as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{number}: each line must be a JSON object")
-            row["_line"] = number
-            rows.append(row)
-    if not rows:
-        raise DataError(f"{path}: no examples")
-    return rows
-
-
-def _text_field(row: dict[str, Any], key: str, path: str, required: bool = True) -> str:
-    value = row.get(key)
-    if value is None and not required:
-        return ""
-    if not isinstance(value, str):
-        raise DataError(f"{path}:{row['_line']}: '{key}' must be a string")
-    return value
 
 
 def _ids(tokenizer: Any, text: str) -> list[int]:
@@ -76,35 +45,22 @@ def _eos(tokenizer: Any) -> list[int]:
 
 def encode_row(row: dict[str, Any], fmt: str, tokenizer: Any, path: str = "data") -> Example:
     """One JSONL row -> token ids and labels (prompt tokens masked for instruction and chat)."""
+    check_row(row, fmt, path)
     if fmt == "text":
-        ids = _bos(tokenizer) + _ids(tokenizer, _text_field(row, "text", path)) + _eos(tokenizer)
+        ids = _bos(tokenizer) + _ids(tokenizer, row["text"]) + _eos(tokenizer)
         return Example(ids, list(ids))
     if fmt == "instruction":
-        instruction = _text_field(row, "instruction", path)
-        extra = _text_field(row, "input", path, required=False)
-        response_key = "output" if "output" in row else "response"
-        response = _text_field(row, response_key, path)
+        instruction = row["instruction"]
+        extra = text_field(row, "input", path, fmt, required=False)
         template = INSTRUCTION_PROMPT_WITH_INPUT if extra else INSTRUCTION_PROMPT
         prompt = _bos(tokenizer) + _ids(tokenizer, template.format(instruction=instruction, input=extra))
-        answer = _ids(tokenizer, response) + _eos(tokenizer)
+        answer = _ids(tokenizer, row["output"]) + _eos(tokenizer)
         return Example(prompt + answer, [IGNORE] * len(prompt) + answer)
-    if fmt == "chat":
-        return _encode_chat(row, tokenizer, path)
-    raise DataError(f"unknown data format {fmt!r}")
+    return _encode_chat(row, tokenizer, path)
 
 
 def _encode_chat(row: dict[str, Any], tokenizer: Any, path: str) -> Example:
-    messages = row.get("messages")
-    where = f"{path}:{row['_line']}"
-    if not isinstance(messages, list) or not messages:
-        raise DataError(f"{where}: 'messages' must be a non-empty list")
-    for message in messages:
-        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
-            raise DataError(f"{where}: each message needs 'role' and a string 'content'")
-        if message.get("role") not in ("system", "user", "assistant", "tool"):
-            raise DataError(f"{where}: role must be system, user, assistant or tool")
-    if not any(m["role"] == "assistant" for m in messages):
-        raise DataError(f"{where}: no assistant message to learn from")
+    messages = row["messages"]
     if not getattr(tokenizer, "chat_template", None):
         raise DataError("data.format: chat needs a tokenizer with a chat template")
     clean = [{"role": m["role"], "content": m["content"]} for m in messages]
@@ -226,7 +182,7 @@ def _log(message: str) -> None:
 def _tokenise(
     spec: DataSpec, tokenizer: Any, storage_options: dict[str, Any] | None
 ) -> tuple[list[Example], list[Example], int]:
-    rows = read_jsonl(spec.path, storage_options)
+    rows = read_jsonl(spec.path, storage_options, fmt=spec.format)
     if spec.eval_examples >= len(rows):
         raise DataError(
             f"data.eval_examples: {spec.eval_examples} leaves no training examples (the file has {len(rows)})"
@@ -235,13 +191,21 @@ def _tokenise(
     encoded: list[Example] = []
     held: list[Example] = []
     skipped = 0
+    truncated = 0
     for n, row in enumerate(rows):
         example = encode_row(row, spec.format, tokenizer, spec.path)
-        example = Example(example.input_ids[: spec.max_seq_len], example.labels[: spec.max_seq_len])
+        if len(example.input_ids) > spec.max_seq_len:
+            truncated += 1
+            example = Example(example.input_ids[: spec.max_seq_len], example.labels[: spec.max_seq_len])
         if not any(label != IGNORE for label in example.labels[1:]):
             skipped += 1  # truncation left nothing to learn from
             continue
         (encoded if n < cut else held).append(example)
+    if truncated:
+        _log(
+            f"{truncated} of {len(rows)} examples were longer than data.max_seq_len ({spec.max_seq_len} "
+            f"tokens) and were truncated{f'; {skipped} left nothing to learn and were dropped' if skipped else ''}"
+        )
     return encoded, held, skipped
 
 

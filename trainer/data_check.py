@@ -1,0 +1,92 @@
+"""Reading and checking a JSONL data file: encoding, JSON, and the keys each format needs, with `file:line`.
+
+No torch here: `ftorch launch` runs the same checks before anything is recorded or started, and the
+trainer runs them again when it reads the file (a remote file may change, or be unreadable at launch).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import fsspec
+
+ROLES = ("system", "user", "assistant", "tool")
+#: what each format's records hold (for messages naming what is missing)
+FORMATS = {
+    "text": '{"text": ...}',
+    "instruction": '{"instruction": ..., "input": ... (optional), "output": ...}',
+    "chat": '{"messages": [{"role": ..., "content": ...}, ...]}',
+}
+
+
+class DataError(ValueError):
+    """The data file is wrong; the message names the file and line."""
+
+
+def read_jsonl(
+    path: str, storage_options: dict[str, Any] | None = None, fmt: str | None = None
+) -> list[dict[str, Any]]:
+    """Every record of a JSONL file (blank lines skipped), each checked for `fmt` when given.
+
+    Each record gets `_line` (its line number) for later messages."""
+    rows: list[dict[str, Any]] = []
+    with fsspec.open(path, "rb", **(storage_options or {})) as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{path}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1});"
+                    " save the file as UTF-8"
+                ) from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{number}: each line must be a JSON object")
+            row["_line"] = number
+            if fmt is not None:
+                check_row(row, fmt, path)
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no examples")
+    return rows
+
+
+def text_field(row: dict[str, Any], key: str, path: str, fmt: str, required: bool = True) -> str:
+    value = row.get(key)
+    if value is None and not required:
+        return ""
+    if key not in row:
+        raise DataError(f"{path}:{row['_line']}: '{key}' is required ({fmt} records: {FORMATS[fmt]})")
+    if not isinstance(value, str):
+        raise DataError(f"{path}:{row['_line']}: '{key}' must be a string")
+    return value
+
+
+def check_row(row: dict[str, Any], fmt: str, path: str) -> None:
+    """Raise DataError (with `file:line`) if `row` lacks what format `fmt` needs."""
+    if fmt == "text":
+        text_field(row, "text", path, fmt)
+    elif fmt == "instruction":
+        text_field(row, "instruction", path, fmt)
+        text_field(row, "input", path, fmt, required=False)
+        text_field(row, "output", path, fmt)
+    elif fmt == "chat":
+        where = f"{path}:{row['_line']}"
+        messages = row.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise DataError(f"{where}: 'messages' must be a non-empty list ({FORMATS['chat']})")
+        for message in messages:
+            if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+                raise DataError(f"{where}: each message needs 'role' and a string 'content'")
+            if message.get("role") not in ROLES:
+                raise DataError(f"{where}: role must be system, user, assistant or tool")
+        if not any(m["role"] == "assistant" for m in messages):
+            raise DataError(f"{where}: no assistant message to learn from")
+    else:
+        raise DataError(f"unknown data format {fmt!r}")
