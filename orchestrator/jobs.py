@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import sys
 import time
@@ -292,6 +293,20 @@ def resume(job_ref: str, overrides: list[str]) -> str:
 
     data = apply_overrides(dict(job.spec), overrides)
     spec = validate_job(data)
+    from orchestrator import procs
+
+    # one resume wins; until its supervisor runs, this process stands in for it (so no one judges the
+    # job's supervisor gone and resumes it a second time)
+    found = registry.claim(
+        job.job_id,
+        RESUMABLE,
+        "PENDING",
+        "resuming from the newest checkpoint",
+        os.getpid(),
+        procs.start_time(os.getpid()),
+    )
+    if found is not None:
+        raise UserError(f"JOB: {job.job_id} is {found}: another `ftorch resume` got there first")
     store = _store(job)
     resolved = _resolved_spec_for_resume(job, store)
     resolved["job"] = spec.model_dump(mode="json")
@@ -303,7 +318,6 @@ def resume(job_ref: str, overrides: list[str]) -> str:
         hourly_usd=spec.local.hourly_usd,
     )
     registry.event(job.job_id, "resume", " ".join(overrides) or None)
-    registry.set_state(job.job_id, "PENDING", "resuming from the newest checkpoint")
     _start(registry, registry.get(job.job_id))
     return f"{job.job_id} resumed from its newest checkpoint"
 

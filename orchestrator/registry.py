@@ -219,6 +219,38 @@ class Registry:
                 (job_id, now, state if reason is None else f"{state}: {reason}"),
             )
 
+    def claim(
+        self,
+        job_id: str,
+        from_states: tuple[str, ...],
+        state: str,
+        reason: str,
+        pid: int,
+        started: float | None,
+    ) -> str | None:
+        """Move a job from one of `from_states` to `state` and make `pid` its supervisor, atomically.
+
+        Returns None on success, else the state the job was found in: of several commands racing to
+        resume one job, exactly one wins."""
+        now = time.time()
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            row = db.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if row is None or row["state"] not in from_states:
+                db.execute("ROLLBACK")
+                return row["state"] if row is not None else "missing"
+            db.execute(
+                "UPDATE jobs SET state = ?, reason = ?, updated_at = ?, ended_at = NULL, supervisor_pid = ?,"
+                " supervisor_started = ? WHERE job_id = ?",
+                (state, reason, now, pid, started, job_id),
+            )
+            db.execute(
+                "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, 'state', ?)",
+                (job_id, now, f"{state}: {reason}"),
+            )
+            db.execute("COMMIT")
+        return None
+
     def update(self, job_id: str, **fields: Any) -> None:
         allowed = {
             "supervisor_pid",

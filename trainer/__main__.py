@@ -1,7 +1,7 @@
 """`python -m trainer RUN_URI [--attempt N]`: the entry every backend runs.
 
-Exit codes are in trainer/exitcodes.py: 0 done, 75 preempted (checkpoint written), 2 bad config,
-1 anything else.
+Exit codes are in trainer/exitcodes.py: 0 done, 75 preempted (checkpoint written), 76 fenced (a newer
+attempt holds the run), 77 store unavailable or full, 2 bad config or data, 1 anything else.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer import exitcodes
     from trainer.data import DataError
     from trainer.progress import log
+    from trainer.store import Fenced
 
     try:
         from trainer.loop import run
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         log(f"error: {exc}")
         return exitcodes.BAD_CONFIG
+    except Fenced as exc:  # a newer attempt holds the run: stop, write nothing more, do not be restarted
+        log(f"fenced: {exc}")
+        return exitcodes.FENCED
 
 
 if __name__ == "__main__":

@@ -187,6 +187,17 @@ class Supervisor:
             if outcome.startswith("failed"):
                 self.end("FAILED", outcome.removeprefix("failed: "))
                 return 1
+            if outcome.startswith("fenced"):  # never restarted: that would fence the attempt that owns it
+                owner = self.registry.get(self.job_id)
+                if owner.supervisor_pid != os.getpid() and procs.alive(
+                    owner.supervisor_pid, owner.supervisor_started
+                ):
+                    self.registry.event(
+                        self.job_id, "fenced", f"{outcome}; pid {owner.supervisor_pid} goes on"
+                    )
+                    return 0
+                self.end("FAILED", outcome)
+                return 1
             if outcome.startswith("preempted"):
                 self.preemptions += 1
                 self.mode = Mode.NONE
@@ -309,7 +320,7 @@ class Supervisor:
         if code == exitcodes.STORE_UNAVAILABLE:
             return f"failed: {store_failure_reason(last)}"
         if code == exitcodes.FENCED:
-            return f"failed: another attempt owns this run: {last}"
+            return f"fenced: another attempt owns this run: {last}"
         self.crashes += 1
         limit = self.spec.local.max_restarts_on_errors
         if self.crashes > limit:
