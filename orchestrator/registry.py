@@ -80,6 +80,16 @@ def ftorch_home() -> Path:
     return Path(os.environ.get("FTORCH_HOME") or Path.home() / ".ftorch").expanduser()
 
 
+def busy_timeout_s() -> float:
+    """How long a write waits for another process's lock before failing (FTORCH_REGISTRY_BUSY_S)."""
+    return float(os.environ.get("FTORCH_REGISTRY_BUSY_S") or 30.0)
+
+
+def is_busy(exc: BaseException) -> bool:
+    """SQLite gave up waiting for another process's lock."""
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+
+
 @dataclass
 class Job:
     job_id: str
@@ -143,13 +153,14 @@ class Registry:
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
         old = os.umask(0o077)
+        busy_s = busy_timeout_s()
         try:
-            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            db = sqlite3.connect(self.path, timeout=busy_s, isolation_level=None)
         finally:
             os.umask(old)
         try:
             db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA busy_timeout=30000")
+            db.execute(f"PRAGMA busy_timeout={int(busy_s * 1000)}")
             db.row_factory = sqlite3.Row
             yield db
         finally:

@@ -20,8 +20,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from orchestrator import procs
 from orchestrator.backends.capacity import PolicyDriver, TraceCapacity
@@ -29,7 +31,7 @@ from orchestrator.budget import BudgetGuard
 from orchestrator.notify import notify_job
 from orchestrator.overview import cost_usd
 from orchestrator.policy import Mode
-from orchestrator.registry import Registry
+from orchestrator.registry import Registry, is_busy
 from trainer import exitcodes
 from trainer.config import ChaosSpec, JobSpec
 from trainer.store import RunStore
@@ -99,9 +101,40 @@ class LogTail:
         return [line for line in text.splitlines() if line.strip()][-n:]
 
 
+class PatientRegistry:
+    """The registry, for a supervisor: a write that finds the database locked past SQLite's busy timeout
+    (another process holding a long transaction) waits and tries again instead of failing the job.
+    The supervisor has nothing better to do than record what happened, so it waits as long as it takes."""
+
+    def __init__(self, registry: Registry, log: Callable[[str], None]) -> None:
+        self._registry = registry
+        self._log = log
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._registry, name)
+        if not callable(attr):
+            return attr
+
+        def patient(*args: Any, **kwargs: Any) -> Any:
+            waited = 0.0
+            while True:
+                try:
+                    return attr(*args, **kwargs)
+                except Exception as exc:
+                    if not is_busy(exc):
+                        raise
+                    if waited == 0.0:
+                        self._log(f"the registry is locked by another process ({name}); waiting for it")
+                    pause = min(5.0, 0.2 + waited / 4)
+                    time.sleep(pause)
+                    waited += pause
+
+        return patient
+
+
 class Supervisor:
     def __init__(self, job_id: str) -> None:
-        self.registry = Registry()
+        self.registry = cast(Registry, PatientRegistry(Registry(), self.log))
         self.job_id = job_id
         job = self.registry.get(job_id)
         self.spec = JobSpec.model_validate(job.spec)
