@@ -57,7 +57,9 @@ def launch(
     backend: Annotated[str | None, typer.Option(help="local | skypilot (default: the job file's)")] = None,
     name: Annotated[str | None, typer.Option(help="job name (default: the job file's)")] = None,
     set_: Sets = None,
-    follow: Annotated[bool, typer.Option("--follow", help="stream progress until the job ends")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="stream progress until the job ends")
+    ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="validate and plan, launch nothing")] = False,
     as_json: JsonOut = False,
 ) -> None:
@@ -161,24 +163,27 @@ def cancel(job: Annotated[str, typer.Argument(help="a job id")]) -> None:
 def resume(
     job: Annotated[str, typer.Argument(help="a job id")],
     set_: Sets = None,
-    follow: Annotated[bool, typer.Option("--follow", help="stream progress until the job ends")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="stream new progress until the job ends")
+    ] = False,
 ) -> None:
     """Continue a stopped, failed or cancelled run from its newest checkpoint."""
+    from orchestrator import follow as follow_mod
     from orchestrator import jobs
 
+    seen = follow_mod.mark(job) if follow else None  # --follow prints only what this resume adds
     typer.echo(jobs.resume(job, list(set_ or [])))
     if follow:
-        from orchestrator import follow as follow_mod
-
-        raise typer.Exit(follow_mod.follow(job))
+        raise typer.Exit(follow_mod.follow(job, since=seen))
 
 
 def _register_optional_commands() -> None:
     """Commands that live in their own modules (sizing and planning; simulation)."""
-    from orchestrator import cli_simulate, cli_sizing
+    from orchestrator import cli_jobfile, cli_simulate, cli_sizing
 
     cli_sizing.register(app)
     cli_simulate.register(app)
+    cli_jobfile.register(app)
 
 
 _register_optional_commands()

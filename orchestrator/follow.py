@@ -108,8 +108,26 @@ def watch(job_id: str | None, show_all: bool = False, out: Any = None, poll_s: f
 
 
 # ---- --follow -----------------------------------------------------------------------------------
-def follow(job_id: str, poll_s: float = 0.25, out: Any = None) -> int:
-    """Follow a job until it ends, then summarise; the exit code says how it ended (FOLLOW_EXIT_CODES)."""
+Mark = tuple[int, dict[str, int]]
+
+
+def mark(job_id: str) -> Mark:
+    """Where a job's history stands now (events seen, bytes of each log), so `resume --follow` prints
+    only what comes after it."""
+    registry = Registry()
+    job = jobs.get_job(job_id, registry)
+    sizes = {}
+    for path in jobs.log_paths(registry, job):
+        try:
+            sizes[str(path)] = path.stat().st_size
+        except OSError:
+            continue
+    return len(registry.events(job.job_id)), sizes
+
+
+def follow(job_id: str, poll_s: float = 0.25, out: Any = None, since: Mark | None = None) -> int:
+    """Follow a job until it ends, then summarise; the exit code says how it ended (FOLLOW_EXIT_CODES).
+    With `since` (a `mark()`), the stream starts there instead of at the job's beginning."""
     from orchestrator import ui
 
     job = jobs.get_job(job_id)
@@ -119,7 +137,7 @@ def follow(job_id: str, poll_s: float = 0.25, out: Any = None) -> int:
             return _interrupted(job.job_id)
     else:
         try:
-            _stream(job.job_id, poll_s)
+            _stream(job.job_id, poll_s, since)
         except KeyboardInterrupt:
             return _interrupted(job.job_id)
     detail = jobs.status_one(job.job_id)
@@ -132,12 +150,12 @@ def _interrupted(job_id: str) -> int:
     return 130
 
 
-def _stream(job_id: str, poll_s: float) -> None:
+def _stream(job_id: str, poll_s: float, since: Mark | None = None) -> None:
     """Print state changes and trainer log lines as they come, until the job ends."""
     registry = Registry()
     job = registry.get(job_id)
-    seen_events = 0
-    offsets: dict[str, int] = {}
+    seen_events, offsets = since if since is not None else (0, {})
+    offsets = dict(offsets)
     while True:
         events = registry.events(job.job_id)
         for event in events[seen_events:]:

@@ -68,8 +68,8 @@ def test_a_notice_waits_for_the_upload_in_flight_then_writes_the_final_one(
     log = "".join(seen)
     assert proc.wait(timeout=120) == exitcodes.PREEMPTED, log
     notice = log.index("preemption notice")
-    assert log.index("checkpoint step-00000005 saved") > notice  # it was still in flight at the notice
-    final = [line for line in seen if "checkpoint step-0000000" in line and "saved" in line]
-    assert "step-00000005" in final[-2]
-    assert any(f"step-0000000{n}" in final[-1] for n in (6, 7))  # then the final one, at the notice
+    assert log.index("checkpoint 5 saved") > notice  # it was still in flight at the notice
+    final = [line for line in seen if "checkpoint " in line and " saved (" in line]
+    assert "checkpoint 5 saved" in final[-2]
+    assert any(f"checkpoint {n} saved" in final[-1] for n in (6, 7))  # then the final one, at the notice
     assert [c.step for c in store.complete_checkpoints()][-2:] in ([5, 6], [5, 7])

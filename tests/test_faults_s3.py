@@ -46,7 +46,7 @@ def test_permanent_outage_mid_run_keeps_training_then_stops_cleanly(
     store = prepare_s3_run(job, "outage", s3.endpoint)
     proc = start(store, fault_proxy.endpoint, 1, FTORCH_STORE_RETRY_S="1", FTORCH_STORE_OUTAGE_S="2")
     seen: list[str] = []
-    assert wait_for_line(proc, "checkpoint step-00000005 saved", seen), "".join(seen)
+    assert wait_for_line(proc, "checkpoint 5 saved", seen), "".join(seen)
     fault_proxy.set(Faults(outage="deny"))  # access denied from now on: no retry will fix it
     assert proc.stdout is not None
     seen += list(proc.stdout)

@@ -32,7 +32,7 @@ def test_the_older_attempt_is_refused_and_never_touches_the_newer_ones(
 
     old = start(store, s3.endpoint, 1)
     seen: list[str] = []
-    assert wait_for_line(old, "checkpoint step-00000005 saved", seen), "".join(seen)
+    assert wait_for_line(old, "checkpoint 5 saved", seen), "".join(seen)
     old.send_signal(signal.SIGSTOP)  # wrongly declared dead
     try:
         new = run(store, s3.endpoint, 2)

@@ -26,6 +26,7 @@ from typing import Any
 
 from trainer.checkpoint import Snapshot, TrainerState, serialize, snapshot
 from trainer.faults import maybe_crash
+from trainer.progress import debug
 from trainer.store import Fenced, RunStore, StoreUnavailable, checkpoint_name
 
 
@@ -136,9 +137,11 @@ class AsyncCheckpointer:
                 raise
             except Exception as exc:  # noqa: BLE001 - pruning is housekeeping; the next save retries it
                 self.log(f"pruning old checkpoints failed ({exc.__class__.__name__}: {exc}); will retry")
-            self.log(
-                f"checkpoint {name} saved: blocked {result.blocking_s * 1000:.0f} ms, "
-                f"upload {result.upload_s * 1000:.0f} ms ({sum(len(b) for b in blobs.values()) / 1024:.0f} KiB)"
+            size = sum(len(b) for b in blobs.values())
+            self.log(f"checkpoint {snap.step} saved ({_size(size)})")
+            debug(
+                f"checkpoint {name}: training blocked {result.blocking_s * 1000:.0f} ms, "
+                f"upload {result.upload_s * 1000:.0f} ms, {size} bytes"
             )
         except (Fenced, StagingError) as exc:
             result.error = exc
@@ -197,3 +200,7 @@ def _maybe_disk_full(step: int) -> None:
         maybe_crash("disk-full", step)
     except Exception:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.0f} KiB"

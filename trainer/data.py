@@ -192,7 +192,12 @@ def _tokenise(
     held: list[Example] = []
     skipped = 0
     truncated = 0
+    from trainer.progress import PhaseProgress
+
+    phase = PhaseProgress("tokenising", len(rows), "examples")
     for n, row in enumerate(rows):
+        if n % 256 == 0:
+            phase.update(n)
         example = encode_row(row, spec.format, tokenizer, spec.path)
         if len(example.input_ids) > spec.max_seq_len:
             truncated += 1
@@ -201,6 +206,7 @@ def _tokenise(
             skipped += 1  # truncation left nothing to learn from
             continue
         (encoded if n < cut else held).append(example)
+    phase.done(f"{sum(len(e.input_ids) for e in encoded):,} training tokens")
     if truncated:
         _log(
             f"{truncated} of {len(rows)} examples were longer than data.max_seq_len ({spec.max_seq_len} "

@@ -23,7 +23,7 @@ from trainer.faults import maybe_crash
 from trainer.model import autocast_dtype, count_parameters, load_model, load_tokenizer, pick_device
 from trainer.notices import start_watcher
 from trainer.preemption import PreemptionFlag, install_signal_handlers
-from trainer.progress import ProgressReporter, log
+from trainer.progress import ProgressReporter, debug, log
 from trainer.store import CorruptCheckpoint, Fenced, RunStore, StoreUnavailable, checkpoint_name
 
 
@@ -127,7 +127,8 @@ class Checkpointer:
     def _auto_interval(self) -> float:
         interval, why = self.auto.choose()
         if self.interval_s is None or abs(interval - self.interval_s) > 0.2 * self.interval_s:
-            log(f"checkpoint interval (auto) {why}")
+            log(f"checkpoint every {interval:.0f} s (auto; FTORCH_LOG_LEVEL=debug says why)")
+            debug(f"checkpoint interval (auto) {why}")
         self.interval_s = interval
         return interval
 
@@ -226,6 +227,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     par = setup_parallel(spec, device, store)  # FSDP across ranks (torchrun), or the identity
     log(f"attempt {attempt} of run {resolved['run_id']} on {device} (torch {torch.__version__})")
 
+    log(f"loading the tokenizer of {spec.model}")
     tokenizer = load_tokenizer(spec)
     dataset = load_dataset(
         spec.data,
@@ -236,7 +238,10 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         cache_store=store,
     )
     steps = total_steps(spec, dataset)
+    loading = time.monotonic()
+    log(f"loading the model {spec.model} ({spec.method}, {spec.train.precision})")
     model = par.wrap(load_model(spec, device), spec)
+    log(f"model loaded in {time.monotonic() - loading:.1f} s")
     params, trainable = count_parameters(model)
     optimizer = make_optimizer(spec, model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_for(spec, steps))

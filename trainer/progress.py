@@ -24,6 +24,33 @@ def log(message: str) -> None:
     sys.stdout.flush()
 
 
+def debug(message: str) -> None:
+    """Details (checkpoint timings, why an interval was chosen) only with FTORCH_LOG_LEVEL=debug."""
+    if os.environ.get("FTORCH_LOG_LEVEL", "info").lower() == "debug":
+        log(f"debug: {message}")
+
+
+class PhaseProgress:
+    """A long phase before training (reading, tokenising) as log lines: its start, a line at most every
+    `every_s` seconds with the share done and the rate, and its end with the time it took."""
+
+    def __init__(self, what: str, total: int, unit: str, every_s: float = 10.0) -> None:
+        self.what, self.total, self.unit, self.every_s = what, total, unit, every_s
+        self.started = self.last = time.monotonic()
+        log(f"{what}: {total:,} {unit}")
+
+    def update(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.every_s and self.total:
+            self.last = now
+            rate = done / max(now - self.started, 1e-9)
+            log(f"{self.what}: {done / self.total:.0%} ({done:,}/{self.total:,} {self.unit}, {rate:,.0f}/s)")
+
+    def done(self, detail: str = "") -> None:
+        took = time.monotonic() - self.started
+        log(f"{self.what}: done in {took:.1f} s" + (f"; {detail}" if detail else ""))
+
+
 class ProgressReporter:
     def __init__(self, store: RunStore, run_id: str, attempt: int, total_steps: int, output_uri: str) -> None:
         self.store = store

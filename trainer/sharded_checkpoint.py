@@ -37,7 +37,7 @@ import torch
 from trainer.checkpoint import OPTIMIZER, STATE, WEIGHTS, TrainerState
 from trainer.config import JobSpec
 from trainer.distributed import Sharded, seed_rank
-from trainer.progress import log
+from trainer.progress import debug, log
 from trainer.store import CheckpointInfo, CorruptCheckpoint, RunStore, checkpoint_name
 
 KIND = "dcp"
@@ -260,10 +260,8 @@ class ShardedCheckpointer:
         if hasattr(self.policy, "auto"):
             self.policy.auto.observe(self.policy.auto.cost_s or 0.0, elapsed)
         size = sum(meta["dcp_files"].values()) + sum(len(b) for b in pending.blobs.values())
-        log(
-            f"checkpoint {checkpoint_name(pending.step)} saved in {elapsed * 1000:.0f} ms "
-            f"({size / 1024:.0f} KiB, {self.par.world} ranks, sharded)"
-        )
+        log(f"checkpoint {pending.step} saved ({size / 1024:.0f} KiB, sharded over {self.par.world} ranks)")
+        debug(f"checkpoint {checkpoint_name(pending.step)}: {elapsed * 1000:.0f} ms from save to commit")
 
     def _dcp_files(self, step: int) -> dict[str, int]:
         folder = _join("checkpoints", checkpoint_name(step), _epoch_dir(self.par.epoch))
