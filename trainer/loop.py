@@ -126,8 +126,9 @@ class Checkpointer:
 
     def _auto_interval(self) -> float:
         interval, why = self.auto.choose()
-        if self.interval_s is None or abs(interval - self.interval_s) > 0.2 * self.interval_s:
+        if self.interval_s is None:  # the first choice; later re-estimates only at debug level
             log(f"checkpoint every {interval:.0f} s (auto; FTORCH_LOG_LEVEL=debug says why)")
+        if self.interval_s is None or abs(interval - self.interval_s) > 0.2 * self.interval_s:
             debug(f"checkpoint interval (auto) {why}")
         self.interval_s = interval
         return interval
