@@ -132,6 +132,11 @@ def plan_cmd(
         else f"[bold]{plan.model}[/] {plan.method}"
     )
     con.print(f"catalog: {plan.catalog_source}")
+    con.print(
+        f"effective batch: {spec.train.micro_batch_size * spec.train.grad_accum} examples per optimizer "
+        f"step (train.micro_batch_size {spec.train.micro_batch_size} per GPU x grad_accum "
+        f"{spec.train.grad_accum}), kept on every GPU count; layout = examples per GPU x accumulation"
+    )
     table = Table(title="candidates, by expected cost")
     for col, justify in [
         ("", "left"),
@@ -139,6 +144,7 @@ def plan_cmd(
         ("instance", "left"),
         ("GPUs", "left"),
         ("link", "left"),
+        ("layout", "left"),
         ("GiB/GPU", "right"),
         ("$/h", "right"),
         ("hours", "right"),
@@ -156,8 +162,10 @@ def plan_cmd(
             "►" if chosen else "",
             cand.cloud,
             cand.instance_type,
-            f"{cand.count}x {cand.accelerator} {cand.gpu_memory_gib:g}G",
+            (f"{cand.nodes} nodes x " if cand.nodes > 1 else "")
+            + f"{cand.count}x {cand.accelerator} {cand.gpu_memory_gib:g}G",
             cand.interconnect,
+            cand.layout.short() if cand.layout else "",
             f"{cand.peak_gib_per_gpu:.1f}",
             f"{cand.hourly_usd:.2f} {'spot' if cand.spot else 'od'}",
             f"{cand.est_hours:.1f}",
@@ -181,11 +189,15 @@ def plan_cmd(
         raise UserError(plan.why_none())
     c = plan.chosen
     con.print(
-        f"[bold green]chosen:[/] {c.cloud} {c.instance_type} ({c.count}x {c.accelerator}), "
+        f"[bold green]chosen:[/] {c.cloud} "
+        + (f"{c.nodes} x " if c.nodes > 1 else "")
+        + f"{c.instance_type} ({c.count}x {c.accelerator}), "
         f"{'spot' if c.spot else 'on-demand'} ${c.hourly_usd:.2f}/h, {c.est_hours:.1f} h of training, "
         f"expected {_money(c.expected_cost_usd)} over {c.expected_hours:.1f} h"
         + (f" with {c.expected_interruptions:.1f} interruptions" if c.spot else "")
     )
+    if c.layout:
+        con.print(f"layout: {c.layout.describe()}", markup=False)
 
 
 def gpus_cmd(

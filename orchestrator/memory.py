@@ -336,13 +336,20 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
 
 
 def settings_from_spec(spec: Any, n_gpus: int | None = None) -> Settings:
-    """Settings for a validated JobSpec (n_gpus defaults to resources.gpus, else 1)."""
+    """Settings for a validated JobSpec (n_gpus defaults to resources.gpus, else 1).
+
+    The micro-batch and accumulation are those of one rank in the job's layout on n_gpus
+    (trainer/layout.py): `train.micro_batch_size` per GPU at most, the effective batch kept."""
+    from trainer.layout import layout_for
+
     targets = spec.lora.target_modules
+    n = n_gpus or spec.resources.gpus or 1
+    layout = layout_for(spec, n)
     return Settings(
         method=spec.method,
         precision=spec.train.precision,
         optimizer=spec.train.optimizer,
-        micro_batch=spec.train.micro_batch_size,
+        micro_batch=layout.micro_batch,
         seq_len=spec.data.max_seq_len,
         grad_ckpt=spec.train.gradient_checkpointing,
         attn=spec.train.attn_implementation,
@@ -351,8 +358,8 @@ def settings_from_spec(spec: Any, n_gpus: int | None = None) -> Settings:
         lora_dropout=spec.lora.dropout,
         double_quant=spec.quantization.double_quant,
         quant_compute=spec.quantization.compute_dtype,
-        n_gpus=n_gpus or spec.resources.gpus or 1,
-        grad_accum=spec.train.grad_accum,
+        n_gpus=n,
+        grad_accum=layout.accum,
     )
 
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.catalog import Catalog, Offer, load_catalog
-from orchestrator.errors import SpecError
 from orchestrator.memory import MemoryEstimate, estimate, settings_from_spec
 from orchestrator.shapes import ModelShape, resolve_shape
 from orchestrator.throughput import Workload, accelerator, estimate_time, workload
+from trainer.layout import Layout, layout_for
 
 HEADROOM = 0.10  # fraction of each GPU's memory kept free (fragmentation, spikes, estimate error)
 SINGLE_GPU_TIE = 0.10  # "about the same cost": fewer GPUs win within this fraction of the cheapest
@@ -93,12 +93,19 @@ class Candidate:
     peak_gib_per_gpu: float
     regions: list[str] = field(default_factory=list)
     tokens_per_s: float = 0.0
+    nodes: int = 1  # instances of `instance_type`; prices and `count` are per instance
+    layout: Layout | None = None  # ranks, micro-batch per rank, accumulation, sharding (trainer/layout.py)
+
+    @property
+    def ranks(self) -> int:
+        return self.count * self.nodes
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         for key, value in out.items():
             if isinstance(value, float):
                 out[key] = round(value, 4)
+        out["layout"] = self.layout.to_json() if self.layout else None
         return out
 
 
@@ -158,10 +165,11 @@ class Plan:
 
 
 # ---- cost pieces -------------------------------------------------------------------------------------
-def interruption_rate(offer: Offer) -> float:
+def interruption_rate(offer: Offer, nodes: int = 1) -> float:
+    """Expected interruptions per hour of a job on `nodes` instances of `offer` (any one ends the attempt)."""
     base = INTERRUPTIONS_PER_HOUR.get(offer.cloud, 0.10)
     scarce = SCARCE_FACTOR if offer.accelerator.lower() in SCARCE else 1.0
-    return base * scarce * (1.0 + PER_EXTRA_GPU * (offer.count - 1))
+    return nodes * base * scarce * (1.0 + PER_EXTRA_GPU * (offer.count - 1))
 
 
 def billed_hours(hours: float, segments: float, rule: Billing) -> float:
@@ -212,8 +220,7 @@ def make_plan(
         catalog = Catalog(tuple(catalog), "given offers")
     catalog = catalog or load_catalog(offline=offline)
     res = spec.resources
-    if res.nodes > 1:
-        raise SpecError("resources.nodes", "multi-node plans are not supported yet; use nodes: 1")
+    nodes = res.nodes
     shape = shape or resolve_shape(spec.model, online=online_shapes)
     work: Workload = workload(spec)
     use_spot = res.spot and res.policy != "on-demand"
@@ -277,10 +284,15 @@ def make_plan(
                 )
             )
             continue
-        mem = memory_for(offer.count)
+        layout = layout_for(spec, offer.count, nodes)
+        if not layout.ok:  # the trainer would refuse it: never offered
+            rejected.append(_reject(offer, f"layout: {layout.reason}"))
+            continue
+        ranks = layout.ranks
+        mem = memory_for(ranks)
         if not mem.fits(offer.gpu_memory_gib, HEADROOM):
             usable = offer.gpu_memory_gib * (1 - HEADROOM)
-            where = "on 1 GPU" if offer.count == 1 else f"per GPU sharded over {offer.count}"
+            where = "on 1 GPU" if ranks == 1 else f"per GPU sharded over {ranks}"
             rejected.append(
                 _reject(
                     offer,
@@ -290,6 +302,8 @@ def make_plan(
                 )
             )
             continue
+        od = od * nodes if od is not None else None  # prices of the whole job (all its nodes)
+        spot = spot * nodes if spot is not None else None
         if use_spot and spot is not None:
             is_spot, price = True, spot
         elif use_spot and fallback and od is not None or not use_spot and od is not None:
@@ -307,7 +321,7 @@ def make_plan(
                 )
             )
             continue
-        cand = _candidate(spec, shape, offer, mem, work, acc, is_spot, price, od, spot, regions)
+        cand = _candidate(spec, shape, offer, layout, mem, work, acc, is_spot, price, od, spot, regions)
         if cand is None:
             rejected.append(_reject(offer, "preemption: interrupted too often to make progress"))
             continue
@@ -322,12 +336,12 @@ def make_plan(
             continue
         candidates.append(cand)
 
-    candidates.sort(key=lambda c: (c.expected_cost_usd, c.count, c.expected_hours))
+    candidates.sort(key=lambda c: (c.expected_cost_usd, c.ranks, c.expected_hours))
     chosen = None
     if candidates:
         cheapest = candidates[0].expected_cost_usd
         close = [c for c in candidates if c.expected_cost_usd <= cheapest * (1 + SINGLE_GPU_TIE)]
-        chosen = min(close, key=lambda c: (c.count, c.expected_cost_usd))
+        chosen = min(close, key=lambda c: (c.ranks, c.expected_cost_usd))
     notes = [f"catalog: {catalog.source}", f"memory headroom {HEADROOM:.0%} per GPU"]
     if shape.approximate:
         notes.append(f"{shape.name}: architecture not modelled exactly; sized as llama-like")
@@ -348,6 +362,7 @@ def _candidate(
     spec: Any,
     shape: ModelShape,
     offer: Offer,
+    layout: Layout,
     mem: MemoryEstimate,
     work: Workload,
     acc: Any,
@@ -357,8 +372,10 @@ def _candidate(
     spot: float | None,
     regions: tuple[str, ...],
 ) -> Candidate | None:
-    settings = settings_from_spec(spec, offer.count)
-    t = estimate_time(shape, settings, mem.trainable_params, work, acc, offer.count, offer.interconnect)
+    ranks = layout.ranks
+    settings = settings_from_spec(spec, ranks)
+    link = offer.interconnect if layout.nodes == 1 else "network"  # FSDP across nodes: not NVLink
+    t = estimate_time(shape, settings, mem.trainable_params, work, acc, ranks, link)
     hours = t.hours
     state_bytes = 2 if spec.train.precision == "bf16" else 4
     optim_bytes = {"adamw": 2 * state_bytes, "sgd": state_bytes, "adafactor": 1}.get(spec.train.optimizer, 2)
@@ -367,8 +384,8 @@ def _candidate(
     model_bytes = shape.params * 2.0
     startup_s = PROVISION_S + model_bytes / (DOWNLOAD_GBPS * 1e9)  # billed once on any instance
     restart_s = startup_s + ckpt_bytes / (CHECKPOINT_GBPS * 1e9)
-    rate = interruption_rate(offer)
-    step_s = spec.train.grad_accum * t.compute_s_per_microbatch
+    rate = interruption_rate(offer, layout.nodes)
+    step_s = layout.accum * t.compute_s_per_microbatch
     interval = checkpoint_interval(spec, step_s, write_s, rate)
     rule = BILLING.get(offer.cloud, DEFAULT_BILLING)
 
@@ -416,4 +433,6 @@ def _candidate(
         peak_gib_per_gpu=mem.peak_gib_per_gpu,
         regions=list(regions),
         tokens_per_s=t.tokens_per_s,
+        nodes=layout.nodes,
+        layout=layout,
     )

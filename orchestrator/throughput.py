@@ -130,18 +130,19 @@ def _strings(obj: Any) -> str:
 
 @dataclass(frozen=True)
 class Workload:
-    """Training tokens: fixed by the data x epochs, or by max_steps (then it grows with the GPU count)."""
+    """Training tokens: fixed by the data x epochs, or by max_steps x the effective batch (examples per
+    optimizer step, the same on every GPU count: trainer/layout.py)."""
 
     tokens_per_epoch: int | None
     epochs: float
     max_steps: int | None
     tokens_per_sequence: float
-    sequences_per_step_per_gpu: int
+    sequences_per_step: int  # the effective batch
     source: str
 
     def total_tokens(self, n_gpus: int) -> float:
         if self.max_steps is not None:
-            return self.max_steps * self.sequences_per_step_per_gpu * n_gpus * self.tokens_per_sequence
+            return self.max_steps * self.sequences_per_step * self.tokens_per_sequence
         assert self.tokens_per_epoch is not None
         return self.tokens_per_epoch * self.epochs
 

@@ -106,6 +106,7 @@ SLOW_FIRST = (
     "test_wheel_install.py",
     "test_policy_local.py",
     "test_fsdp.py",
+    "test_every_plan_runs.py",
     "test_exact_resume.py",
     "test_budget.py",
     "test_reshard.py",

@@ -50,6 +50,18 @@ def job(**over: Any) -> Any:
     return validate_job(data, check_support=False)
 
 
+def lora_job(**over: Any) -> Any:
+    """The default job as LoRA with AdamW: it may shard over several GPUs (QLoRA runs on one)."""
+    train = {
+        "precision": "bf16",
+        "optimizer": "adamw",
+        "gradient_checkpointing": True,
+        "micro_batch_size": 1,
+        "grad_accum": 8,
+    }
+    return job(method="lora", train=train, **over)
+
+
 def test_the_cheapest_adequate_offer_wins():
     plan = make_plan(job(), catalog=catalog())
     assert plan.chosen is not None
@@ -61,7 +73,9 @@ def test_the_cheapest_adequate_offer_wins():
         assert c.est_hours > 0 and c.expected_cost_usd >= c.hourly_usd * c.est_hours
     reasons = {r.instance_type: r.reason for r in plan.rejected}
     assert reasons["a10g.x4"].startswith("interconnect:")
-    assert reasons["h100.x8.od"].startswith("price: no spot price")
+    assert reasons["h100.x8.od"].startswith("layout: qlora runs on 1 GPU")  # never offered sharded
+    lora = {r.instance_type: r.reason for r in make_plan(lora_job(), catalog=catalog()).rejected}
+    assert lora["h100.x8.od"].startswith("price: no spot price")
 
 
 def test_a_too_small_gpu_is_rejected_for_memory():
@@ -75,7 +89,13 @@ def test_a_job_too_big_for_any_single_gpu_gets_an_nvlink_node():
     spec = job(
         model="llama-3.1-8b",
         method="full",
-        train={"precision": "bf16-mixed", "optimizer": "adamw", "gradient_checkpointing": True},
+        train={
+            "precision": "bf16-mixed",
+            "optimizer": "adamw",
+            "gradient_checkpointing": True,
+            "micro_batch_size": 1,
+            "grad_accum": 8,
+        },
     )
     plan = make_plan(spec, catalog=catalog())
     assert plan.chosen is not None
@@ -86,7 +106,13 @@ def test_a_job_too_big_for_any_single_gpu_gets_an_nvlink_node():
 
 def test_pcie_sharding_only_when_allowed():
     only_pcie = HEADER + "aws,a10g.x4,A10G,4,22.35,5.70,2.00,us-east-1,PCIe\n"
-    full = {"precision": "bf16", "optimizer": "adamw", "gradient_checkpointing": True}
+    full = {
+        "precision": "bf16",
+        "optimizer": "adamw",
+        "gradient_checkpointing": True,
+        "micro_batch_size": 1,
+        "grad_accum": 8,
+    }
     spec = job(model="llama-3.2-3b", method="full", train=full, data__max_seq_len=1024)
     refused = make_plan(spec, catalog=catalog(only_pcie))
     assert refused.chosen is None and refused.rejected[0].reason.startswith("interconnect:")
@@ -112,12 +138,12 @@ def test_single_gpu_wins_when_a_sharded_plan_costs_about_the_same(monkeypatch):
         "gcp,a100.one,A100-80GB,1,80,3.30,1.60,us-central1,n/a\n"
         "gcp,a100.two,A100-80GB,2,80,6.40,2.70,us-central1,NVLink\n"
     )
-    plan = make_plan(job(), catalog=catalog(two))
+    plan = make_plan(lora_job(), catalog=catalog(two))
     costs = {c.instance_type: c.expected_cost_usd for c in plan.candidates}
     assert plan.candidates[0].instance_type == "a100.two"  # the cheapest by a little
     assert (costs["a100.one"] - costs["a100.two"]) / costs["a100.two"] < planner.SINGLE_GPU_TIE
     assert plan.chosen.instance_type == "a100.one"
-    clearly = make_plan(job(), catalog=catalog(two.replace("6.40,2.70", "6.40,1.60")))
+    clearly = make_plan(lora_job(), catalog=catalog(two.replace("6.40,2.70", "6.40,1.60")))
     assert clearly.chosen.instance_type == "a100.two"  # much cheaper: the sharded plan wins
 
 
@@ -142,7 +168,7 @@ def test_clouds_accelerators_gpus_and_regions_are_honoured():
     assert any(r.reason.startswith("cloud:") for r in plan.rejected)
     plan = make_plan(job(resources={"backend": "skypilot", "accelerators": ["L40S"]}), catalog=catalog())
     assert [c.accelerator for c in plan.candidates] == ["L40S"]
-    plan = make_plan(job(resources={"backend": "skypilot", "gpus": 8}), catalog=catalog())
+    plan = make_plan(lora_job(resources={"backend": "skypilot", "gpus": 8}), catalog=catalog())
     assert {c.count for c in plan.candidates} == {8}
     plan = make_plan(job(resources={"backend": "skypilot", "regions": ["us-central1"]}), catalog=catalog())
     assert {c.cloud for c in plan.candidates} == {"gcp"}
@@ -157,7 +183,7 @@ def test_spot_costs_more_hours_than_on_demand_and_fallback_uses_on_demand():
     d = next(x for x in od.candidates if x.instance_type == "a100.one")
     assert not d.spot and d.hourly_usd == 3.30 and d.expected_interruptions == 0
     assert d.expected_hours == pytest.approx(d.est_hours + d.startup_s / 3600)
-    fb = make_plan(job(resources={"backend": "skypilot", "fallback": "on-demand"}), catalog=catalog())
+    fb = make_plan(lora_job(resources={"backend": "skypilot", "fallback": "on-demand"}), catalog=catalog())
     lam = next(x for x in fb.candidates if x.instance_type == "h100.x8.od")
     assert not lam.spot and lam.hourly_usd == 31.9
 

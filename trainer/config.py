@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trainer.layout import layout_for
+
 Method = Literal["full", "lora", "qlora"]
 DataFormat = Literal["text", "instruction", "chat"]
 Precision = Literal["fp32", "bf16", "bf16-mixed", "fp16-mixed"]
@@ -269,24 +271,19 @@ class JobSpec(_Strict):
 def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
     """(field, message) for settings that are valid but that this build cannot act on yet."""
     problems: list[tuple[str, str]] = []
-    ranks = max(spec.local.nproc, spec.resources.gpus or 1)
-    if spec.method == "qlora" and ranks > 1:
-        problems.append(("method", "'qlora' runs on one GPU (FSDP over 4-bit bases is not supported yet)"))
-    if spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit") and ranks > 1:
-        problems.append(("train.optimizer", f"'{spec.train.optimizer}' runs on one GPU; use adamw with FSDP"))
+    if spec.resources.backend == "local":
+        layout = layout_for(spec, spec.local.nproc)
+        field = "local.nproc"
+    else:  # on a cloud the planner drops the offers the job cannot run on; a fixed count is checked here
+        layout = layout_for(spec, spec.resources.gpus or 1, spec.resources.nodes)
+        field = "resources.gpus" if spec.resources.gpus else "resources.nodes"
+    if not layout.ok:
+        problems.append((field, f"{layout.ranks} rank(s): {layout.reason}"))
     if spec.train.optimizer == "adafactor":
         problems.append(
             (
                 "train.optimizer",
                 "'adafactor' is not supported by the trainer yet; valid now: adamw, sgd, adamw_8bit",
-            )
-        )
-    if spec.local.nproc > spec.train.micro_batch_size:
-        problems.append(
-            (
-                "train.micro_batch_size",
-                f"is the global micro-batch, split across local.nproc ({spec.local.nproc}) ranks; "
-                "it must be at least that",
             )
         )
     if spec.train.precision == "fp16-mixed":

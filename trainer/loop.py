@@ -20,6 +20,7 @@ from trainer.config import JobSpec
 from trainer.data import Dataset, collate, load_dataset
 from trainer.distributed import setup as setup_parallel
 from trainer.faults import maybe_crash
+from trainer.layout import check as check_layout
 from trainer.model import autocast_dtype, count_parameters, load_model, load_tokenizer, pick_device
 from trainer.notices import start_watcher
 from trainer.preemption import PreemptionFlag, install_signal_handlers
@@ -225,8 +226,12 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     if spec.local.threads:
         torch.set_num_threads(spec.local.threads)
     device = pick_device(spec.local.device)
+    # the same rules as the planner's: refuse a layout the job cannot run on before any work (exit 2)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    layout = check_layout(spec, world, int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None)
     par = setup_parallel(spec, device, store)  # FSDP across ranks (torchrun), or the identity
     log(f"attempt {attempt} of run {resolved['run_id']} on {device} (torch {torch.__version__})")
+    log(f"layout: {layout.describe()}")
 
     log(f"loading the tokenizer of {spec.model}")
     tokenizer = load_tokenizer(spec)
@@ -285,14 +290,14 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
 
     model.train()
     amp = autocast_dtype(spec)
-    accum = spec.train.grad_accum
     log_every = spec.train.log_every or max(1, steps // 100)
     while state.step < steps:
         if par.any(flag.is_set()):  # all ranks stop at the same step
             return _stop_on_notice(flag, checkpointer, model, optimizer, scheduler, state, reporter)
         step_loss = 0.0
-        for k in range(accum):
-            examples = par.local(dataset.micro_batch(state.micro_batches + k))  # this rank's slice
+        accum = layout.accum  # the job's effective batch on this many ranks (trainer/layout.py)
+        for global_batch in layout.step_micro_batches(dataset, state.micro_batches):
+            examples = par.local(global_batch)  # this rank's slice
             batch = collate(examples, dataset.pad_id, device)
             with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
                 loss = par.loss(model, batch) / accum
@@ -308,7 +313,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
-        state.micro_batches += accum
+        state.micro_batches += spec.train.grad_accum  # the data position, in the job's micro-batches
         lr = scheduler.get_last_lr()[0]
         maybe_crash("crash", state.step)
         reporter.step(state.step, step_loss, lr, state.tokens_seen)

@@ -88,14 +88,10 @@ def _sky() -> Any:
 
 # ---- planning and rendering ----------------------------------------------------------------------
 def plan_for(spec: JobSpec) -> Any:
-    """The planner's offers for one node (multi-node jobs are planned per node)."""
+    """The planner's offers (for all of resources.nodes: each candidate's layout spans every node)."""
     from orchestrator.planner import make_plan
 
-    per_node = spec
-    if spec.resources.nodes > 1:
-        per_node = spec.model_copy(deep=True)
-        per_node.resources.nodes = 1
-    return make_plan(per_node, offline=True)
+    return make_plan(spec, offline=True)
 
 
 def render_job(
@@ -135,6 +131,8 @@ def format_dry_run(result: Mapping[str, Any]) -> str:
             f"  {row['cloud']:<7} {row['instance_type']:<22} {row['gpus']:<24} {kind:<9} "
             f"${row['hourly_usd']:>7.3f}/h  ~{row['est_hours']:.1f} h  expected ${row['expected_cost_usd']:.2f}"
         )
+        if row.get("layout"):
+            lines.append(f"          layout: {row['layout']}")
     lines.append(f"task template: task_templates/{result['template']}.yaml")
     lines.append("---")
     lines.append(result["task_yaml"].rstrip())

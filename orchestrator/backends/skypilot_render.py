@@ -263,7 +263,8 @@ def plan_table(plan: Any, limit: int = 8) -> list[dict[str, Any]]:
             {
                 "cloud": c.cloud,
                 "instance_type": c.instance_type,
-                "gpus": f"{c.count}x {c.accelerator}",
+                "gpus": (f"{c.nodes} nodes x " if c.nodes > 1 else "") + f"{c.count}x {c.accelerator}",
+                "layout": c.layout.describe() if c.layout else None,
                 "spot": c.spot,
                 "hourly_usd": round(c.hourly_usd, 4),
                 "est_hours": round(c.est_hours, 2),
