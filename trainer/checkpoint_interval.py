@@ -5,8 +5,10 @@ C the cost of one checkpoint to the training (here: the time training blocks for
 time between interruptions that lose work. Both are re-estimated as the run goes:
 
 - C: an exponential average of the measured blocking times of this attempt's checkpoints;
-- M: a prior (FTORCH_AUTO_MTBF_S, default 1 h; the orchestrator passes the offer's expected rate)
-  updated with the run's own history: (prior + exposure) / (1 + interruptions so far);
+- M: a prior (the planner's interruption rate for the offer the job landed on, passed in the task;
+  else FTORCH_AUTO_MTBF_S, default 1 h: trainer/interruptions.py) updated with the run's own history:
+  (prior + exposure) / (1 + interruptions so far), where a requested stop (cancel, budget) is not an
+  interruption;
 - a preemption with notice loses nothing (the trainer saves when told), so only interruptions without
   one count: M_eff = M / (1 - f), f the fraction of past interruptions that came with a notice
   (FTORCH_NOTICE_FRACTION before the run has a history).
@@ -20,6 +22,8 @@ import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from trainer.interruptions import NOT_INTERRUPTIONS, prior_mtbf_s
 
 MIN_INTERVAL_S = float(os.environ.get("FTORCH_AUTO_MIN_INTERVAL_S", "5"))
 MAX_INTERVAL_S = float(os.environ.get("FTORCH_AUTO_MAX_INTERVAL_S", "1800"))
@@ -47,7 +51,7 @@ class History:
         starts = [float(r["claimed_at"]) for r in records.values() if r.get("claimed_at")]
         exposure = now - min(starts) if starts else 0.0
         noticed = sum(1 for r in earlier if r.get("ended") == "notice")
-        interrupted = sum(1 for r in earlier if r.get("ended") != "finished")
+        interrupted = sum(1 for r in earlier if r.get("ended") not in NOT_INTERRUPTIONS)  # not a cancel
         return cls(exposure_s=max(0.0, exposure), interruptions=interrupted, with_notice=noticed)
 
 
@@ -55,7 +59,7 @@ class History:
 class AutoInterval:
     """Chooses the interval and says why; `observe()` feeds it measured checkpoint costs."""
 
-    mtbf_prior_s: float = field(default_factory=lambda: float(os.environ.get("FTORCH_AUTO_MTBF_S", "3600")))
+    mtbf_prior_s: float = field(default_factory=lambda: prior_mtbf_s()[0])
     notice_prior: float = field(default_factory=lambda: float(os.environ.get("FTORCH_NOTICE_FRACTION", "0")))
     history: History = field(default_factory=History)
     min_s: float = MIN_INTERVAL_S

@@ -20,6 +20,7 @@ from trainer.config import JobSpec
 from trainer.data import Dataset, collate, load_dataset
 from trainer.distributed import setup as setup_parallel
 from trainer.faults import maybe_crash
+from trainer.interruptions import how_it_ended
 from trainer.layout import check as check_layout
 from trainer.model import autocast_dtype, count_parameters, load_model, load_tokenizer, pick_device
 from trainer.notices import start_watcher
@@ -360,14 +361,18 @@ def _stop_on_notice(
     state: TrainerState,
     reporter: ProgressReporter,
 ) -> int:
-    log(f"preemption notice ({flag.reason}) at step {state.step}: saving before the machine goes")
+    ended = how_it_ended(checkpointer.store)  # a requested stop (cancel, budget) is no interruption
+    if ended["ended"] == "stopped":
+        log(f"stop requested ({ended['stop_reason']}) at step {state.step}: saving before leaving")
+    else:
+        log(f"preemption notice ({flag.reason}) at step {state.step}: saving before the machine goes")
     checkpointer.finish()  # the upload in flight first, then the final checkpoint
     if checkpointer.last_step != state.step:
         reporter.set_state("checkpointing")
         checkpointer.save(model, optimizer, scheduler, state, wait=True)
         checkpointer.finish()
     reporter.last_checkpoint(state.step)
-    checkpointer.store.update_epoch_record(ended="notice", step=state.step)
+    checkpointer.store.update_epoch_record(**ended, step=state.step)
     reporter.set_state("preempted", flush=True)
     log(f"checkpoint at step {state.step} is safe; exiting with code {exitcodes.PREEMPTED} (preempted)")
     return exitcodes.PREEMPTED

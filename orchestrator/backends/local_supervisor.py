@@ -34,6 +34,7 @@ from orchestrator.policy import Mode
 from orchestrator.registry import Registry, is_busy
 from trainer import exitcodes
 from trainer.config import ChaosSpec, JobSpec
+from trainer.interruptions import request_stop
 from trainer.store import RunStore
 
 STEP_LINE = re.compile(r"\[trainer\] step (\d+)/(\d+)")
@@ -286,6 +287,7 @@ class Supervisor:
                 self.registry.set_state(self.job_id, "RUNNING")
             if self.cancelled or (now - last > 1.0 and self.registry.get(self.job_id).cancel_requested):
                 self.cancelled = True
+                request_stop(self.store, "cancel")  # not an interruption (trainer/interruptions.py)
                 self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
                 break
             if guard.budget_usd is not None and now - last_budget_check >= 1.0:
@@ -296,6 +298,7 @@ class Supervisor:
                 if self.budget_stop:
                     self.registry.event(self.job_id, "budget", self.budget_stop.removeprefix("budget: "))
                     self.log(f"{self.budget_stop}: asking the trainer to checkpoint and stop")
+                    request_stop(self.store, "budget")
                     self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
                     break
             switch = self.follow_policy(now, step)
@@ -429,6 +432,7 @@ class Supervisor:
         reason = f"switch to {decision.mode.value} at trace tick {tick}: {decision.reason}"
         self.registry.event(self.job_id, "policy", reason)
         self.log(f"policy: {reason}; asking the trainer to checkpoint first")
+        request_stop(self.store, "policy switch")
         self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
         return reason
 

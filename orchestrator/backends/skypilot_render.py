@@ -142,6 +142,25 @@ def resource_entries(spec: JobSpec, plan: Any) -> list[dict[str, Any]]:
     return spot_entries + od_entries
 
 
+def interruption_envs(plan: Any) -> dict[str, str]:
+    """The planner's interruption rates for the trainer's checkpoint interval (trainer/interruptions.py):
+    per cloud and GPUs per node (the highest of the offers the task may land on), and the chosen offer's
+    MTBF as the fallback."""
+    from trainer.interruptions import mtbf_from_rate, rate_key
+
+    rates: dict[str, float] = {}
+    for c in plan.candidates:
+        rate = c.interruption_rate_per_hour if c.spot_hourly_usd is not None else 0.0
+        key = rate_key(c.cloud, c.count)
+        rates[key] = round(max(rates.get(key, 0.0), rate), 4)
+    chosen = getattr(plan, "chosen", None)
+    rate = chosen.interruption_rate_per_hour if chosen is not None and chosen.spot else 0.0
+    return {
+        "FTORCH_INTERRUPTION_RATES": json.dumps(rates, sort_keys=True),
+        "FTORCH_AUTO_MTBF_S": f"{mtbf_from_rate(rate):.0f}",
+    }
+
+
 def template_kind(spec: JobSpec, entries: list[dict[str, Any]]) -> str:
     if spec.resources.nodes > 1:
         return "multinode"
@@ -211,6 +230,7 @@ def render_task(
         FTORCH_PIP_SPEC=install.pip_spec,
         FTORCH_EXTRA_PIP=extra_pip(spec),
         FTORCH_STORAGE_OPTIONS=json.dumps(spec.checkpoint.storage_options, sort_keys=True),
+        **interruption_envs(plan),
     )
     rendered: dict[str, Any] = {"name": job_id}
     if install.workdir:
