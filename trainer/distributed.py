@@ -6,9 +6,10 @@ nothing; `Sharded` runs FSDP2 (`fully_shard` per decoder layer, then the root):
 - `setup` decides: sharded when torchrun started several ranks (WORLD_SIZE > 1), when the job asks for
   `local.nproc > 1`, or when the run's newest checkpoint is sharded (DCP) -- a run saved by 2 ranks and
   resumed by 1 stays on the sharded path, as a world of one.
-- data: `train.micro_batch_size` is the *global* micro-batch. Every rank takes the same micro-batch of
-  the stateless sampler and keeps its contiguous slice, and the loss is normalised by the label tokens of
-  the whole micro-batch, so the global batch, the data order and the loss are the single-process run's.
+- data: the layout (trainer/layout.py) cuts each optimizer step's examples into global micro-batches of
+  (micro-batch per rank x ranks); every rank takes the same global micro-batch and keeps its contiguous
+  slice, and the loss is normalised by the label tokens of the whole global micro-batch, so the effective
+  batch and the data order are those of every other layout of the job.
 - the stop flag and the checkpoint decision are all-reduced, so all ranks stop and save at the same step.
 - every rank has its own torch RNG stream (seeded from (seed, rank)), saved with the checkpoint.
 """
@@ -132,11 +133,8 @@ class Sharded(Parallel):
     # ---- data ----------------------------------------------------------------------------------
     def local(self, examples: list[Example]) -> list[Example]:
         """This rank's contiguous slice of the global micro-batch (remembers the global counts)."""
-        if len(examples) < self.world:
-            raise ValueError(
-                f"train.micro_batch_size ({len(examples)}) is the global micro-batch and must be at "
-                f"least the number of ranks ({self.world})"
-            )
+        if len(examples) < self.world:  # trainer/layout.py never cuts them smaller
+            raise ValueError(f"a global micro-batch of {len(examples)} examples for {self.world} ranks")
         self._items = sum(sum(1 for label in e.labels[1:] if label != IGNORE) for e in examples)
         self._tokens = sum(len(e.input_ids) for e in examples)
         part = np.array_split(np.arange(len(examples)), self.world)[self.rank]
