@@ -6,12 +6,13 @@ Exit codes: 0 success; 2 the input is wrong (one line naming the field, no trace
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated
 
 import typer
 
+from orchestrator.cli_common import JobFile, JsonOut, Sets
+from orchestrator.cli_common import print_json as _print_json
 from orchestrator.errors import SpecError, UserError
 
 app = typer.Typer(
@@ -21,13 +22,6 @@ app = typer.Typer(
     add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
 )
-
-JobFile = Annotated[str, typer.Argument(help="the job YAML file")]
-Sets = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="override a field: key.path=value (YAML-typed); repeatable"),
-]
-JsonOut = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 
 def _version(value: bool) -> None:
@@ -45,10 +39,6 @@ def _root(
     ] = False,
 ) -> None:
     """Fine-tune language models on the cheapest adequate (spot) GPUs, without losing work."""
-
-
-def _print_json(payload: object) -> None:
-    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
 
 
 @app.command()
@@ -74,12 +64,10 @@ def launch(
     result = jobs.launch(job_file, overrides, dry_run=dry_run)
     if as_json:
         _print_json(result)
-    elif dry_run and "task_yaml" in result:
-        from orchestrator.backends import skypilot
-
-        typer.echo(skypilot.format_dry_run(result), nl=False)
     elif dry_run:
-        typer.echo(json.dumps(result, indent=2, default=str))
+        from orchestrator.backends.base import backend_for
+
+        typer.echo(backend_for(result["backend"]).format_dry_run(result), nl=False)
     else:
         typer.echo(result["job_id"])
     if follow and not dry_run:
@@ -104,7 +92,7 @@ def status(
     ] = None,
 ) -> None:
     """All jobs, or one job in detail."""
-    from orchestrator import jobs
+    from orchestrator import overview
 
     if plot is not None and job is None:
         raise UserError("--plot: give a JOB: `ftorch status JOB --plot loss.png`")
@@ -117,7 +105,7 @@ def status(
 
         raise typer.Exit(follow_mod.watch(job, show_all=show_all))
     if job is None:
-        rows = jobs.status_all()
+        rows = overview.status_all()
         if as_json:
             _print_json(rows)
         else:
@@ -125,7 +113,7 @@ def status(
 
             ui.print_jobs_table(rows, show_all=show_all)
         return
-    detail = jobs.status_one(job)
+    detail = overview.status_one(job)
     if plot is not None:
         from orchestrator.charts import plot_png
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 from typing import Annotated
 
 import typer
 
+from orchestrator.cli_common import JobFile, JsonOut, Sets, print_json
 from orchestrator.errors import SpecError, UserError
 
 
@@ -37,7 +36,7 @@ def _positive(option: str, value: float | None, allow_zero: bool = False) -> Non
 
 def simulate_command(
     ctx: typer.Context,
-    job_file: Annotated[str, typer.Argument(help="the job YAML file")],
+    job_file: JobFile,
     trace: Annotated[
         list[str] | None,
         typer.Option(
@@ -72,10 +71,8 @@ def simulate_command(
     windows: Annotated[
         int, typer.Option(help="simulate from N start offsets spread over the traces and summarize")
     ] = 1,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="override a field: key.path=value; repeatable")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    set_: Sets = None,
+    as_json: JsonOut = False,
 ) -> None:
     """Replay spot availability traces: cost, finish time and deadline of each policy."""
     from orchestrator import simulator, traces
@@ -119,7 +116,7 @@ def simulate_command(
     payload = simulator.run(policies, job, zones, start_tick, windows)
     payload["job"]["sources"] = sources
     if as_json:
-        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+        print_json(payload)
     else:
         from orchestrator.ui import simulate_lines
 

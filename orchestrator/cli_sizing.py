@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from collections import defaultdict
 from typing import Annotated, Any
 
 import typer
 
+from orchestrator.cli_common import JobFile, JsonOut, Sets
+from orchestrator.cli_common import print_json as _print_json
 from orchestrator.errors import UserError
 
-JobFile = Annotated[str, typer.Argument(help="the job YAML file")]
-Sets = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="override a field: key.path=value (YAML-typed); repeatable"),
-]
-JsonOut = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 Online = Annotated[
     bool, typer.Option("--online", help="allow fetching the model's config.json from the Hugging Face Hub")
 ]
@@ -24,10 +18,6 @@ Offline = Annotated[
     bool, typer.Option("--offline", help="use the bundled GPU catalog without probing SkyPilot's")
 ]
 COMMON_GPU_SIZES_GIB = (16, 22.35, 40, 44.7, 48, 80, 96, 141, 180)
-
-
-def _print_json(payload: object) -> None:
-    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
 
 
 def _console() -> Any:

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator import jobs
+from orchestrator.backends.base import backend_for, get_job, reconcile
+from orchestrator.logtail import LogTail
 from orchestrator.registry import TERMINAL, Registry
 
 POLL_S = 1.0
@@ -30,19 +31,11 @@ def _write(line: str) -> None:
 
 # ---- the live view ------------------------------------------------------------------------------
 def _log_tail(job_id: str, n: int = LOG_LINES) -> list[str]:
-    """The last lines of the newest attempt's trainer log (local backend)."""
+    """The last lines of the newest attempt's trainer log (when the backend keeps logs on this machine)."""
     registry = Registry()
-    paths = jobs.log_paths(registry, registry.get(job_id))
-    if not paths:
-        return []
-    try:
-        with open(paths[-1], "rb") as handle:
-            handle.seek(0, 2)
-            handle.seek(max(0, handle.tell() - 8192))
-            text = handle.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    return [line for line in text.splitlines() if line.strip()][-n:]
+    job = registry.get(job_id)
+    paths = backend_for(job.backend).log_paths(registry, job)
+    return LogTail(paths[-1]).last_lines(n) if paths else []
 
 
 def _frame(job_id: str | None, show_all: bool, width: int, with_log: bool) -> tuple[Any, bool]:
@@ -99,7 +92,7 @@ def live(
 def watch(job_id: str | None, show_all: bool = False, out: Any = None, poll_s: float = POLL_S) -> int:
     """`ftorch status --watch [JOB]`: 0 when the job (or every job) has ended or on Ctrl-C."""
     if job_id is not None:
-        job_id = jobs.get_job(job_id).job_id
+        job_id = get_job(job_id).job_id
     outcome = live(job_id, show_all, out=out, poll_s=poll_s)
     if outcome == "interrupted":
         target = f"`ftorch status {job_id}`" if job_id else "`ftorch status`"
@@ -115,9 +108,9 @@ def mark(job_id: str) -> Mark:
     """Where a job's history stands now (events seen, bytes of each log), so `resume --follow` prints
     only what comes after it."""
     registry = Registry()
-    job = jobs.get_job(job_id, registry)
+    job = get_job(job_id, registry)
     sizes = {}
-    for path in jobs.log_paths(registry, job):
+    for path in backend_for(job.backend).log_paths(registry, job):
         try:
             sizes[str(path)] = path.stat().st_size
         except OSError:
@@ -130,7 +123,7 @@ def follow(job_id: str, poll_s: float = 0.25, out: Any = None, since: Mark | Non
     With `since` (a `mark()`), the stream starts there instead of at the job's beginning."""
     from orchestrator import ui
 
-    job = jobs.get_job(job_id)
+    job = get_job(job_id)
     out = out or ui.console()
     if out.is_terminal:
         if live(job.job_id, out=out, poll_s=max(poll_s, 0.5), with_log=True) == "interrupted":
@@ -140,7 +133,9 @@ def follow(job_id: str, poll_s: float = 0.25, out: Any = None, since: Mark | Non
             _stream(job.job_id, poll_s, since)
         except KeyboardInterrupt:
             return _interrupted(job.job_id)
-    detail = jobs.status_one(job.job_id)
+    from orchestrator import overview
+
+    detail = overview.status_one(job.job_id)
     _summary(detail)
     return FOLLOW_EXIT_CODES.get(detail["state"], 1)
 
@@ -154,8 +149,9 @@ def _stream(job_id: str, poll_s: float, since: Mark | None = None) -> None:
     """Print state changes and trainer log lines as they come, until the job ends."""
     registry = Registry()
     job = registry.get(job_id)
+    backend = backend_for(job.backend)
     seen_events, offsets = since if since is not None else (0, {})
-    offsets = dict(offsets)
+    tails: dict[str, LogTail] = {}
     while True:
         events = registry.events(job.job_id)
         for event in events[seen_events:]:
@@ -163,17 +159,13 @@ def _stream(job_id: str, poll_s: float, since: Mark | None = None) -> None:
                 stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))
                 _write(f"{stamp} [ftorch] {event['kind']}: {event['detail']}")
         seen_events = len(events)
-        for path in jobs.log_paths(registry, job):
+        for path in backend.log_paths(registry, job):
             key = str(path)
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                handle.seek(offsets.get(key, 0))
-                text = handle.read()
-                complete, _, _rest = text.rpartition("\n")
-                if complete:
-                    for line in complete.split("\n"):
-                        _write(f"  {line}")
-                    offsets[key] = offsets.get(key, 0) + len(complete.encode("utf-8", "replace")) + 1
-        job = jobs.reconcile(registry, registry.get(job.job_id))
+            if key not in tails:
+                tails[key] = LogTail(path, offset=offsets.get(key, 0))
+            for line in tails[key].read_lines():
+                _write(f"  {line}")
+        job = reconcile(registry, registry.get(job.job_id))
         if job.state in TERMINAL:
             return
         time.sleep(poll_s)

@@ -1,23 +1,24 @@
-"""What the CLI's job commands do: launch, status, logs, cancel, resume. No torch, no sky here."""
+"""What the CLI's job commands do: launch, logs, cancel, resume. Backend-neutral: each backend's part
+goes through `orchestrator.backends.base.Backend`; status is `orchestrator.overview`. No torch, no sky."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.backends.base import backend_for, get_job, reconcile
 from orchestrator.errors import SpecError, UserError
-from orchestrator.registry import RESUMABLE, TERMINAL, Job, Registry
+from orchestrator.registry import RESUMABLE, Job, JobState, Registry
 
 if TYPE_CHECKING:
     from trainer.config import JobSpec
     from trainer.store import RunStore
 
 # `status` must not load pydantic, yaml or fsspec: the job-file and store modules are imported where used
-
 
 #: fsspec filesystems that do not outlive the process that wrote them: never a run store
 NON_DURABLE_SCHEMES = ("memory",)
@@ -43,6 +44,7 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
 
     spec = load_job(job_file, overrides)
     check_data(spec)
+    backend = backend_for(spec.resources.backend)
     job_id = new_job_id(spec.name)
     run_uri = join_uri(spec.checkpoint.uri, job_id)
     output_uri = spec.output.uri or join_uri(run_uri, "output")
@@ -55,13 +57,8 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
         "method": spec.method,
         "model": spec.model,
     }
-    task = None
-    if dry_run and spec.resources.backend == "skypilot":
-        from orchestrator.backends import skypilot
-
-        return {**summary, "dry_run": True, **skypilot.dry_run(spec, job_id, run_uri)}
     if dry_run:
-        return {**summary, "dry_run": True, "spec": spec.model_dump(mode="json")}
+        return {**summary, "dry_run": True, **backend.dry_run(spec, job_id, run_uri)}
     scheme = spec.checkpoint.uri.split("://", 1)[0] if "://" in spec.checkpoint.uri else "file"
     if scheme in NON_DURABLE_SCHEMES:
         raise UserError(
@@ -72,10 +69,7 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
         preflight(run_uri, spec.checkpoint.storage_options)
     except StoreError as exc:
         raise UserError(f"checkpoint.uri: the run store is not writable: {exc}") from None
-    if spec.resources.backend == "skypilot":  # plan, render, preflight (clouds, secrets)
-        from orchestrator.backends import skypilot
-
-        task = skypilot.prepare(spec, job_id, run_uri)
+    prepared = backend.prepare(spec, job_id, run_uri)  # e.g. plan, render, clouds, secrets
     store = RunStore(run_uri, spec.checkpoint.storage_options, retry_seconds=20)
     try:
         store.write_spec(_resolved_spec(spec, job_id, output_uri))
@@ -93,7 +87,7 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
         spec.model_dump(mode="json"),
         hourly_usd=spec.local.hourly_usd,
     )
-    _start(registry, job, task)
+    backend.start(registry, job, prepared)
     return summary
 
 
@@ -125,160 +119,24 @@ def check_data(spec: JobSpec) -> None:
         )
 
 
-def _start(registry: Registry, job: Job, task: dict[str, Any] | None = None) -> None:
-    if job.backend == "local":
-        from orchestrator.backends.local import start_supervisor, wait_for_previous_trainer
-
-        wait_for_previous_trainer(registry, job)
-        start_supervisor(registry, job)
-    elif job.backend == "skypilot":
-        from orchestrator.backends import skypilot
-
-        skypilot.start(registry, job, task)
-    else:  # pragma: no cover - refused at validation
-        raise UserError(f"resources.backend: {job.backend} is not available")
-
-
-def get_job(job_ref: str, registry: Registry | None = None) -> Job:
-    registry = registry or Registry()
-    matches = registry.find(job_ref)
-    if not matches:
-        raise UserError(f"JOB: no job {job_ref!r}; `ftorch status` lists the jobs")
-    if len(matches) > 1:
-        raise UserError(
-            f"JOB: {job_ref!r} matches {len(matches)} jobs ({', '.join(j.job_id for j in matches[:4])});"
-            " give more of the id"
-        )
-    return reconcile(registry, matches[0])
-
-
-def reconcile(registry: Registry, job: Job) -> Job:
-    """A job whose supervisor died is not left RUNNING: it becomes FAILED, resumable."""
-    if job.state not in TERMINAL and job.backend == "skypilot":
-        from orchestrator.backends import skypilot
-
-        return skypilot.reconcile(registry, job)
-    if job.state in TERMINAL or job.backend != "local":
-        return job
-    from orchestrator.backends.local import supervisor_alive
-
-    if supervisor_alive(job):
-        return job
-    time.sleep(0.2)  # the supervisor may have just finished: read again before judging
-    job = registry.get(job.job_id)
-    if job.state in TERMINAL or supervisor_alive(job):
-        return job
-    registry.set_state(
-        job.job_id,
-        "FAILED",
-        f"supervisor (pid {job.supervisor_pid}) is gone; `ftorch resume {job.job_id}` continues",
-    )
-    for attempt in registry.attempts(job.job_id):
-        if attempt.ended_at is None:
-            registry.update_attempt(job.job_id, attempt.n, ended_at=time.time(), end_reason="supervisor lost")
-    return registry.get(job.job_id)
-
-
-def _cost(registry: Registry, job: Job) -> float:
-    total = 0.0
-    now = time.time()
-    for attempt in registry.attempts(job.job_id):
-        end = attempt.ended_at or (now if job.state not in TERMINAL else attempt.started_at)
-        total += max(0.0, end - attempt.started_at) / 3600.0 * attempt.hourly_usd
-    return total
-
-
-def _store(job: Job) -> RunStore:
-    from trainer.store import RunStore
-
-    options = job.spec.get("checkpoint", {}).get("storage_options") or {}
-    return RunStore(job.run_uri, options, retry_seconds=5)
-
-
-def job_summary(registry: Registry, job: Job, progress: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One job's status row (see `orchestrator.overview.summarize`)."""
-    from orchestrator import overview
-
-    if progress is None:
-        progress = overview.read_progress(job.run_uri, job.spec.get("checkpoint", {}).get("storage_options"))
-    return overview.with_backend_fields(
-        registry, job, overview.summarize(job, registry.attempts(job.job_id), progress, time.time())
-    )
-
-
-def status_all() -> list[dict[str, Any]]:
-    from orchestrator import overview
-
-    return overview.status_all()
-
-
-def status_one(job_ref: str) -> dict[str, Any]:
-    from orchestrator import overview
-
-    return overview.status_one(job_ref)
-
-
-def lost_time_per_preemption(timeline: list[dict[str, Any]]) -> list[float]:
-    from orchestrator import overview
-
-    return overview.lost_time_per_preemption(timeline)
-
-
-def log_paths(registry: Registry, job: Job) -> list[Path]:
-    folder = registry.job_dir(job.job_id) / "logs"
-    return sorted(folder.glob("attempt-*.log"))
-
-
 def print_logs(job_ref: str, follow: bool = False) -> None:
     registry = Registry()
     job = get_job(job_ref, registry)
-    if job.backend == "skypilot":
-        from orchestrator.backends import skypilot
-
-        skypilot.print_logs(job, follow)
-        return
-    offsets: dict[Path, int] = {}
-    while True:
-        attempts = {a.n: a for a in registry.attempts(job.job_id)}
-        for path in log_paths(registry, job):
-            if path not in offsets:
-                n = int(path.stem.split("-")[1])
-                a = attempts.get(n)
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.started_at)) if a else "?"
-                sys.stdout.write(f"===== attempt {n} (started {when}) =====\n")
-                offsets[path] = 0
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                handle.seek(offsets[path])
-                sys.stdout.write(handle.read())
-                offsets[path] = handle.tell()
-        sys.stdout.flush()
-        job = reconcile(registry, registry.get(job.job_id))
-        if not follow or job.state in TERMINAL:
-            if follow:
-                sys.stdout.write(f"===== job {job.state} =====\n")
-            return
-        time.sleep(0.5)
+    backend_for(job.backend).print_logs(registry, job, follow)
 
 
 def cancel(job_ref: str, wait_s: float = 90.0) -> str:
     registry = Registry()
     job = get_job(job_ref, registry)
-    if job.state in TERMINAL:
+    if job.state.terminal:
         return f"{job.job_id} is already {job.state}; nothing to cancel"
-    if job.backend == "skypilot":
-        from orchestrator.backends import skypilot
-
-        return skypilot.cancel(registry, job)
-    if job.backend == "local":
-        from orchestrator.backends.local import request_cancel
-
-        if not request_cancel(registry, job):
-            registry.set_state(job.job_id, "CANCELLED", "cancelled by the user; checkpoints kept")
-            return f"{job.job_id} CANCELLED (checkpoints kept in {job.run_uri})"
+    done = backend_for(job.backend).cancel(registry, job)
+    if done is not None:
+        return done
     deadline = time.time() + wait_s
     while time.time() < deadline:
         job = reconcile(registry, registry.get(job.job_id))
-        if job.state in TERMINAL:
+        if job.state.terminal:
             break
         time.sleep(0.2)
     return f"{job.job_id} {job.state} (checkpoints kept in {job.run_uri})"
@@ -300,25 +158,26 @@ def resume(job_ref: str, overrides: list[str]) -> str:
     found = registry.claim(
         job.job_id,
         RESUMABLE,
-        "PENDING",
+        JobState.PENDING,
         "resuming from the newest checkpoint",
         os.getpid(),
         procs.start_time(os.getpid()),
     )
     if found is not None:
         raise UserError(f"JOB: {job.job_id} is {found}: another `ftorch resume` got there first")
-    store = _store(job)
+    store = job.run_store()
     resolved = _resolved_spec_for_resume(job, store)
     resolved["job"] = spec.model_dump(mode="json")
     store.write_spec(resolved)
     registry.update(
         job.job_id,
-        spec_json=_json(spec.model_dump(mode="json")),
+        spec_json=json.dumps(spec.model_dump(mode="json")),
         cancel_requested=0,
         hourly_usd=spec.local.hourly_usd,
     )
     registry.event(job.job_id, "resume", " ".join(overrides) or None)
-    _start(registry, registry.get(job.job_id))
+    job = registry.get(job.job_id)
+    backend_for(job.backend).start(registry, job)
     return f"{job.job_id} resumed from its newest checkpoint"
 
 
@@ -331,10 +190,6 @@ def _resolved_spec_for_resume(job: Job, store: RunStore) -> dict[str, Any]:
     return {"job": job.spec, "run_id": job.job_id, "output_uri": job.output_uri, "created_at": job.created_at}
 
 
-def _json(payload: Any) -> str:
-    import json
-
-    return json.dumps(payload)
-
-
-__all__ = ["SpecError", "UserError", "launch", "status_all", "status_one", "print_logs", "cancel", "resume"]
+__all__ = [
+    "SpecError", "UserError", "launch", "get_job", "reconcile", "print_logs", "cancel", "resume",
+]  # fmt: skip

@@ -122,7 +122,7 @@ def notify_job(registry: Any, job_id: str, event: str, log: Callable[[str], None
         spec_notify = job.spec.get("notify")
         if not spec_notify or event not in (spec_notify.get("on") or ()):
             return []
-        progress = read_progress(job.run_uri, (job.spec.get("checkpoint") or {}).get("storage_options"))
+        progress = read_progress(job)
         row = summarize(job, registry.attempts(job_id), progress, time.time())
         problems = send(spec_notify, event, payload(event, row), log)
         registry.event(job_id, "notify", f"{event}: " + ("; ".join(problems) if problems else "sent"))

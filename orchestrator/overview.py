@@ -12,9 +12,9 @@ import os
 import time
 from typing import Any
 
-from orchestrator.registry import TERMINAL, Attempt, Job, Registry
+from orchestrator.backends.base import backend_for, get_job, reconcile
+from orchestrator.registry import ACTIVE, Attempt, Job, JobState, Outcome, Registry
 
-ACTIVE = ("PENDING", "PROVISIONING", "RUNNING", "PREEMPTED", "RECOVERING")
 CACHE_KIND = "final_progress"
 PROGRESS_FILE = "progress.json"
 
@@ -26,21 +26,19 @@ def _local_path(uri: str) -> str | None:
     return None if "://" in uri else uri
 
 
-def read_progress(run_uri: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The run's progress.json, or {} when there is none, the store cannot be read, or the file does not
+def read_progress(job: Job) -> dict[str, Any]:
+    """The job's progress.json, or {} when there is none, the store cannot be read, or the file does not
     check out (then one warning line on stderr names it)."""
-    local = _local_path(run_uri)
+    local = _local_path(job.run_uri)
     try:
         if local is not None:
             with open(os.path.join(local, PROGRESS_FILE), encoding="utf-8") as handle:
                 data = json.load(handle)
         else:
-            from trainer.store import RunStore
-
-            data = RunStore(run_uri, storage_options or {}, retry_seconds=5).read_json_or_none(PROGRESS_FILE)
+            data = job.run_store().read_json_or_none(PROGRESS_FILE)
     except Exception:  # a missing, half-written or unreachable progress file must not break status
         return {}
-    return checked_or_warn(data, f"{run_uri.rstrip('/')}/{PROGRESS_FILE}")
+    return checked_or_warn(data, f"{job.run_uri.rstrip('/')}/{PROGRESS_FILE}")
 
 
 def checked_or_warn(data: Any, where: str) -> dict[str, Any]:
@@ -58,35 +56,33 @@ def checked_or_warn(data: Any, where: str) -> dict[str, Any]:
     return {}
 
 
-def _storage_options(job: Job) -> dict[str, Any]:
-    return (job.spec.get("checkpoint") or {}).get("storage_options") or {}
-
-
 # ---- the numbers --------------------------------------------------------------------------------
-def attempt_cost(attempt: Attempt, state: str, now: float) -> float:
-    """An attempt's cost: its duration at its hourly price (a running attempt counts up to now)."""
+def attempt_cost(attempt: Attempt, state: JobState, now: float, until: float | None = None) -> float:
+    """An attempt's cost: its duration at its hourly price. A running attempt counts up to `now` (while
+    the job runs); `until` cuts it at that time (cost so far at a step)."""
     if attempt.ended_at is not None:
         end = attempt.ended_at
     else:
-        end = now if state not in TERMINAL else attempt.started_at
+        end = now if not state.terminal else attempt.started_at
+    if until is not None:
+        end = min(end, until) if attempt.ended_at is not None else until
     return max(0.0, end - attempt.started_at) / 3600.0 * attempt.hourly_usd
 
 
-def cost_usd(attempts: list[Attempt], state: str, now: float) -> float:
+def cost_usd(attempts: list[Attempt], state: JobState, now: float) -> float:
     return sum(attempt_cost(a, state, now) for a in attempts)
 
 
-def _is_preemption(reason: str | None) -> bool:
-    return (reason or "").startswith("preempted")
+def preempted(attempt: Attempt) -> bool:
+    return attempt.outcome is Outcome.PREEMPTED
 
 
 def stop_reason(job: Job) -> str | None:
-    """A short word for why a job stopped: budget, cancelled, failed, succeeded; None while active."""
-    if job.state not in TERMINAL:
+    """A short word for why a job stopped: budget, cancelled, failed, succeeded; None while active.
+    STOPPED is the budget guard's stop (the only thing that stops a job short of its end)."""
+    if not job.state.terminal:
         return None
-    if job.state == "STOPPED" and (job.reason or "").startswith("budget"):
-        return "budget"
-    return job.state.lower() if job.state != "STOPPED" else "stopped"
+    return "budget" if job.state is JobState.STOPPED else job.state.lower()
 
 
 def summarize(job: Job, attempts: list[Attempt], progress: dict[str, Any], now: float) -> dict[str, Any]:
@@ -97,9 +93,9 @@ def summarize(job: Job, attempts: list[Attempt], progress: dict[str, Any], now: 
     total = progress.get("total_steps")
     rate = progress.get("steps_per_s") or 0.0
     remaining_steps = max(0, total - step) if total else None
-    if state == "SUCCEEDED":
+    if state is JobState.SUCCEEDED:
         remaining_s: float | None = 0.0
-    elif active and progress.get("eta_s") is not None and state == "RUNNING":
+    elif active and progress.get("eta_s") is not None and state is JobState.RUNNING:
         remaining_s = float(progress["eta_s"])
     elif remaining_steps is not None and rate > 0:
         remaining_s = remaining_steps / rate
@@ -108,7 +104,7 @@ def summarize(job: Job, attempts: list[Attempt], progress: dict[str, Any], now: 
     last = attempts[-1] if attempts else None
     hourly = last.hourly_usd if last is not None else job.hourly_usd
     cost = cost_usd(attempts, state, now)
-    if state == "SUCCEEDED":
+    if state is JobState.SUCCEEDED:
         projected: float | None = cost
     elif remaining_s is not None:
         projected = cost + remaining_s / 3600.0 * hourly
@@ -130,12 +126,12 @@ def summarize(job: Job, attempts: list[Attempt], progress: dict[str, Any], now: 
         "fraction_done": (step / total) if total else None,
         "loss": progress.get("loss"),
         "attempts": len(attempts),
-        "preemptions": sum(1 for a in attempts if _is_preemption(a.end_reason)),
+        "preemptions": sum(1 for a in attempts if preempted(a)),
         "cost_usd": round(cost, 6),
         "projected_cost_usd": None if projected is None else round(projected, 6),
         "budget_usd": budget,
         "hourly_usd": hourly,
-        "eta_s": remaining_s if (active or state == "SUCCEEDED") else None,
+        "eta_s": remaining_s if (active or state is JobState.SUCCEEDED) else None,
         "remaining_s": remaining_s,
         "run_uri": job.run_uri,
         "output_uri": job.output_uri,
@@ -154,92 +150,64 @@ def summarize(job: Job, attempts: list[Attempt], progress: dict[str, Any], now: 
 
 
 def with_backend_fields(registry: Registry, job: Job, row: dict[str, Any]) -> dict[str, Any]:
-    """A cloud backend knows more (recoveries, where, its own cost): merge it, keep the projection."""
-    if job.backend != "skypilot":
-        return row
-    from orchestrator.backends import skypilot
-
+    """A backend may know more (recoveries, where, its own cost): merge it, keep the projection."""
     cost_before = row["cost_usd"]
-    row.update(skypilot.summary_fields(registry, job))
+    row.update(backend_for(job.backend).status_fields(registry, job))
     if row["projected_cost_usd"] is not None and row["cost_usd"] != cost_before:
         row["projected_cost_usd"] = round(row["projected_cost_usd"] - cost_before + row["cost_usd"], 6)
     return row
 
 
+def job_row(registry: Registry, job: Job, progress: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One job's status row, with its backend's fields."""
+    if progress is None:
+        progress = read_progress(job)
+    return with_backend_fields(
+        registry, job, summarize(job, registry.attempts(job.job_id), progress, time.time())
+    )
+
+
 # ---- bulk reading for the jobs table ------------------------------------------------------------
-JOB_COLUMNS = (
-    "job_id", "name", "backend", "state", "reason", "run_uri", "output_uri", "spec_json", "created_at",
-    "updated_at", "ended_at", "supervisor_pid", "supervisor_started", "cancel_requested", "backend_job_id",
-    "hourly_usd",
-)  # fmt: skip
-ATTEMPT_COLUMNS = (
-    "job_id", "n", "started_at", "ended_at", "pid", "exit_code", "end_reason", "start_step", "end_step",
-    "first_step_at", "instance", "spot", "hourly_usd",
-)  # fmt: skip
-
-
-def _load(registry: Registry) -> tuple[list[Job], dict[str, list[Attempt]], dict[str, dict[str, Any]]]:
-    """All jobs, their attempts and their cached final progress: one connection, plain tuples (fast)."""
-    attempts: dict[str, list[Attempt]] = {}
-    cached: dict[str, str] = {}
-    with registry._connect() as db:
-        db.row_factory = None
-        job_rows = db.execute(f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs ORDER BY created_at").fetchall()
-        for row in db.execute(f"SELECT {', '.join(ATTEMPT_COLUMNS)} FROM attempts ORDER BY job_id, n"):
-            a = Attempt(*row)
-            if a.spot is not None:
-                a.spot = bool(a.spot)
-            attempts.setdefault(a.job_id, []).append(a)
-        for job_id, detail in db.execute(
-            "SELECT job_id, detail FROM events WHERE kind = ? ORDER BY id", (CACHE_KIND,)
-        ):
-            cached[job_id] = detail
-    jobs = []
-    for row in job_rows:
-        values = list(row)
-        values[7] = json.loads(values[7])
-        values[13] = bool(values[13])
-        jobs.append(Job(*values))
+def _cached(details: dict[str, str]) -> dict[str, dict[str, Any]]:
     from trainer.runfiles import checked_progress
 
     parsed: dict[str, dict[str, Any]] = {}
-    for job_id, detail in cached.items():
+    for job_id, detail in details.items():
         try:
             entry = json.loads(detail)
         except (TypeError, json.JSONDecodeError):
             continue
         if isinstance(entry, dict) and checked_progress(entry.get("progress")) is not None:
             parsed[job_id] = entry  # an entry cached before progress files were checked may not be
-    return jobs, attempts, parsed
+    return parsed
 
 
 def cache_final_progress(registry: Registry, job: Job, progress: dict[str, Any]) -> None:
     """Remember a finished job's last progress, valid while the job stays ended at `job.ended_at`."""
-    if job.state in TERMINAL and progress:
+    if job.state.terminal and progress:
         registry.event(job.job_id, CACHE_KIND, json.dumps({"ended_at": job.ended_at, "progress": progress}))
 
 
 def _progress_for(registry: Registry, job: Job, cached: dict[str, Any] | None) -> dict[str, Any]:
-    if job.state in TERMINAL and cached and cached.get("ended_at") == job.ended_at:
+    if job.state.terminal and cached and cached.get("ended_at") == job.ended_at:
         return cached.get("progress") or {}
-    progress = read_progress(job.run_uri, _storage_options(job))
-    if job.state in TERMINAL:
+    progress = read_progress(job)
+    if job.state.terminal:
         cache_final_progress(registry, job, progress)
     return progress
 
 
 def status_all(registry: Registry | None = None) -> list[dict[str, Any]]:
     """Every job's status row, oldest first."""
-    from orchestrator.jobs import reconcile
-
     registry = registry or Registry()
-    jobs, attempts, cached = _load(registry)
+    jobs, attempts, details = registry.snapshot(CACHE_KIND)
+    cached = _cached(details)
     rows = []
     for job in jobs:
         job_attempts = attempts.get(job.job_id, [])
-        if job.state not in TERMINAL:
+        if not job.state.terminal:
             job = reconcile(registry, job)
-            if job.state in TERMINAL:
+            if job.state.terminal:
                 job_attempts = registry.attempts(job.job_id)
         progress = _progress_for(registry, job, cached.get(job.job_id))
         rows.append(with_backend_fields(registry, job, summarize(job, job_attempts, progress, time.time())))
@@ -278,6 +246,7 @@ def timeline(
                 "ended_at": a.ended_at,
                 "exit_code": a.exit_code,
                 "end_reason": a.end_reason,
+                "outcome": a.outcome,
                 "start_step": a.start_step,
                 "end_step": a.end_step,
                 "steps_gained": max(0, (kept or 0) - start) if kept is not None else None,
@@ -293,24 +262,19 @@ def lost_time_per_preemption(timeline_rows: list[dict[str, Any]]) -> list[float]
     """For each preemption: seconds from the end of the attempt to the next attempt's first step."""
     lost = []
     for previous, following in zip(timeline_rows, timeline_rows[1:], strict=False):
-        if _is_preemption(previous.get("end_reason")) and following.get("first_step_at"):
+        if previous.get("outcome") == Outcome.PREEMPTED and following.get("first_step_at"):
             lost.append(round(following["first_step_at"] - previous["ended_at"], 2))
     return lost
 
 
-def cost_curve(metrics: list[dict[str, Any]], attempts: list[Attempt], state: str) -> list[list[float]]:
+def cost_curve(metrics: list[dict[str, Any]], attempts: list[Attempt], state: JobState) -> list[list[float]]:
     """[step, cost so far] at each logged step: what the run had cost when it got there."""
     curve = []
     for row in metrics:
         at = row.get("time")
         if at is None:
             continue
-        spent = 0.0
-        for a in attempts:
-            if a.started_at >= at:
-                continue
-            end = min(at, a.ended_at) if a.ended_at is not None else at
-            spent += max(0.0, end - a.started_at) / 3600.0 * a.hourly_usd
+        spent = sum(attempt_cost(a, state, at, until=at) for a in attempts if a.started_at < at)
         curve.append([row["step"], round(spent, 6)])
     return curve
 
@@ -319,17 +283,13 @@ def status_one(job_ref: str) -> dict[str, Any]:
     """One job in detail: the row, the attempt timeline, checkpoints, loss and cost curves, events."""
     import sys
 
-    from orchestrator.jobs import get_job
-
     registry = Registry()
     job = get_job(job_ref, registry)
     attempts = registry.attempts(job.job_id)
     checkpoints: list[dict[str, Any]] = []
     metrics: list[dict[str, Any]] = []
     try:
-        from trainer.store import RunStore
-
-        store = RunStore(job.run_uri, _storage_options(job), retry_seconds=5)
+        store = job.run_store()
         progress = checked_or_warn(store.read_json_or_none(PROGRESS_FILE), store.uri(PROGRESS_FILE))
         checkpoints = [
             {"step": c.step, "created_at": c.created_at, "size_bytes": c.size_bytes, "uri": store.uri(c.path)}
@@ -346,9 +306,7 @@ def status_one(job_ref: str) -> dict[str, Any]:
     detail["checkpoints"] = checkpoints
     detail["loss_curve"] = [[m["step"], m["loss"]] for m in metrics if m.get("loss") is not None]
     detail["cost_curve"] = cost_curve(metrics, attempts, job.state)
-    detail["preemption_steps"] = [
-        a.end_step for a in attempts if _is_preemption(a.end_reason) and a.end_step is not None
-    ]
+    detail["preemption_steps"] = [a.end_step for a in attempts if preempted(a) and a.end_step is not None]
     detail["eval_before"] = progress.get("eval_before")
     detail["eval_after"] = progress.get("eval_after")
     detail["lost_time_s"] = lost_time_per_preemption(detail["attempt_timeline"])

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from enum import Enum
 from typing import Protocol
 
-from trainer.config import ResourcesSpec, parse_duration
+from trainer.config import ResourcesSpec
 
 POLICY_NAMES = ("spot-only", "spot-fallback", "deadline", "on-demand")
 #: policies the simulator also knows, for comparison only (not valid in a job file)
@@ -241,21 +240,3 @@ def policy_name_for(resources: ResourcesSpec) -> str:
     if resources.deadline is not None:
         return "deadline"
     return "spot-fallback" if resources.fallback == "on-demand" else "spot-only"
-
-
-def deadline_seconds(text: str, now: datetime | None = None) -> float:
-    """resources.deadline as seconds from `now` (launch): '12h' -> 43200; an ISO time with a zone -> its
-    distance from now. Raises ValueError if it is malformed, has no zone, or is not in the future."""
-    try:
-        seconds = parse_duration(text)
-    except ValueError:
-        try:
-            when = datetime.fromisoformat(text.strip())
-        except ValueError:
-            raise ValueError(f"{text!r} is not a duration like 12h or an ISO time with a zone") from None
-        if when.tzinfo is None:
-            raise ValueError(f"{text!r} needs a time zone, e.g. 2026-12-01T07:00+01:00") from None
-        seconds = (when - (now or datetime.now(timezone.utc))).total_seconds()
-    if seconds <= 0:
-        raise ValueError(f"{text!r} is not in the future")
-    return seconds

@@ -12,23 +12,16 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-STATES = (
-    "PENDING",
-    "PROVISIONING",
-    "RUNNING",
-    "PREEMPTED",
-    "RECOVERING",
-    "SUCCEEDED",
-    "FAILED",
-    "CANCELLED",
-    "STOPPED",
-)
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "STOPPED")
-RESUMABLE = ("FAILED", "CANCELLED", "STOPPED")
+from orchestrator.errors import UserError
+from orchestrator.states import ACTIVE, RESUMABLE, TERMINAL, JobState, Outcome
+
+__all__ = ["ACTIVE", "RESUMABLE", "STATES", "TERMINAL", "Attempt", "Job", "JobState", "Outcome", "Registry"]
+
+STATES = tuple(JobState)  # kept for callers that list the states
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -63,6 +56,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     instance TEXT,
     spot INTEGER,
     hourly_usd REAL NOT NULL DEFAULT 0,
+    outcome TEXT,
     PRIMARY KEY (job_id, n)
 );
 CREATE TABLE IF NOT EXISTS events (
@@ -74,6 +68,18 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_job ON events (job_id, at);
 """
+#: columns added after the first release: (table, column, type); added to older registries on open
+MIGRATIONS = (("attempts", "outcome", "TEXT"),)
+#: the column order of Job and Attempt below: the fast bulk read (`Registry.snapshot`) reads tuples
+JOB_COLUMNS = (
+    "job_id", "name", "backend", "state", "reason", "run_uri", "output_uri", "spec_json", "created_at",
+    "updated_at", "ended_at", "supervisor_pid", "supervisor_started", "cancel_requested", "backend_job_id",
+    "hourly_usd",
+)  # fmt: skip
+ATTEMPT_COLUMNS = (
+    "job_id", "n", "started_at", "ended_at", "pid", "exit_code", "end_reason", "start_step", "end_step",
+    "first_step_at", "instance", "spot", "hourly_usd", "outcome",
+)  # fmt: skip
 
 
 def ftorch_home() -> Path:
@@ -95,7 +101,7 @@ class Job:
     job_id: str
     name: str
     backend: str
-    state: str
+    state: JobState
     reason: str | None
     run_uri: str
     output_uri: str
@@ -108,6 +114,20 @@ class Job:
     cancel_requested: bool
     backend_job_id: str | None
     hourly_usd: float
+
+    def __post_init__(self) -> None:
+        self.state = JobState(self.state)
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """checkpoint.storage_options of the job's spec ({} when none)."""
+        return dict((self.spec.get("checkpoint") or {}).get("storage_options") or {})
+
+    def run_store(self, retry_seconds: float = 5.0) -> Any:
+        """The job's run store (`trainer.store.RunStore`; imported here, on use, to keep status light)."""
+        from trainer.store import RunStore
+
+        return RunStore(self.run_uri, self.storage_options, retry_seconds=retry_seconds)
 
 
 @dataclass
@@ -125,7 +145,16 @@ class Attempt:
     instance: str | None = None
     spot: bool | None = None
     hourly_usd: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: how it ended (None while it runs); registries from before outcomes were stored: from end_reason
+    outcome: Outcome | None = None
+
+    def __post_init__(self) -> None:
+        if self.spot is not None:
+            self.spot = bool(self.spot)
+        if self.outcome is not None:
+            self.outcome = Outcome(self.outcome)
+        else:
+            self.outcome = Outcome.of_reason(self.end_reason)
 
 
 class Registry:
@@ -138,11 +167,13 @@ class Registry:
         try:
             with self._connect() as db:
                 db.executescript(SCHEMA)
+                for table, column, kind in MIGRATIONS:
+                    have = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
+                    if column not in have:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         except sqlite3.DatabaseError as exc:
             if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
                 raise
-            from orchestrator.errors import UserError
-
             raise UserError(
                 f"the job registry {self.path} is unreadable ({exc}); move it aside to start a new one "
                 f"(mv {self.path} {self.path}.bad); run stores and checkpoints are not affected"
@@ -211,13 +242,25 @@ class Registry:
         exact = [r for r in rows if r["job_id"] == prefix]
         return [_job(r) for r in (exact or rows)]
 
+    def lookup(self, job_ref: str) -> Job:
+        """The one job an id or a unique id prefix names; a one-line UserError otherwise."""
+        matches = self.find(job_ref)
+        if not matches:
+            raise UserError(f"JOB: no job {job_ref!r}; `ftorch status` lists the jobs")
+        if len(matches) > 1:
+            raise UserError(
+                f"JOB: {job_ref!r} matches {len(matches)} jobs ({', '.join(j.job_id for j in matches[:4])});"
+                " give more of the id"
+            )
+        return matches[0]
+
     def jobs(self) -> list[Job]:
         with self._connect() as db:
             rows = db.execute("SELECT * FROM jobs ORDER BY created_at").fetchall()
         return [_job(r) for r in rows]
 
-    def set_state(self, job_id: str, state: str, reason: str | None = None) -> None:
-        assert state in STATES, state
+    def set_state(self, job_id: str, state: JobState | str, reason: str | None = None) -> None:
+        state = JobState(state)
         now = time.time()
         ended = now if state in TERMINAL else None
         with self._connect() as db:
@@ -295,6 +338,22 @@ class Registry:
             ).fetchall()
         return [dict(r) for r in rows]
 
+    def snapshot(self, event_kind: str) -> tuple[list[Job], dict[str, list[Attempt]], dict[str, str]]:
+        """All jobs, their attempts and each job's newest `event_kind` event detail, in one connection
+        with plain tuples (fast enough to list thousands of jobs)."""
+        attempts: dict[str, list[Attempt]] = {}
+        details: dict[str, str] = {}
+        with self._connect() as db:
+            db.row_factory = None
+            job_rows = db.execute(f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs ORDER BY created_at").fetchall()
+            for row in db.execute(f"SELECT {', '.join(ATTEMPT_COLUMNS)} FROM attempts ORDER BY job_id, n"):
+                attempts.setdefault(row[0], []).append(Attempt(*row))
+            for job_id, detail in db.execute(
+                "SELECT job_id, detail FROM events WHERE kind = ? ORDER BY id", (event_kind,)
+            ):
+                details[job_id] = detail
+        return [job_from_values(row) for row in job_rows], attempts, details
+
     # ---- attempts ------------------------------------------------------------------------------
     def start_attempt(
         self,
@@ -321,7 +380,9 @@ class Registry:
         )
 
     def update_attempt(self, job_id: str, n: int, **fields: Any) -> None:
-        allowed = {"ended_at", "pid", "exit_code", "end_reason", "end_step", "first_step_at", "start_step"}
+        allowed = {
+            "ended_at", "pid", "exit_code", "end_reason", "end_step", "first_step_at", "start_step", "outcome",
+        }  # fmt: skip
         assert set(fields) <= allowed, fields
         sets = ", ".join(f"{k} = ?" for k in fields)
         with self._connect() as db:
@@ -332,24 +393,7 @@ class Registry:
     def attempts(self, job_id: str) -> list[Attempt]:
         with self._connect() as db:
             rows = db.execute("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,)).fetchall()
-        return [
-            Attempt(
-                job_id=r["job_id"],
-                n=r["n"],
-                started_at=r["started_at"],
-                ended_at=r["ended_at"],
-                pid=r["pid"],
-                exit_code=r["exit_code"],
-                end_reason=r["end_reason"],
-                start_step=r["start_step"],
-                end_step=r["end_step"],
-                first_step_at=r["first_step_at"],
-                instance=r["instance"],
-                spot=None if r["spot"] is None else bool(r["spot"]),
-                hourly_usd=r["hourly_usd"],
-            )
-            for r in rows
-        ]
+        return [Attempt(**{c: r[c] for c in ATTEMPT_COLUMNS}) for r in rows]
 
 
 def _like_prefix(prefix: str) -> str:
@@ -357,21 +401,12 @@ def _like_prefix(prefix: str) -> str:
 
 
 def _job(row: sqlite3.Row) -> Job:
-    return Job(
-        job_id=row["job_id"],
-        name=row["name"],
-        backend=row["backend"],
-        state=row["state"],
-        reason=row["reason"],
-        run_uri=row["run_uri"],
-        output_uri=row["output_uri"],
-        spec=json.loads(row["spec_json"]),
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        ended_at=row["ended_at"],
-        supervisor_pid=row["supervisor_pid"],
-        supervisor_started=row["supervisor_started"],
-        cancel_requested=bool(row["cancel_requested"]),
-        backend_job_id=row["backend_job_id"],
-        hourly_usd=row["hourly_usd"],
-    )
+    return job_from_values(tuple(row[c] for c in JOB_COLUMNS))
+
+
+def job_from_values(values: tuple[Any, ...]) -> Job:
+    """A Job from a JOB_COLUMNS tuple."""
+    job = Job(*values)
+    job.spec = json.loads(values[JOB_COLUMNS.index("spec_json")])
+    job.cancel_requested = bool(job.cancel_requested)
+    return job

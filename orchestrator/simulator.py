@@ -282,7 +282,7 @@ def job_numbers(
 ) -> tuple[JobNumbers, dict[str, str]]:
     """JobNumbers from the given values (keys of PLAN_FIELDS), the planner filling what is not given;
     and where each came from. `deadline` overrides resources.deadline."""
-    from orchestrator.policy import deadline_seconds
+    from trainer.config import deadline_seconds
 
     sources = {k: "given" for k, v in given.items() if v is not None}
     values = dict(given)

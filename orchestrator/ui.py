@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.charts import loss_chart
-from orchestrator.registry import TERMINAL
+from orchestrator.registry import RESUMABLE, TERMINAL
 
 STATE_STYLE = {
     "PENDING": "dim",
@@ -323,7 +323,7 @@ def render_detail(d: dict[str, Any], width: int) -> RenderableType:
         parts.append(Text(f"{pad}output: {d['output_uri']}", style="bold green"))
     else:
         parts.append(Text(f"{pad}run store: {d['run_uri']}"))
-        if d["state"] in ("STOPPED", "FAILED", "CANCELLED"):
+        if d["state"] in RESUMABLE:
             hint = f"{pad}`ftorch resume {d['job_id']}` continues from the newest checkpoint"
             if d.get("stop_reason") == "budget":
                 hint += f" (raise it: --set resources.budget_usd={_next_budget(d)})"

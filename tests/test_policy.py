@@ -12,13 +12,12 @@ from orchestrator.policy import (
     Mode,
     Observation,
     UniformProgressPolicy,
-    deadline_seconds,
     make_policy,
     policy_name_for,
 )
 from orchestrator.simulator import JobNumbers, simulate
 from orchestrator.traces import from_arrays
-from trainer.config import ResourcesSpec
+from trainer.config import ResourcesSpec, deadline_seconds
 
 H = 3600.0
 GAP = 300.0

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helpers import ftorch, job_dict, write_data
 
-from orchestrator import jobs
+from orchestrator import overview
 from orchestrator.policy import make_policy
 from orchestrator.registry import TERMINAL
 from orchestrator.simulator import JobNumbers, simulate
@@ -46,9 +46,9 @@ def test_local_run_follows_the_simulated_policy(
     assert done.returncode == 0, done.stderr
     job_id = json.loads(done.stdout)["job_id"]
     deadline = time.time() + 240
-    while jobs.status_one(job_id)["state"] not in TERMINAL and time.time() < deadline:
+    while overview.status_one(job_id)["state"] not in TERMINAL and time.time() < deadline:
         time.sleep(0.5)
-    detail = jobs.status_one(job_id)
+    detail = overview.status_one(job_id)
     assert detail["state"] == "SUCCEEDED", detail
     modes = [a["instance"] for a in detail["attempt_timeline"]]
 

@@ -328,12 +328,12 @@ def test_validate_job_accepts_the_new_resources_fields() -> None:
 
 
 def test_launch_refuses_what_the_cloud_backend_cannot_enforce_or_run() -> None:
-    from orchestrator.backends import skypilot
+    from orchestrator.backends import skypilot_checks
 
     spec = load_job(REPO / "examples/mistral-7b-lora.yaml", ["resources.budget_usd=50"])
     _p, task = render_job(spec, "j", "s3://b/j", environ={})
     with pytest.raises(SpecError) as caught:
-        skypilot.preflight(spec, "s3://b/j", task)
+        skypilot_checks.preflight(spec, "s3://b/j", task)
     assert caught.value.field == "resources.budget_usd"
     spec = load_job(REPO / "examples/llama3-8b-full.yaml", check_support=False)
     _p, task = render_job(spec, "j", "s3://b/j", environ={})
@@ -351,7 +351,7 @@ def test_launch_refuses_what_the_cloud_backend_cannot_enforce_or_run() -> None:
 
     if any(field == "local.nproc" for field, _ in unsupported_features(probe)):
         with pytest.raises(SpecError) as caught:  # 8 GPUs, while the trainer cannot shard (FSDP)
-            skypilot.check_multi_gpu(task)
+            skypilot_checks.check_multi_gpu(task)
         assert caught.value.field == "resources.gpus"
     else:  # the trainer shards: multi-GPU plans launch
-        skypilot.check_multi_gpu(task)
+        skypilot_checks.check_multi_gpu(task)

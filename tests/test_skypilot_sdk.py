@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from helpers import ftorch
 
-from orchestrator import jobs
-from orchestrator.backends import skypilot
+from orchestrator import overview
+from orchestrator.backends import skypilot_cost, skypilot_state
 from orchestrator.registry import Registry
 from trainer.store import RunStore
 
@@ -45,7 +45,7 @@ def _cloud_job(registry: Registry, tmp_path: Path) -> Any:
         {"cloud": "aws", "accelerator": "L40S", "count": 1, "spot": False, "hourly_usd": 2.0},
         {"cloud": "gcp", "accelerator": "A100", "count": 1, "spot": True, "hourly_usd": 1.5},
     ]
-    skypilot._write_state(registry, job, {"sky_job_id": 7, "offers": offers, "segments": []})
+    skypilot_state.write_state(registry, job, {"sky_job_id": 7, "offers": offers, "segments": []})
     return registry.get(job.job_id)
 
 
@@ -78,28 +78,28 @@ def test_status_merges_skypilot_records_with_the_run_store(ftorch_home: Path, tm
     registry = Registry()
     job = _cloud_job(registry, tmp_path)
 
-    job = skypilot.apply_record(registry, job, _record("STARTING", 0, None, {}, 0, 0))
+    job = skypilot_state.apply_record(registry, job, _record("STARTING", 0, None, {}, 0, 0))
     assert job.state == "PROVISIONING"
 
-    job = skypilot.apply_record(registry, job, _record("RUNNING", 0, "aws", {"L40S": 1}, 1800, 1800))
-    summary = jobs.job_summary(registry, job)
+    job = skypilot_state.apply_record(registry, job, _record("RUNNING", 0, "aws", {"L40S": 1}, 1800, 1800))
+    summary = overview.job_row(registry, job)
     assert summary["state"] == "RUNNING" and summary["step"] == 40 and summary["eta_s"] == 600.0
     assert summary["preemptions"] == 0 and summary["attempts"] == 1
     assert summary["where"] == "aws/us-east-1 1x L40S spot"
     assert summary["cost_usd"] == pytest.approx(0.5 * 0.75, rel=1e-3)
 
-    job = skypilot.apply_record(registry, job, _record("RECOVERING", 1, "aws", {"L40S": 1}, 3000, 0))
+    job = skypilot_state.apply_record(registry, job, _record("RECOVERING", 1, "aws", {"L40S": 1}, 3000, 0))
     assert job.state == "RECOVERING"
     # relaunched on GCP: 3000 s ran before, 600 s since the recovery
-    job = skypilot.apply_record(registry, job, _record("RUNNING", 1, "gcp", {"A100": 1}, 3600, 600))
-    summary = jobs.job_summary(registry, job)
+    job = skypilot_state.apply_record(registry, job, _record("RUNNING", 1, "gcp", {"A100": 1}, 3600, 600))
+    summary = overview.job_row(registry, job)
     assert summary["preemptions"] == 1 and summary["attempts"] == 2
     assert summary["where"] == "gcp/us-central1 1x A100 spot"
     assert summary["cost_usd"] == pytest.approx(3000 / 3600 * 0.75 + 600 / 3600 * 1.5, rel=1e-3)
     timeline = registry.attempts(job.job_id)
     assert timeline[0].end_reason.startswith("preempted") and timeline[1].instance.startswith("gcp")
 
-    job = skypilot.apply_record(
+    job = skypilot_state.apply_record(
         registry, job, _record("SUCCEEDED", 1, "gcp", {"A100": 1}, 4200, 1200, end_at=time.time())
     )
     assert job.state == "SUCCEEDED" and job.ended_at is not None
@@ -110,7 +110,7 @@ def test_failures_carry_skypilots_reason(ftorch_home: Path, tmp_path: Path) -> N
     registry = Registry()
     job = _cloud_job(registry, tmp_path)
     record = _record("FAILED_NO_RESOURCE", 0, None, {}, 0, 0, failure_reason="no capacity in 12 regions")
-    job = skypilot.apply_record(registry, job, record)
+    job = skypilot_state.apply_record(registry, job, record)
     assert job.state == "FAILED"
     assert job.reason == "SkyPilot FAILED_NO_RESOURCE: no capacity in 12 regions"
 
@@ -118,10 +118,10 @@ def test_failures_carry_skypilots_reason(ftorch_home: Path, tmp_path: Path) -> N
 def test_a_job_skypilot_no_longer_lists_is_judged_by_the_run_store(ftorch_home: Path, tmp_path: Path) -> None:
     registry = Registry()
     job = _cloud_job(registry, tmp_path)
-    job = skypilot.apply_record(registry, job, None)
+    job = skypilot_state.apply_record(registry, job, None)
     assert job.state == "PENDING" and "no longer lists" in (job.reason or "")
     RunStore(job.run_uri).write_progress({"step": 100, "total_steps": 100, "state": "finished"})
-    assert skypilot.apply_record(registry, job, None).state == "SUCCEEDED"
+    assert skypilot_state.apply_record(registry, job, None).state == "SUCCEEDED"
 
 
 def test_prices_match_cloud_gpus_and_spot() -> None:
@@ -131,9 +131,9 @@ def test_prices_match_cloud_gpus_and_spot() -> None:
     ]
     spot = {"cloud": "AWS", "accelerators": {"L40S": 1}, "resources": "1x[L40S:1][Spot]"}
     on_demand = {"cloud": "aws", "accelerators": {"L40S": 1}, "resources": "1x AWS(g6e.xlarge, {'L40S': 1})"}
-    assert skypilot.price_for(offers, spot) == 0.75
-    assert skypilot.price_for(offers, on_demand) == 2.0
-    assert skypilot.price_for(offers, {"cloud": "gcp", "accelerators": {"L4": 1}}) is None
+    assert skypilot_cost.price_for(offers, spot) == 0.75
+    assert skypilot_cost.price_for(offers, on_demand) == 2.0
+    assert skypilot_cost.price_for(offers, {"cloud": "gcp", "accelerators": {"L4": 1}}) is None
 
 
 # ---- the real SDK against SkyPilot's local API server ---------------------------------------------
@@ -264,7 +264,7 @@ def _clean(env: dict[str, str]) -> dict[str, str]:
 
 @SERVER
 def test_sdk_queue_with_no_managed_jobs(sky_env: dict[str, str]) -> None:
-    result = _python("from orchestrator.backends import skypilot; print(skypilot.queue())", sky_env)
+    result = _python("from orchestrator.backends import skypilot_sdk; print(skypilot_sdk.queue())", sky_env)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
@@ -314,9 +314,9 @@ spec = load_job("examples/mistral-7b-lora.yaml", ["checkpoint.uri=s3://ckpt/ftor
 registry = Registry()
 job = registry.create_job("sub-1", spec.name, "skypilot", "s3://ckpt/ftorch/sub-1", "s3://ckpt/ftorch/sub-1/output",
                           spec.model_dump(mode="json"))
-_plan, task = skypilot.render_job(spec, job.job_id, job.run_uri)
+plan, task = skypilot.render_job(spec, job.job_id, job.run_uri)
 try:
-    skypilot.start(registry, job, task)
+    skypilot.start(registry, job, skypilot.Launch(plan, task))
     print(json.dumps({{"raised": None}}))
 except UserError as exc:
     job = registry.get("sub-1")

@@ -22,7 +22,7 @@ from helpers import (
     write_data,
 )
 
-from orchestrator import jobs
+from orchestrator import overview
 from orchestrator.registry import TERMINAL, Registry
 
 
@@ -41,11 +41,13 @@ def launch(job_file: Path, *extra: str, env: dict[str, str] | None = None) -> st
 def wait_for(job_id: str, predicate: Any, timeout: float = 180.0) -> dict[str, Any]:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        detail = jobs.status_one(job_id)
+        detail = overview.status_one(job_id)
         if predicate(detail):
             return detail
         time.sleep(0.2)
-    raise AssertionError(f"timed out; last status: {json.dumps(jobs.status_one(job_id), default=str)[:2000]}")
+    raise AssertionError(
+        f"timed out; last status: {json.dumps(overview.status_one(job_id), default=str)[:2000]}"
+    )
 
 
 def ended(detail: dict[str, Any]) -> bool:
@@ -148,7 +150,7 @@ def test_cancel_keeps_checkpoints_and_resume_finishes_exactly(
     wait_for(job_id, lambda d: d["state"] == "RUNNING" and (d["step"] or 0) >= 3)
     done = ftorch("cancel", job_id)
     assert done.returncode == 0 and "CANCELLED" in done.stdout
-    detail = jobs.status_one(job_id)
+    detail = overview.status_one(job_id)
     assert detail["state"] == "CANCELLED"
     saved = detail["checkpoints"][-1]["step"]
     assert saved > 0  # the notice made the trainer save the step it was on
@@ -181,7 +183,7 @@ def test_dead_supervisor_is_reported_and_resume_picks_the_run_up(
         time.sleep(0.2)
     assert not Path(f"/proc/{registry.attempts(job_id)[-1].pid}").exists(), trainer_pid
 
-    saved = jobs.status_one(job_id)["checkpoints"][-1]["step"]
+    saved = overview.status_one(job_id)["checkpoints"][-1]["step"]
     assert saved >= 3
     assert ftorch("resume", job_id, "--set", f"train.max_steps={saved + 20}").returncode == 0
     detail = wait_for(job_id, ended)

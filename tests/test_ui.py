@@ -190,12 +190,13 @@ def test_the_fast_registry_read_matches_the_registry_dataclasses() -> None:
     """overview reads rows positionally; if the registry's Job or Attempt changes, this says so."""
     import dataclasses
 
+    from orchestrator import registry
     from orchestrator.registry import Attempt, Job
 
     job_fields = tuple(f.name for f in dataclasses.fields(Job))
-    assert job_fields == tuple("spec" if c == "spec_json" else c for c in overview.JOB_COLUMNS)
+    assert job_fields == tuple("spec" if c == "spec_json" else c for c in registry.JOB_COLUMNS)
     attempt_fields = tuple(f.name for f in dataclasses.fields(Attempt))
-    assert attempt_fields[: len(overview.ATTEMPT_COLUMNS)] == overview.ATTEMPT_COLUMNS
+    assert attempt_fields[: len(registry.ATTEMPT_COLUMNS)] == registry.ATTEMPT_COLUMNS
 
 
 def test_the_status_fast_path_parses_like_typer(demo: Registry) -> None:

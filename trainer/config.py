@@ -8,6 +8,7 @@ validated here and refused by `unsupported_features` with a clear message.
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -36,6 +37,35 @@ def parse_duration(text: str) -> float:
     if not match:
         raise ValueError(f"{text!r} is not a duration like 30s, 10m, 1.5h or 2d")
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def parse_deadline(text: str) -> float | datetime:
+    """resources.deadline: a duration ('12h' -> seconds from launch) or an ISO time with a zone."""
+    try:
+        return parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError("must be a duration like 12h or an ISO time with a zone") from None
+    if when.tzinfo is None:
+        raise ValueError("a clock time needs a time zone, e.g. 2026-12-01T07:00+01:00")
+    return when
+
+
+def deadline_seconds(text: str, now: datetime | None = None) -> float:
+    """resources.deadline as seconds from `now` (launch): '12h' -> 43200; an ISO time with a zone -> its
+    distance from now. Raises ValueError if it is malformed, has no zone, or is not in the future."""
+    try:
+        value = parse_deadline(text)
+    except ValueError as exc:
+        raise ValueError(f"{text!r}: {exc}") from None
+    if isinstance(value, datetime):
+        value = (value - (now or datetime.now(timezone.utc))).total_seconds()
+    if value <= 0:
+        raise ValueError(f"{text!r} is not in the future")
+    return value
 
 
 class _Strict(BaseModel):
@@ -165,21 +195,8 @@ class ResourcesSpec(_Strict):
     @field_validator("deadline")
     @classmethod
     def _deadline(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        try:
-            parse_duration(value)
-            return value
-        except ValueError:
-            pass
-        from datetime import datetime
-
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError:
-            raise ValueError("must be a duration like 12h or an ISO time with a zone") from None
-        if parsed.tzinfo is None:
-            raise ValueError("a clock time needs a time zone, e.g. 2026-12-01T07:00+01:00")
+        if value is not None:
+            parse_deadline(value)
         return value
 
 

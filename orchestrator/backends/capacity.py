@@ -18,11 +18,10 @@ from orchestrator.policy import (
     Mode,
     Observation,
     Policy,
-    deadline_seconds,
     make_policy,
     policy_name_for,
 )
-from trainer.config import JobSpec
+from trainer.config import JobSpec, deadline_seconds
 
 
 @dataclass

@@ -12,9 +12,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from orchestrator import procs
-from orchestrator.registry import Job, Registry
+from orchestrator.backends.base import Backend
+from orchestrator.logtail import LogTail
+from orchestrator.registry import Job, JobState, Outcome, Registry
 
 
 def start_supervisor(registry: Registry, job: Job) -> int:
@@ -81,3 +84,76 @@ def _is_trainer(pid: int) -> bool:
     except OSError:
         return False
     return procs.start_time(pid) is not None and b"trainer" in argv
+
+
+def log_paths(registry: Registry, job: Job) -> list[Path]:
+    """The trainer logs of the job's attempts, oldest first."""
+    return sorted((registry.job_dir(job.job_id) / "logs").glob("attempt-*.log"))
+
+
+class LocalBackend(Backend):
+    """Jobs run by a detached supervisor process on this machine."""
+
+    name = "local"
+
+    def start(self, registry: Registry, job: Job, prepared: object = None) -> None:
+        wait_for_previous_trainer(registry, job)
+        start_supervisor(registry, job)
+
+    def reconcile(self, registry: Registry, job: Job) -> Job:
+        """A job whose supervisor died is not left RUNNING: it becomes FAILED, resumable."""
+        if supervisor_alive(job):
+            return job
+        time.sleep(0.2)  # the supervisor may have just finished: read again before judging
+        job = registry.get(job.job_id)
+        if job.state.terminal or supervisor_alive(job):
+            return job
+        registry.set_state(
+            job.job_id,
+            JobState.FAILED,
+            f"supervisor (pid {job.supervisor_pid}) is gone; `ftorch resume {job.job_id}` continues",
+        )
+        for attempt in registry.attempts(job.job_id):
+            if attempt.ended_at is None:
+                registry.update_attempt(
+                    job.job_id,
+                    attempt.n,
+                    ended_at=time.time(),
+                    end_reason="supervisor lost",
+                    outcome=Outcome.LOST,
+                )
+        return registry.get(job.job_id)
+
+    def log_paths(self, registry: Registry, job: Job) -> list[Path]:
+        return log_paths(registry, job)
+
+    def print_logs(self, registry: Registry, job: Job, follow: bool) -> None:
+        from orchestrator.backends.base import reconcile
+
+        tails: dict[Path, LogTail] = {}
+        while True:
+            job = reconcile(registry, registry.get(job.job_id))
+            ended = not follow or job.state.terminal  # read once more after the end: nothing is lost
+            attempts = {a.n: a for a in registry.attempts(job.job_id)}
+            paths = log_paths(registry, job)
+            for path in paths:
+                if path not in tails:
+                    n = int(path.stem.split("-")[1])
+                    a = attempts.get(n)
+                    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.started_at)) if a else "?"
+                    sys.stdout.write(f"===== attempt {n} (started {when}) =====\n")
+                    tails[path] = LogTail(path)
+                lines = tails[path].read_lines(final=ended or path != paths[-1])
+                sys.stdout.write("".join(line + "\n" for line in lines))
+            sys.stdout.flush()
+            if ended:
+                if follow:
+                    sys.stdout.write(f"===== job {job.state} =====\n")
+                return
+            time.sleep(0.5)
+
+    def cancel(self, registry: Registry, job: Job) -> str | None:
+        if not request_cancel(registry, job):
+            registry.set_state(job.job_id, JobState.CANCELLED, "cancelled by the user; checkpoints kept")
+            return f"{job.job_id} CANCELLED (checkpoints kept in {job.run_uri})"
+        return None

@@ -22,16 +22,17 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 from orchestrator import procs
 from orchestrator.backends.capacity import PolicyDriver, TraceCapacity
 from orchestrator.budget import BudgetGuard
+from orchestrator.logtail import LogTail
 from orchestrator.notify import notify_job
 from orchestrator.overview import cost_usd
 from orchestrator.policy import Mode
 from orchestrator.registry import Registry, is_busy
+from orchestrator.states import AttemptEnd, JobState, Outcome
 from trainer import exitcodes
 from trainer.config import ChaosSpec, JobSpec
 from trainer.interruptions import request_stop
@@ -64,28 +65,15 @@ class Chaos:
         return None
 
 
-class LogTail:
-    """Follows a trainer log file for step lines."""
+class TrainerLog(LogTail):
+    """Follows a trainer log for its step lines."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.buffer = ""
-        self.step: int | None = None
-        #: the step the trainer says it resumed from (progress.json can lag after a kill)
-        self.resumed: int | None = None
+    step: int | None = None
+    #: the step the trainer says it resumed from (progress.json can lag after a kill)
+    resumed: int | None = None
 
     def poll(self) -> int | None:
-        try:
-            with open(self.path, encoding="utf-8", errors="replace") as handle:
-                handle.seek(self.offset)
-                chunk = handle.read()
-                self.offset = handle.tell()
-        except FileNotFoundError:
-            return self.step
-        self.buffer += chunk
-        *lines, self.buffer = self.buffer.split("\n")
-        for line in lines:
+        for line in self.read_lines():
             match = STEP_LINE.search(line)
             if match:
                 self.step = int(match.group(1))
@@ -93,13 +81,6 @@ class LogTail:
             if resumed:
                 self.resumed = int(resumed.group(1))
         return self.step
-
-    def last_lines(self, n: int = 3) -> list[str]:
-        try:
-            text = self.path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return []
-        return [line for line in text.splitlines() if line.strip()][-n:]
 
 
 class PatientRegistry:
@@ -171,7 +152,7 @@ class Supervisor:
     def notify(self, event: str) -> None:
         notify_job(self.registry, self.job_id, event, self.log)
 
-    def end(self, state: str, reason: str | None = None, event: str | None = None) -> None:
+    def end(self, state: JobState, reason: str | None = None, event: str | None = None) -> None:
         """Record a final state and send its notification."""
         self.registry.set_state(self.job_id, state, reason)
         self.notify(event or state.lower())
@@ -181,7 +162,7 @@ class Supervisor:
         return BudgetGuard.for_spec(self.registry.get(self.job_id).spec, self.spec.local.hourly_usd, progress)
 
     def spent(self) -> float:
-        return cost_usd(self.registry.attempts(self.job_id), "RUNNING", time.time())
+        return cost_usd(self.registry.attempts(self.job_id), JobState.RUNNING, time.time())
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.on_sigterm)
@@ -190,56 +171,57 @@ class Supervisor:
             self.job_id, supervisor_pid=os.getpid(), supervisor_started=procs.start_time(os.getpid())
         )
         first = not self.registry.attempts(self.job_id)
-        self.registry.set_state(self.job_id, "PROVISIONING" if first else "RECOVERING")
+        self.registry.set_state(self.job_id, JobState.PROVISIONING if first else JobState.RECOVERING)
         while True:
             if self.cancelled or self.registry.get(self.job_id).cancel_requested:
-                self.end("CANCELLED", "cancelled by the user; checkpoints kept")
+                self.end(JobState.CANCELLED, "cancelled by the user; checkpoints kept")
                 return 0
             over = self.budget_guard().check(self.spent())
             if over:  # e.g. a resume without a higher budget: stop before starting anything
                 self.registry.event(self.job_id, "budget", over.removeprefix("budget: "))
-                self.end("STOPPED", over, event="budget")
+                self.end(JobState.STOPPED, over, event="budget")
                 return 0
             if self.driver is not None:
                 pending, self.pending_mode = self.pending_mode, None
                 self.mode = pending if pending not in (None, Mode.NONE) else self.wait_for_capacity()
                 if self.mode is Mode.NONE:  # cancelled while waiting
                     continue
-            outcome = self.run_attempt()
-            if outcome.startswith("switch"):  # the policy moved the job: no backoff, no preemption
-                self.registry.set_state(self.job_id, "RECOVERING", outcome)
+            end = self.run_attempt()
+            outcome = end.outcome
+            if outcome is Outcome.SWITCH:  # the policy moved the job: no backoff, no preemption
+                self.registry.set_state(self.job_id, JobState.RECOVERING, end.reason)
                 continue
-            if outcome == "succeeded":
-                self.end("SUCCEEDED")
+            if outcome is Outcome.SUCCEEDED:
+                self.end(JobState.SUCCEEDED)
                 return 0
-            if outcome == "cancelled":
-                self.end("CANCELLED", "cancelled by the user; checkpoints kept")
+            if outcome is Outcome.CANCELLED:
+                self.end(JobState.CANCELLED, "cancelled by the user; checkpoints kept")
                 return 0
-            if outcome.startswith("budget"):
-                self.end("STOPPED", outcome, event="budget")
+            if outcome is Outcome.BUDGET:
+                self.end(JobState.STOPPED, end.reason, event="budget")
                 return 0
-            if outcome.startswith("failed"):
-                self.end("FAILED", outcome.removeprefix("failed: "))
+            if outcome is Outcome.FAILED:
+                self.end(JobState.FAILED, end.detail)
                 return 1
-            if outcome.startswith("fenced"):  # never restarted: that would fence the attempt that owns it
+            if outcome is Outcome.FENCED:  # never restarted: that would fence the attempt that owns it
                 owner = self.registry.get(self.job_id)
                 if owner.supervisor_pid != os.getpid() and procs.alive(
                     owner.supervisor_pid, owner.supervisor_started
                 ):
                     self.registry.event(
-                        self.job_id, "fenced", f"{outcome}; pid {owner.supervisor_pid} goes on"
+                        self.job_id, "fenced", f"{end.reason}; pid {owner.supervisor_pid} goes on"
                     )
                     return 0
-                self.end("FAILED", outcome)
+                self.end(JobState.FAILED, end.reason)
                 return 1
-            if outcome.startswith("preempted"):
+            if outcome is Outcome.PREEMPTED:
                 self.preemptions += 1
                 self.mode = Mode.NONE
                 self.notify("preempted")
             time.sleep(self.spec.local.restart_backoff_s)
-            self.registry.set_state(self.job_id, "RECOVERING", outcome)
+            self.registry.set_state(self.job_id, JobState.RECOVERING, end.reason)
 
-    def run_attempt(self) -> str:
+    def run_attempt(self) -> AttemptEnd:
         progress = self.store.read_progress() or {}
         start_step = progress.get("last_checkpoint_step") or 0
         spot = None if self.driver is None else self.mode is Mode.SPOT
@@ -268,9 +250,9 @@ class Supervisor:
             )
         self.registry.update_attempt(self.job_id, attempt.n, pid=self.proc.pid)
         self.log(f"attempt {attempt.n} started (pid {self.proc.pid}) from step {start_step}")
-        tail = LogTail(log_path)
+        tail = TrainerLog(log_path)
         running = False
-        preempted: str | None = None
+        preempted: AttemptEnd | None = None
         last = time.time()
         guard = self.budget_guard()
         last_budget_check = 0.0
@@ -284,7 +266,7 @@ class Supervisor:
                 running = True
                 fields = {} if tail.resumed is None else {"start_step": tail.resumed}
                 self.registry.update_attempt(self.job_id, attempt.n, first_step_at=now, **fields)
-                self.registry.set_state(self.job_id, "RUNNING")
+                self.registry.set_state(self.job_id, JobState.RUNNING)
             if self.cancelled or (now - last > 1.0 and self.registry.get(self.job_id).cancel_requested):
                 self.cancelled = True
                 request_stop(self.store, "cancel")  # not an interruption (trainer/interruptions.py)
@@ -309,9 +291,11 @@ class Supervisor:
             last = now
             if due is not None:
                 what, notice = due
-                preempted = f"preempted ({'with' if notice else 'without'} notice, {what})"
+                preempted = AttemptEnd(
+                    Outcome.PREEMPTED, f"preempted ({'with' if notice else 'without'} notice, {what})"
+                )
                 self.registry.event(self.job_id, "chaos", f"{what} notice={notice} attempt={attempt.n}")
-                self.registry.set_state(self.job_id, "PREEMPTED", preempted)
+                self.registry.set_state(self.job_id, JobState.PREEMPTED, preempted.reason)
                 self.log(f"simulated spot preemption at step {step} ({what}, notice={notice})")
                 self.stop_trainer(notice=notice, grace=self._grace())
                 break
@@ -325,46 +309,51 @@ class Supervisor:
             exit_code=code,
             end_step=tail.step if tail.step is not None else end_progress.get("step"),
         )
-        reason = self.classify(code, preempted, end_progress, tail)
-        self.registry.update_attempt(self.job_id, attempt.n, end_reason=reason)
-        self.log(f"attempt {attempt.n} ended: exit code {code}, {reason}")
-        return reason
+        end = self.classify(code, preempted, end_progress, tail)
+        self.registry.update_attempt(self.job_id, attempt.n, end_reason=end.reason, outcome=end.outcome)
+        self.log(f"attempt {attempt.n} ended: exit code {code}, {end.reason}")
+        return end
 
     def _grace(self) -> float:
         return self.spec.local.chaos.grace_s if self.spec.local.chaos else 30.0
 
-    def classify(self, code: int, preempted: str | None, progress: dict, tail: LogTail) -> str:
+    def classify(
+        self, code: int, preempted: AttemptEnd | None, progress: dict, tail: TrainerLog
+    ) -> AttemptEnd:
+        succeeded = AttemptEnd.of(Outcome.SUCCEEDED)
         if self.cancelled:
-            return "cancelled"
+            return AttemptEnd.of(Outcome.CANCELLED)
         noticed = code == exitcodes.PREEMPTED or self.ranks_preempted(code, progress)
         if self.budget_stop and (noticed or code in (exitcodes.OK, -signal.SIGTERM)):
             finished = code == exitcodes.OK and progress.get("state") == "finished"
-            return "succeeded" if finished else self.budget_stop
-        if preempted and preempted.startswith("switch") and code == exitcodes.OK:
+            return succeeded if finished else AttemptEnd(Outcome.BUDGET, self.budget_stop)
+        if preempted and preempted.outcome is Outcome.SWITCH and code == exitcodes.OK:
             finished = progress.get("state") == "finished"
-            return "succeeded" if finished else preempted
+            return succeeded if finished else preempted
         if preempted:
             return preempted
         if code == exitcodes.OK and progress.get("state") == "finished":
-            return "succeeded"
+            return succeeded
         if noticed:
-            self.registry.set_state(self.job_id, "PREEMPTED", "preemption notice (SIGTERM)")
-            return "preempted (notice from outside)"
+            self.registry.set_state(self.job_id, JobState.PREEMPTED, "preemption notice (SIGTERM)")
+            return AttemptEnd(Outcome.PREEMPTED, "preempted (notice from outside)")
         last = " | ".join(tail.last_lines(1)) or "no output"
         if code == exitcodes.BAD_CONFIG:
-            return f"failed: the trainer refused the job: {last}"
+            return AttemptEnd.of(Outcome.FAILED, f"the trainer refused the job: {last}")
         if code == exitcodes.STORE_UNAVAILABLE:
-            return f"failed: {store_failure_reason(last)}"
+            return AttemptEnd.of(Outcome.FAILED, store_failure_reason(last))
         if code == exitcodes.FENCED:
-            return f"fenced: another attempt owns this run: {last}"
+            return AttemptEnd.of(Outcome.FENCED, f"another attempt owns this run: {last}")
         self.crashes += 1
         limit = self.spec.local.max_restarts_on_errors
         if self.crashes > limit:
-            return f"failed: the trainer crashed {self.crashes} times (exit code {code}); last: {last}"
+            return AttemptEnd.of(
+                Outcome.FAILED, f"the trainer crashed {self.crashes} times (exit code {code}); last: {last}"
+            )
         self.registry.event(
             self.job_id, "crash", f"exit code {code} ({self.crashes}/{limit} restarts): {last}"
         )
-        return f"crashed (exit code {code}); restart {self.crashes} of {limit}"
+        return AttemptEnd(Outcome.CRASHED, f"crashed (exit code {code}); restart {self.crashes} of {limit}")
 
     def policy_inputs(self, step: int | None) -> tuple[int, int, int, float]:
         """(step, total steps, last checkpoint step, wall seconds per step) from the run store."""
@@ -392,12 +381,12 @@ class Supervisor:
                 return decision.mode
             if not waiting_logged:
                 self.registry.event(self.job_id, "policy", f"wait: {decision.reason}")
-                self.registry.set_state(self.job_id, "PENDING", decision.reason)
+                self.registry.set_state(self.job_id, JobState.PENDING, decision.reason)
                 waiting_logged = True
             time.sleep(min(self.capacity.wall_tick_s, 0.5))
         return Mode.NONE
 
-    def follow_policy(self, now: float, step: int | None) -> str | None:
+    def follow_policy(self, now: float, step: int | None) -> AttemptEnd | None:
         """While an attempt runs: spot capacity lost under a spot job is a preemption; a policy that wants
         another mode gets a graceful switch. Returns the attempt's end reason, or None to go on."""
         if self.driver is None or self.capacity is None:
@@ -420,10 +409,10 @@ class Supervisor:
             after = self.driver.decide(now, Mode.NONE, *progress, self.preemptions + 1)
             self.pending_mode = after.mode
             self.registry.event(self.job_id, "policy", f"{after.mode.value}: {after.reason}")
-            self.registry.set_state(self.job_id, "PREEMPTED", reason)
+            self.registry.set_state(self.job_id, JobState.PREEMPTED, reason)
             self.log(f"simulated spot capacity gone at trace tick {tick} (step {step}, notice={notice})")
             self.stop_trainer(notice=notice, grace=self._grace())
-            return reason
+            return AttemptEnd(Outcome.PREEMPTED, reason)
         done, total, ckpt, per_step = self.policy_inputs(step)
         decision = self.driver.decide(now, self.mode, done, total, ckpt, per_step, self.preemptions)
         if decision.mode is self.mode:
@@ -434,7 +423,7 @@ class Supervisor:
         self.log(f"policy: {reason}; asking the trainer to checkpoint first")
         request_stop(self.store, "policy switch")
         self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
-        return reason
+        return AttemptEnd(Outcome.SWITCH, reason)
 
     def ranks_preempted(self, code: int, progress: dict) -> bool:
         """torchrun exits 1 after forwarding SIGTERM; rank 0's progress says whether it saved and left."""
@@ -485,7 +474,7 @@ def main() -> int:
     try:
         return supervisor.run()
     except Exception as exc:
-        supervisor.end("FAILED", f"supervisor error: {exc.__class__.__name__}: {exc}")
+        supervisor.end(JobState.FAILED, f"supervisor error: {exc.__class__.__name__}: {exc}")
         raise
 
 

@@ -1,0 +1,109 @@
+"""The one interface every backend implements, and the registry that finds a backend by its name.
+
+A backend is what runs a job's attempts somewhere (this machine, a cloud through SkyPilot). The
+backend-neutral code (`orchestrator.jobs`, `orchestrator.overview`) validates, records and reports; it
+never asks which backend a job uses, it calls `backend_for(job.backend)`. To add a backend: subclass
+`Backend`, implement its methods, and add `name: "module:Class"` to `BACKENDS` (and the name to
+`resources.backend` in `trainer/config.py`). Backends are imported on first use, so `ftorch status`
+does not load SkyPilot (or pydantic) for local jobs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import UserError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from orchestrator.registry import Job, Registry
+    from trainer.config import JobSpec
+
+#: backend name (resources.backend) -> "module:Class"
+BACKENDS = {
+    "local": "orchestrator.backends.local:LocalBackend",
+    "skypilot": "orchestrator.backends.skypilot:SkyPilotBackend",
+}
+_loaded: dict[str, Backend] = {}
+
+
+class Backend:
+    """Runs jobs somewhere. Methods take the registry and the job's row; none of them branches on
+    another backend. `prepare` and `dry_run` run before anything is recorded; the others after."""
+
+    name: str = ""
+
+    def dry_run(self, spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:
+        """What `launch --dry-run` adds to the summary. Nothing is written or launched."""
+        return {"spec": spec.model_dump(mode="json")}
+
+    def format_dry_run(self, result: dict[str, Any]) -> str:
+        """`launch --dry-run` for people."""
+        import json
+
+        return json.dumps(result, indent=2, default=str) + "\n"
+
+    def prepare(self, spec: JobSpec, job_id: str, run_uri: str) -> Any:
+        """Checks (and planning) before a launch is recorded; what `start` needs from them, or None.
+        Raises SpecError/UserError: nothing is recorded then."""
+        return None
+
+    def start(self, registry: Registry, job: Job, prepared: Any = None) -> None:
+        """Start (or, after `resume`, restart) the job's attempts. `prepared` is `prepare`'s result at
+        launch and None on resume."""
+        raise NotImplementedError
+
+    def reconcile(self, registry: Registry, job: Job) -> Job:
+        """Bring the registry up to date with what the backend knows (a lost supervisor, a cloud job's
+        state) and return the job as it is now. Called for jobs that have not ended."""
+        return job
+
+    def status_fields(self, registry: Registry, job: Job) -> dict[str, Any]:
+        """Fields this backend knows better than the registry (where, preemptions, its own cost)."""
+        return {}
+
+    def log_paths(self, registry: Registry, job: Job) -> list[Path]:
+        """Attempt logs kept on this machine, oldest first ([] when the backend keeps them elsewhere)."""
+        return []
+
+    def print_logs(self, registry: Registry, job: Job, follow: bool) -> None:
+        """Write the job's logs to stdout; with `follow`, until the job ends."""
+        raise NotImplementedError
+
+    def cancel(self, registry: Registry, job: Job) -> str | None:
+        """Ask the job to stop (checkpoints kept). A message when it is done, or None when the caller
+        should wait for the job to reach an end state."""
+        raise NotImplementedError
+
+
+def backend_for(name: str) -> Backend:
+    """The backend registered as `name`; a one-line UserError for an unknown name."""
+    if name not in _loaded:
+        target = BACKENDS.get(name)
+        if target is None:
+            raise UserError(f"resources.backend: {name!r} is not available; one of {', '.join(BACKENDS)}")
+        module, cls = target.split(":")
+        _loaded[name] = getattr(importlib.import_module(module), cls)()
+    return _loaded[name]
+
+
+def reconcile(registry: Registry, job: Job) -> Job:
+    """The job as it is now: unended jobs are refreshed by their backend."""
+    if job.state.terminal:
+        return job
+    return backend_for(job.backend).reconcile(registry, job)
+
+
+def get_job(job_ref: str, registry: Registry | None = None) -> Job:
+    """The job an id (or a unique prefix) names, reconciled; a one-line UserError if there is none."""
+    from orchestrator.registry import Registry
+
+    registry = registry or Registry()
+    return reconcile(registry, registry.lookup(job_ref))
+
+
+def warn(message: str) -> None:
+    sys.stderr.write(f"warning: {message}\n")

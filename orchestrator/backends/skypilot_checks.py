@@ -1,0 +1,87 @@
+"""What must hold before a SkyPilot launch is recorded: a budget it can enforce, one GPU per node while
+the trainer cannot shard, the secrets set, and at least one planned offer on a cloud SkyPilot can use."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from orchestrator.backends import skypilot_render as render
+from orchestrator.backends import skypilot_sdk as sdk
+from orchestrator.errors import SpecError, UserError
+from trainer.config import JobSpec, unsupported_features
+
+
+def check_multi_gpu(task: Mapping[str, Any]) -> None:
+    """Refuse multi-GPU plans while the trainer cannot shard (it would run independent copies)."""
+    if render.template_of(task) == "single":
+        return
+    probe = JobSpec.model_validate(
+        {
+            "model": "x",
+            "data": {"path": "x"},
+            "checkpoint": {"uri": "x"},
+            "train": {"micro_batch_size": 64},
+            "local": {"nproc": 2},
+        }
+    )
+    if any(field == "local.nproc" for field, _ in unsupported_features(probe)):
+        raise SpecError(
+            "resources.gpus",
+            "the plan needs several GPUs (FSDP), which the trainer does not support yet; "
+            "set resources.gpus: 1 (and resources.accelerators to a large GPU) to plan on one GPU",
+        )
+
+
+def check_secrets(spec: JobSpec, environ: Mapping[str, str] | None = None) -> list[str]:
+    environ = os.environ if environ is None else environ
+    names = render.secret_names(spec, environ)
+    missing = [n for n in names if not environ.get(n)]
+    if missing:
+        raise UserError(
+            f"resources.secrets: {', '.join(missing)} not set in your environment; export "
+            f"{'it' if len(missing) == 1 else 'them'} before launching (values are never stored)"
+        )
+    return names
+
+
+def _cloud_of(entry: Mapping[str, Any]) -> str:
+    return str(entry["infra"]).split("/")[0].lower()
+
+
+def restrict_to_clouds(task: dict[str, Any], clouds: list[str]) -> dict[str, Any]:
+    """Keep the offers on clouds SkyPilot can use; a one-line UserError when none is left."""
+    entries = task["resources"]["ordered"]
+    usable = [e for e in entries if _cloud_of(e) in clouds]
+    if not usable:
+        wanted = ", ".join(dict.fromkeys(_cloud_of(e) for e in entries))
+        raise UserError(
+            f"resources.clouds: SkyPilot has no access to {wanted} (enabled: {', '.join(clouds) or 'none'}); "
+            "set up credentials and run `sky check` (see docs/clouds.md)"
+        )
+    task = dict(task)
+    task["resources"] = {**task["resources"], "ordered": usable}
+    return task
+
+
+def check_budget(spec: JobSpec) -> None:
+    if spec.resources.budget_usd is not None:  # the budget guard lives in the local supervisor
+        raise SpecError(
+            "resources.budget_usd",
+            "is not enforced for the skypilot backend yet; remove it (max_hourly_usd caps the price)",
+        )
+
+
+def preflight(spec: JobSpec, run_uri: str, task: dict[str, Any]) -> dict[str, Any]:
+    """Before anything is recorded: secrets set, cloud access (jobs.launch has probed the store).
+    Returns the usable task."""
+    check_budget(spec)
+    return usable_task(spec, task)
+
+
+def usable_task(spec: JobSpec, task: dict[str, Any]) -> dict[str, Any]:
+    """The checks a launch and a resume share: one GPU per node, secrets, cloud access."""
+    check_multi_gpu(task)
+    check_secrets(spec)
+    return restrict_to_clouds(task, sdk.enabled_clouds())

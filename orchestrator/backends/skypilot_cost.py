@@ -1,0 +1,97 @@
+"""What a SkyPilot job costs: SkyPilot reports no price, so ftorch keeps one.
+
+At launch the plan's offers give a price per (cloud, GPU, count, spot). Each time SkyPilot places the job
+(after each recovery) a segment starts, priced by the offer it landed on; the cost is each segment's
+share of SkyPilot's running time at its price.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+
+def offer_prices(plan: Any) -> list[dict[str, Any]]:
+    """(cloud, accelerator, count, spot) -> the cheapest hourly price among the plan's offers."""
+    best: dict[tuple[Any, ...], float] = {}
+    for c in plan.candidates:
+        for spot, price in ((True, c.spot_hourly_usd), (False, c.ondemand_hourly_usd)):
+            if price is not None:
+                key = (c.cloud, c.accelerator, c.count, spot)
+                best[key] = min(price, best.get(key, math.inf))
+    return [
+        {"cloud": k[0], "accelerator": k[1], "count": k[2], "spot": k[3], "hourly_usd": v}
+        for k, v in sorted(best.items(), key=lambda kv: kv[1])
+    ]
+
+
+def is_spot(record: Mapping[str, Any]) -> bool | None:
+    text = f"{record.get('resources') or ''} {record.get('cluster_resources') or ''}".lower()
+    if "spot" in text:
+        return True
+    return False if text.strip() else None
+
+
+def price_for(offers: list[dict[str, Any]], record: Mapping[str, Any]) -> float | None:
+    """The hourly price of the offer a record runs on, matched by cloud, GPUs and spot."""
+    cloud = str(record.get("cloud") or "").lower()
+    accelerators = record.get("accelerators") or {}
+    spot = is_spot(record)
+    for offer in offers:
+        if offer["cloud"] != cloud or accelerators.get(offer["accelerator"]) != offer["count"]:
+            continue
+        if spot is None or offer["spot"] == spot:
+            return float(offer["hourly_usd"])
+    return None
+
+
+def where(record: Mapping[str, Any]) -> str | None:
+    if not record.get("cloud"):
+        return None
+    place = "/".join(str(p) for p in (record.get("cloud"), record.get("region")) if p)
+    gpus = ", ".join(f"{n}x {a}" for a, n in (record.get("accelerators") or {}).items())
+    kind = {True: "spot", False: "on-demand", None: ""}[is_spot(record)]
+    return " ".join(p for p in (place.lower(), gpus, kind) if p)
+
+
+def placed(record: Mapping[str, Any]) -> bool:
+    """Running on a cluster whose cloud is known (while recovering, the old placement still shows)."""
+    return bool(record.get("cloud")) and str(record.get("status")) in ("RUNNING", "CANCELLING")
+
+
+def update_segments(state: dict[str, Any], record: Mapping[str, Any], now: float) -> None:
+    """One segment per recovery: its price and where it starts in SkyPilot's running time."""
+    segments = state.setdefault("segments", [])
+    n = int(record.get("recovery_count") or 0)
+    if not placed(record) or (segments and segments[-1]["n"] == n):
+        return
+    total = float(record.get("job_duration") or 0.0)
+    current = 0.0
+    if record.get("last_recovered_at"):
+        current = max(0.0, (record.get("end_at") or now) - float(record["last_recovered_at"]))
+    segments.append(
+        {
+            "n": n,
+            "offset_s": max(0.0, total - current),
+            "hourly_usd": price_for(state.get("offers") or [], record),
+            "where": where(record),
+        }
+    )
+
+
+def cost_usd(state: Mapping[str, Any]) -> float | None:
+    """Price x running time, summed over the segments seen (SkyPilot itself reports no cost)."""
+    record = state.get("record") or {}
+    segments = state.get("segments") or []
+    if not segments:
+        return 0.0 if record else None
+    total = float(record.get("job_duration") or 0.0)
+    cost = 0.0
+    for i, seg in enumerate(segments):
+        end = segments[i + 1]["offset_s"] if i + 1 < len(segments) else total
+        price = seg.get("hourly_usd")
+        if price is None:  # an offer outside the plan: the dearest known price, to stay on the safe side
+            price = max((o["hourly_usd"] for o in state.get("offers") or []), default=0.0)
+        cost += max(0.0, end - seg["offset_s"]) / 3600.0 * price
+    return round(cost, 6)

@@ -1,0 +1,131 @@
+"""Every call ftorch makes into SkyPilot's client SDK, each failing as one line.
+
+`sky` is imported only inside these functions (the CLI stays fast, and SkyPilot is an optional extra).
+Secret values are read from the environment in `submit` and handed to the SDK; they are never written
+to the registry, the run store, logs or output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from orchestrator.errors import UserError
+
+QUEUE_FIELDS = [
+    "job_id",
+    "task_id",
+    "job_name",
+    "task_name",
+    "status",
+    "recovery_count",
+    "job_duration",
+    "submitted_at",
+    "start_at",
+    "end_at",
+    "last_recovered_at",
+    "cloud",
+    "region",
+    "zone",
+    "infra",
+    "resources",
+    "cluster_resources",
+    "accelerators",
+    "failure_reason",
+    "details",
+]
+SKY_INSTALL = "pip install 'ftorch[skypilot]' (SkyPilot 0.14.1)"
+
+
+class SkyUnavailable(UserError):
+    """SkyPilot is not installed, or its API server cannot be reached."""
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    text = " ".join(text.split())
+    return f"{exc.__class__.__name__}: {text[:limit]}" if text else exc.__class__.__name__
+
+
+def sky() -> Any:
+    try:
+        import sky
+    except ImportError:
+        raise SkyUnavailable(f"resources.backend: skypilot is not installed; {SKY_INSTALL}") from None
+    return sky
+
+
+def enabled_clouds() -> list[str]:
+    """Clouds SkyPilot has credentials for (lower-case), through its API server."""
+    sky_ = sky()
+    from sky.client import sdk as sky_sdk  # enabled_clouds is not exported at the top level
+
+    try:
+        clouds = sky_.get(sky_sdk.enabled_clouds())
+    except Exception as exc:
+        raise SkyUnavailable(f"SkyPilot: cannot list enabled clouds: {one_line(exc)}") from None
+    return sorted({str(c).lower().split("/")[0] for c in clouds or []})
+
+
+def submit(job_id: str, task_config: Mapping[str, Any], secret_names: list[str]) -> int:
+    """Launch a managed job; SkyPilot's job id. Raises whatever the SDK raises."""
+    sky_ = sky()
+    config = json.loads(json.dumps(task_config))  # a copy SkyPilot may modify
+    values = [(name, os.environ[name]) for name in secret_names if os.environ.get(name)]
+    task = sky_.Task.from_yaml_config(config, secrets_overrides=values or None)
+    request = sky_.jobs.launch(task, name=job_id)
+    result = sky_.stream_and_get(request, output_stream=sys.stderr)
+    job_ids = result[0] if isinstance(result, tuple | list) else result
+    if isinstance(job_ids, list | tuple):
+        job_ids = job_ids[0]
+    return int(job_ids)
+
+
+def queue(job_ids: list[int] | None = None) -> list[dict[str, Any]]:
+    """SkyPilot's managed-job records (as dicts); [] when no managed job is in progress."""
+    sky_ = sky()
+    from sky import exceptions as sky_exceptions
+
+    try:
+        request = sky_.jobs.queue_v2(refresh=False, job_ids=job_ids, fields=QUEUE_FIELDS)
+        result = sky_.get(request)
+    except sky_exceptions.ClusterNotUpError:
+        return []  # "No in-progress managed jobs": the jobs controller is not running
+    except Exception as exc:
+        raise SkyUnavailable(f"SkyPilot: cannot read the managed jobs queue: {one_line(exc)}") from None
+    records = result[0] if isinstance(result, tuple | list) else result
+    return [_as_dict(r) for r in records or []]
+
+
+def _as_dict(record: Any) -> dict[str, Any]:
+    if isinstance(record, dict):
+        out = dict(record)
+    elif hasattr(record, "model_dump"):
+        out = record.model_dump()
+    else:
+        out = dict(vars(record))
+    status = out.get("status")
+    out["status"] = getattr(status, "value", status)
+    return out
+
+
+def tail_logs(sky_job_id: str, follow: bool) -> int:
+    try:
+        return int(sky().jobs.tail_logs(job_id=int(sky_job_id), follow=follow) or 0)
+    except SkyUnavailable:
+        raise
+    except Exception as exc:
+        raise UserError(f"SkyPilot: cannot read the logs of job {sky_job_id}: {one_line(exc)}") from None
+
+
+def cancel(sky_job_id: str) -> None:
+    """Cancel gracefully (the trainer gets its stop signal and checkpoints)."""
+    sky_ = sky()
+    try:
+        sky_.get(sky_.jobs.cancel(job_ids=[int(sky_job_id)], graceful=True))
+    except Exception as exc:
+        raise UserError(f"SkyPilot: cannot cancel job {sky_job_id}: {one_line(exc)}") from None

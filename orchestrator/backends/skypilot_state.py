@@ -1,0 +1,135 @@
+"""A SkyPilot job as the registry sees it: SkyPilot's managed-job record -> ftorch state, attempts (one
+per recovery) and the cost data kept in the job's folder (`skypilot.json`: launches, offers, segments)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from orchestrator.backends import skypilot_cost as cost
+from orchestrator.backends.skypilot_sdk import QUEUE_FIELDS
+from orchestrator.registry import Job, JobState, Outcome, Registry
+
+#: SkyPilot ManagedJobStatus -> ftorch state
+STATES = {
+    "PENDING": JobState.PENDING,
+    "STARTING": JobState.PROVISIONING,
+    "RUNNING": JobState.RUNNING,
+    "RECOVERING": JobState.RECOVERING,
+    "CANCELLING": JobState.RUNNING,
+    "SUCCEEDED": JobState.SUCCEEDED,
+    "CANCELLED": JobState.CANCELLED,
+    "FAILED": JobState.FAILED,
+    "FAILED_SETUP": JobState.FAILED,
+    "FAILED_PRECHECKS": JobState.FAILED,
+    "FAILED_NO_RESOURCE": JobState.FAILED,
+    "FAILED_CONTROLLER": JobState.FAILED,
+}
+#: how an attempt ended when SkyPilot's job ended in this state
+OUTCOMES = {
+    JobState.SUCCEEDED: Outcome.SUCCEEDED,
+    JobState.CANCELLED: Outcome.CANCELLED,
+    JobState.FAILED: Outcome.FAILED,
+}
+RECOVERED = "preempted (SkyPilot recovered)"
+STATE_FILE = "skypilot.json"
+
+
+def read_state(registry: Registry, job: Job) -> dict[str, Any]:
+    path = registry.job_dir(job.job_id) / STATE_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(registry: Registry, job: Job, state: dict[str, Any]) -> None:
+    path = registry.job_dir(job.job_id) / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def apply_record(registry: Registry, job: Job, record: Mapping[str, Any] | None) -> Job:
+    """Move the registry to what SkyPilot reports: state, attempts (one per recovery), cost data."""
+    state = read_state(registry, job)
+    now = time.time()
+    if record is None:
+        if _progress(job).get("state") == "finished":
+            registry.set_state(job.job_id, JobState.SUCCEEDED, "finished (SkyPilot no longer lists the job)")
+        elif job.reason is None or "no longer lists" not in job.reason:
+            registry.update(
+                job.job_id,
+                reason="SkyPilot no longer lists the job as in progress; `sky jobs queue --refresh` "
+                "shows how it ended",
+            )
+        return registry.get(job.job_id)
+    state["record"] = {k: record.get(k) for k in QUEUE_FIELDS}
+    cost.update_segments(state, record, now)
+    write_state(registry, job, state)
+    _sync_attempts(registry, job, record, state)
+    sky_status = str(record.get("status") or "")
+    new_state = STATES.get(sky_status, job.state)
+    reason = None
+    if STATES.get(sky_status) is JobState.FAILED or sky_status == "CANCELLING":
+        reason = f"SkyPilot {sky_status}" + (
+            f": {record['failure_reason']}" if record.get("failure_reason") else ""
+        )
+    if new_state != job.state or (reason and reason != job.reason):
+        registry.set_state(job.job_id, new_state, reason)
+    return registry.get(job.job_id)
+
+
+def _sync_attempts(registry: Registry, job: Job, record: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    """Attempt n+1 runs after SkyPilot's n-th recovery; the one before it ends as preempted."""
+    recoveries = int(record.get("recovery_count") or 0)
+    seg = (state.get("segments") or [{}])[-1]
+    attempts = registry.attempts(job.job_id)
+
+    def end_open(outcome: Outcome, reason: str, at: float | None = None) -> None:
+        if attempts and attempts[-1].ended_at is None:
+            registry.update_attempt(
+                job.job_id, attempts[-1].n, ended_at=at or time.time(), end_reason=reason, outcome=outcome
+            )
+
+    if len(attempts) <= recoveries:  # recovering, or already running again
+        end_open(Outcome.PREEMPTED, RECOVERED)
+    while cost.placed(record) and len(attempts) < recoveries + 1:
+        end_open(Outcome.PREEMPTED, RECOVERED)
+        registry.start_attempt(
+            job.job_id,
+            None,
+            instance=seg.get("where") or "cloud",
+            spot=cost.is_spot(record),
+            hourly_usd=seg.get("hourly_usd") or 0.0,
+        )
+        attempts = registry.attempts(job.job_id)
+    status = str(record.get("status"))
+    ended = STATES.get(status)
+    if ended is not None and ended.terminal:
+        end_open(OUTCOMES[ended], status, float(record.get("end_at") or time.time()))
+
+
+def _progress(job: Job) -> dict[str, Any]:
+    try:
+        return job.run_store().read_progress() or {}
+    except Exception:
+        return {}
+
+
+def status_fields(registry: Registry, job: Job) -> dict[str, Any]:
+    """What status shows for a cloud job beyond the local fields: preemptions, cost, where it runs."""
+    state = read_state(registry, job)
+    record = state.get("record") or {}
+    fields: dict[str, Any] = {"sky_job_id": state.get("sky_job_id")}
+    if record:
+        fields["preemptions"] = int(record.get("recovery_count") or 0)
+        fields["where"] = cost.where(record) or fields.get("where")
+        fields["sky_status"] = record.get("status")
+    usd = cost.cost_usd(state)
+    if usd is not None:
+        fields["cost_usd"] = usd
+    return {k: v for k, v in fields.items() if v is not None}
