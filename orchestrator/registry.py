@@ -22,6 +22,8 @@ from orchestrator.states import ACTIVE, RESUMABLE, TERMINAL, JobState, Outcome
 __all__ = ["ACTIVE", "RESUMABLE", "STATES", "TERMINAL", "Attempt", "Job", "JobState", "Outcome", "Registry"]
 
 STATES = tuple(JobState)  # kept for callers that list the states
+_STATES = {s.value: s for s in JobState}
+_OUTCOMES = {o.value: o for o in Outcome}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -116,7 +118,7 @@ class Job:
     hourly_usd: float
 
     def __post_init__(self) -> None:
-        self.state = JobState(self.state)
+        self.state = _STATES.get(self.state) or JobState(self.state)  # the dict: status reads 1000s
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -152,7 +154,7 @@ class Attempt:
         if self.spot is not None:
             self.spot = bool(self.spot)
         if self.outcome is not None:
-            self.outcome = Outcome(self.outcome)
+            self.outcome = _OUTCOMES.get(self.outcome) or Outcome(self.outcome)
         else:
             self.outcome = Outcome.of_reason(self.end_reason)
 
