@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from orchestrator.backends.base import BACKENDS as BACKEND_CLASSES
+from orchestrator.backends.base import backend_for
+from orchestrator.cli_common import JobFile, JsonOut, Sets, print_json
 from orchestrator.errors import SpecError, UserError
 
 METHODS = ("lora", "qlora", "full")
-BACKENDS = ("local", "skypilot")
+BACKENDS = tuple(BACKEND_CLASSES)
 FORMATS = ("text", "instruction", "chat")
 FORMAT_NOTE = {
     "text": '{"text": "..."} per line',
@@ -45,29 +46,16 @@ def check_job(job_file: str, overrides: list[str]) -> dict[str, Any]:
         "data": data,
         "checkpoint_uri": spec.checkpoint.uri,
     }
-    if spec.resources.backend == "skypilot":
-        from orchestrator.backends import skypilot, skypilot_render
-
-        plan, task = skypilot.render_job(spec, f"{spec.name}-000000", f"{spec.checkpoint.uri}/{spec.name}")
-        chosen = plan.chosen
-        result["plan"] = {
-            "adequate_offers": len(plan.candidates),
-            "cheapest": None
-            if chosen is None
-            else f"{chosen.count}x {chosen.accelerator} on {chosen.cloud}, ~${chosen.expected_cost_usd:.2f}",
-            "template": skypilot_render.template_of(task),
-        }
+    backend = backend_for(spec.resources.backend)
+    result.update(backend.check(spec, f"{spec.name}-000000", f"{spec.checkpoint.uri}/{spec.name}"))
     return result
 
 
 def validate_cmd(
-    job_file: Annotated[str, typer.Argument(help="the job YAML file")],
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="override a field: key.path=value (YAML-typed); repeatable"),
-    ] = None,
+    job_file: JobFile,
+    set_: Sets = None,
     backend: Annotated[str | None, typer.Option(help="local | skypilot (default: the job file's)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    as_json: JsonOut = False,
 ) -> None:
     """Check a job file (schema, local files, and the plan on the skypilot backend); launch nothing."""
     overrides = list(set_ or [])
@@ -75,7 +63,7 @@ def validate_cmd(
         overrides.append(f"resources.backend={backend}")
     result = check_job(job_file, overrides)
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        print_json(result)
         return
     typer.echo(f"ok: {job_file}")
     typer.echo(
@@ -90,7 +78,7 @@ def validate_cmd(
 # ---- init -----------------------------------------------------------------------------------------
 def starter_job(model: str, method: str, backend: str, data: str, fmt: str, name: str) -> str:
     """A commented job file; every value is one that validates (see tests/test_cli_jobfile.py)."""
-    cloud = backend == "skypilot"
+    cloud = backend_for(backend).remote
     rows: list[tuple[str, str]] = [
         (f"name: {name}", "the job id is NAME-xxxxxx"),
         (f"model: {model}", "hub id, local folder with config.json, or a bundled shape name"),
@@ -172,7 +160,7 @@ def init_cmd(
     if not path.parent.is_dir():
         raise UserError(f"OUT: the folder {path.parent} does not exist")
     if data is None:
-        data = "s3://YOUR-BUCKET/data/train.jsonl" if backend == "skypilot" else "data/train.jsonl"
+        data = "s3://YOUR-BUCKET/data/train.jsonl" if backend_for(backend).remote else "data/train.jsonl"
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", model.split("/")[-1].lower()).strip("-.") or "job"
     text = starter_job(model, method, backend, data, fmt, f"{name}-{method}"[:60])
     import yaml

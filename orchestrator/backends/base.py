@@ -35,6 +35,8 @@ class Backend:
     another backend. `prepare` and `dry_run` run before anything is recorded; the others after."""
 
     name: str = ""
+    #: runs away from this machine: data, model and run store must be reachable from there (URLs)
+    remote: bool = False
 
     def dry_run(self, spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:
         """What `launch --dry-run` adds to the summary. Nothing is written or launched."""
@@ -45,6 +47,11 @@ class Backend:
         import json
 
         return json.dumps(result, indent=2, default=str) + "\n"
+
+    def check(self, spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:
+        """What `ftorch validate` adds: the launch checks that need no store probe and launch nothing
+        (SpecError/UserError on a problem), and what they found."""
+        return {}
 
     def prepare(self, spec: JobSpec, job_id: str, run_uri: str) -> Any:
         """Checks (and planning) before a launch is recorded; what `start` needs from them, or None.

@@ -138,6 +138,24 @@ def reconcile(registry: Registry, job: Job) -> Job:
 
 class SkyPilotBackend(Backend):
     name = "skypilot"
+    remote = True
+
+    def check(self, spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:
+        """The plan and the task template a launch would use."""
+        plan, task = render_job(spec, job_id, run_uri)
+        chosen = plan.chosen
+        cheapest = None
+        if chosen is not None:
+            cheapest = (
+                f"{chosen.count}x {chosen.accelerator} on {chosen.cloud}, ~${chosen.expected_cost_usd:.2f}"
+            )
+        return {
+            "plan": {
+                "adequate_offers": len(plan.candidates),
+                "cheapest": cheapest,
+                "template": render.template_of(task),
+            }
+        }
 
     def dry_run(self, spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:
         return dry_run(spec, job_id, run_uri)
