@@ -7,6 +7,7 @@ progress is advisory, checkpoints are what matter.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -53,6 +54,9 @@ class PhaseProgress:
 
 class ProgressReporter:
     def __init__(self, store: RunStore, run_id: str, attempt: int, total_steps: int, output_uri: str) -> None:
+        #: a local copy of the snapshot, rewritten every step, for a supervisor on this machine
+        #: (FTORCH_PROGRESS_MIRROR; rank 0 only): it acts on exact steps without waiting for the store
+        self.mirror = os.environ.get("FTORCH_PROGRESS_MIRROR") if os.environ.get("RANK", "0") == "0" else None
         self.store = store
         self.run_id = run_id
         self.attempt = attempt
@@ -104,6 +108,8 @@ class ProgressReporter:
         )
         if now - self.last_flush >= PROGRESS_EVERY_S:
             self.flush()
+        else:
+            self.write_mirror()
 
     def last_checkpoint(self, step: int | None) -> None:
         if step is not None:
@@ -114,6 +120,20 @@ class ProgressReporter:
         self.state = state
         if flush:
             self.flush()
+        else:
+            self.write_mirror()
+
+    def write_mirror(self, snapshot: dict[str, Any] | None = None) -> None:
+        if not self.mirror:
+            return
+        tmp = f"{self.mirror}.tmp"
+        try:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+                json.dump(snapshot or self.snapshot(), handle)
+            os.replace(tmp, self.mirror)
+        except OSError as exc:  # advisory, like the store's copy
+            log(f"progress mirror write failed ({exc.__class__.__name__}: {exc})")
+            self.mirror = None
 
     def snapshot(self) -> dict[str, Any]:
         rate = self.steps_per_s()
@@ -130,6 +150,7 @@ class ProgressReporter:
             "tokens_per_s": self.tokens_per_s(),
             "steps_per_s": rate,
             "eta_s": remaining / rate if rate > 0 else None,
+            "start_step": self.start_step,
             "attempt_started_at": self.started_at,
             "updated_at": time.time(),
             "last_checkpoint_step": self.last_ckpt_step,
@@ -140,6 +161,7 @@ class ProgressReporter:
 
     def flush(self) -> None:
         self.last_flush = time.time()
+        self.write_mirror()
         try:
             if self.rows:
                 self.store.write_metrics_part(self.attempt, self.part, self.rows)

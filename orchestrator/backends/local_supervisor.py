@@ -13,15 +13,16 @@ The trainer gets SIGTERM if this process dies, so it never runs unsupervised.
 
 from __future__ import annotations
 
+import json
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 from orchestrator import procs
@@ -36,10 +37,9 @@ from orchestrator.states import AttemptEnd, JobState, Outcome
 from trainer import exitcodes
 from trainer.config import ChaosSpec, JobSpec
 from trainer.interruptions import request_stop
+from trainer.runfiles import checked_progress
 from trainer.store import RunStore
 
-STEP_LINE = re.compile(r"\[trainer\] step (\d+)/(\d+)")
-RESUMED_LINE = re.compile(r"\[trainer\] resumed from \S+ \(step (\d+)/")
 POLL_S = 0.05
 
 
@@ -65,21 +65,31 @@ class Chaos:
         return None
 
 
-class TrainerLog(LogTail):
-    """Follows a trainer log for its step lines."""
+class ProgressTail:
+    """The trainer's progress for this attempt, from the local copy it rewrites every step
+    (FTORCH_PROGRESS_MIRROR): the step it is on, and the step it resumed from."""
 
-    step: int | None = None
-    #: the step the trainer says it resumed from (progress.json can lag after a kill)
-    resumed: int | None = None
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.step: int | None = None
+        #: the step the trainer resumed from (progress.json in the store can lag after a kill)
+        self.resumed: int | None = None
+        self.state: str | None = None
 
     def poll(self) -> int | None:
-        for line in self.read_lines():
-            match = STEP_LINE.search(line)
-            if match:
-                self.step = int(match.group(1))
-            resumed = RESUMED_LINE.search(line)
-            if resumed:
-                self.resumed = int(resumed.group(1))
+        """The newest step of this attempt, or None before its first step."""
+        try:
+            data = json.loads(self.path.read_bytes())
+        except (OSError, ValueError):
+            return self.step
+        progress = checked_progress(data)
+        if progress is None:
+            return self.step
+        self.state = progress.get("state")
+        if progress.get("start_step") is not None:
+            self.resumed = progress["start_step"]
+        if progress.get("first_step_at") is not None and progress.get("step") is not None:
+            self.step = progress["step"]
         return self.step
 
 
@@ -237,6 +247,8 @@ class Supervisor:
         job = self.registry.get(self.job_id)
         env = dict(os.environ)
         env["FTORCH_ATTEMPT"] = str(attempt.n)
+        mirror = log_path.parent / f"progress-{attempt.n:03d}.json"
+        env["FTORCH_PROGRESS_MIRROR"] = str(mirror)
         log_file = procs.open_private(log_path)
         with log_file:
             self.attempt_n = attempt.n
@@ -250,7 +262,8 @@ class Supervisor:
             )
         self.registry.update_attempt(self.job_id, attempt.n, pid=self.proc.pid)
         self.log(f"attempt {attempt.n} started (pid {self.proc.pid}) from step {start_step}")
-        tail = TrainerLog(log_path)
+        tail = LogTail(log_path)
+        progress_tail = ProgressTail(mirror)
         running = False
         preempted: AttemptEnd | None = None
         last = time.time()
@@ -259,12 +272,12 @@ class Supervisor:
         while self.proc.poll() is None:
             time.sleep(POLL_S)
             now = time.time()
-            step = tail.poll()
+            step = progress_tail.poll()
             if step is not None:
                 guard.observe_step(step, now)
             if step is not None and not running:
                 running = True
-                fields = {} if tail.resumed is None else {"start_step": tail.resumed}
+                fields = {} if progress_tail.resumed is None else {"start_step": progress_tail.resumed}
                 self.registry.update_attempt(self.job_id, attempt.n, first_step_at=now, **fields)
                 self.registry.set_state(self.job_id, JobState.RUNNING)
             if self.cancelled or (now - last > 1.0 and self.registry.get(self.job_id).cancel_requested):
@@ -300,14 +313,14 @@ class Supervisor:
                 self.stop_trainer(notice=notice, grace=self._grace())
                 break
         code = self.proc.wait()
-        tail.poll()
+        progress_tail.poll()
         end_progress = self.store.read_progress() or {}
         self.registry.update_attempt(
             self.job_id,
             attempt.n,
             ended_at=time.time(),
             exit_code=code,
-            end_step=tail.step if tail.step is not None else end_progress.get("step"),
+            end_step=progress_tail.step if progress_tail.step is not None else end_progress.get("step"),
         )
         end = self.classify(code, preempted, end_progress, tail)
         self.registry.update_attempt(self.job_id, attempt.n, end_reason=end.reason, outcome=end.outcome)
@@ -317,9 +330,7 @@ class Supervisor:
     def _grace(self) -> float:
         return self.spec.local.chaos.grace_s if self.spec.local.chaos else 30.0
 
-    def classify(
-        self, code: int, preempted: AttemptEnd | None, progress: dict, tail: TrainerLog
-    ) -> AttemptEnd:
+    def classify(self, code: int, preempted: AttemptEnd | None, progress: dict, tail: LogTail) -> AttemptEnd:
         succeeded = AttemptEnd.of(Outcome.SUCCEEDED)
         if self.cancelled:
             return AttemptEnd.of(Outcome.CANCELLED)
