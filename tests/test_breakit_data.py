@@ -102,3 +102,24 @@ def test_overlong_examples_are_truncated_and_counted(
     assert max(len(e.input_ids) for e in dataset.train) <= 96
     out = capsys.readouterr().out
     assert "1 of 9 examples were longer than data.max_seq_len (96 tokens) and were truncated" in out, out
+
+
+def test_remote_data_readable_at_launch_is_checked_too(
+    tmp_path: Path, tiny_model: Path, ftorch_home: Path, capsys: pytest.CaptureFixture[str], s3
+) -> None:
+    from trainer.store import RunStore
+
+    RunStore(s3.uri, s3.options).write_bytes("data/d.jsonl", GOOD.encode() + b'{"instruction": "a"}\n')
+    job = job_dict(
+        tiny_model,
+        tmp_path / "unused.jsonl",
+        tmp_path / "runs",
+        data={"path": f"{s3.uri}/data/d.jsonl"},
+        checkpoint={"storage_options": s3.options},
+    )
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job))
+    done = cli(capsys, "launch", str(job_file))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{s3.uri}/data/d.jsonl:2: 'output' is required" in done.stderr, done.stderr
+    assert Registry().jobs() == []

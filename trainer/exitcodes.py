@@ -1,6 +1,8 @@
 """The trainer's exit codes: the contract between the trainer and whatever launched it.
 
 SkyPilot's `recover_on_exit_codes` gets PREEMPTED, so a trainer that saved on a notice is relaunched.
+The CLI's own codes (`--follow` per end state: 0 SUCCEEDED, 3 FAILED, 4 CANCELLED, 5 STOPPED) are in
+orchestrator/follow.py (FOLLOW_EXIT_CODES) and the README.
 """
 
 OK = 0
@@ -10,5 +12,6 @@ BAD_CONFIG = 2
 PREEMPTED = 75
 #: another attempt of the same run took over (fencing); this attempt must not write again
 FENCED = 76
-#: the store stayed unreachable beyond the retry bound; the last good checkpoint is intact
+#: the store stayed unreachable beyond the retry bound, or is full (ENOSPC, named in the last log line);
+#: the last good checkpoint is intact
 STORE_UNAVAILABLE = 77
