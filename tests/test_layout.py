@@ -54,10 +54,12 @@ def test_layouts_across_nodes_and_uneven_shares() -> None:
         check(spec(micro_batch_size=2, grad_accum=2), 8)
 
 
-def test_qlora_and_8bit_optimizers_run_on_one_gpu_only() -> None:
+def test_qlora_shards_and_8bit_optimizers_run_on_one_gpu_only() -> None:
     qlora = spec(method="qlora", precision="bf16")
-    assert layout_for(qlora, 1).ok
-    assert "qlora runs on 1 GPU" in layout_for(qlora, 2).reason
+    assert layout_for(qlora, 1).ok and layout_for(qlora, 4).ok  # FSDP over the 4-bit base
+    paged = spec(method="qlora", precision="bf16", optimizer="paged_adamw_8bit")
+    assert layout_for(paged, 1).ok
+    assert "'paged_adamw_8bit' runs on 1 GPU" in layout_for(paged, 2).reason
     assert "runs on 1 GPU" in layout_for(spec(optimizer="adamw_8bit"), 4).reason
 
 
@@ -96,11 +98,11 @@ def test_the_job_file_check_uses_the_same_rules() -> None:
                 "data": {"path": "s3://b/d.jsonl"},
                 "checkpoint": {"uri": "s3://b/ck"},
                 "method": "qlora",
-                "train": {"precision": "bf16"},
+                "train": {"precision": "bf16", "optimizer": "adamw_8bit"},
                 "local": {"nproc": 2},
             }
         )
-    assert caught.value.field == "local.nproc" and "qlora runs on 1 GPU" in str(caught.value)
+    assert caught.value.field == "local.nproc" and "'adamw_8bit' runs on 1 GPU" in str(caught.value)
 
 
 OFFERS = (
@@ -118,7 +120,7 @@ def test_the_planner_offers_only_layouts_the_trainer_accepts() -> None:
     )
     assert [c.instance_type for c in qlora.candidates] == ["a100.one"]
     assert {r.instance_type: r.reason for r in qlora.rejected}["h100.x8"].startswith(
-        "layout: qlora runs on 1"
+        "layout: train.optimizer 'paged_adamw_8bit' runs on 1"
     )
     full = spec(method="full", grad_accum=16, resources={"backend": "skypilot", "nodes": 2, "gpus": 8})
     plan = make_plan(full, catalog=offers)

@@ -73,7 +73,7 @@ def test_the_cheapest_adequate_offer_wins():
         assert c.est_hours > 0 and c.expected_cost_usd >= c.hourly_usd * c.est_hours
     reasons = {r.instance_type: r.reason for r in plan.rejected}
     assert reasons["a10g.x4"].startswith("interconnect:")
-    assert reasons["h100.x8.od"].startswith("layout: qlora runs on 1 GPU")  # never offered sharded
+    assert reasons["h100.x8.od"].startswith("layout: train.optimizer 'paged_adamw_8bit' runs on 1 GPU")
     lora = {r.instance_type: r.reason for r in make_plan(lora_job(), catalog=catalog()).rejected}
     assert lora["h100.x8.od"].startswith("price: no spot price")
 

@@ -43,7 +43,8 @@ def test_qlora_model_is_nf4_double_quant_with_lora_on_all_linear(tmp_path: Path,
         state = layer.weight.quant_state
         assert state.quant_type == "nf4" and state.nested  # double quantization: the absmax quantized
         assert layer.compute_dtype == torch.bfloat16
-        assert layer.weight.dtype == torch.uint8 and not layer.weight.requires_grad
+        # packed 4-bit values stored in the compute dtype (bnb_4bit_quant_storage), so FSDP can shard them
+        assert layer.weight.dtype == torch.bfloat16 and not layer.weight.requires_grad
     trainable = trainable_parameters(model)
     assert trainable and all("lora_" in n for n in trainable)
     targets = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable}
@@ -101,3 +102,29 @@ def test_qlora_fails_early_and_clearly_without_a_usable_bitsandbytes(
     assert "qlora cannot run here: this machine has no GPU" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
     assert not RunStore(run_uri).complete_checkpoints()
+
+
+def test_qlora_on_two_ranks_fsdp_resumes_bitwise(tmp_path: Path, tiny_model: Path) -> None:
+    """FSDP2 over the 4-bit base (2 gloo ranks): a notice mid-run, the resume ends bitwise equal to an
+    uninterrupted 2-rank run; the sharded checkpoints hold the adapters only."""
+    from fsdp_helpers import SIGTERM, finish, interrupt, new_run
+
+    job = _job(tmp_path, tiny_model, train={**QLORA["train"], "optimizer": "adamw", "max_steps": 6})
+    job["local"] = {**job["local"], "nproc": 2}
+    reference = new_run(job, "reference")
+    out = finish(reference, 1, nproc=2)
+    assert "2 ranks, sharded" in out and "layout: 2 ranks" in out, out
+    run_uri = new_run(job, "interrupted")
+    code, out, _ = interrupt(run_uri, 1, 2, at_step=3, sig=SIGTERM)
+    assert "is safe; exiting with code 75" in out, out
+    newest = RunStore(run_uri).complete_checkpoints()[-1]
+    assert newest.meta["kind"] == "dcp" and newest.meta["world_size"] == 2
+    from torch.distributed.checkpoint import FileSystemReader
+
+    folder = Path(run_uri) / newest.path / f"e{newest.epoch:08d}"
+    keys = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    model_keys = [k for k in keys if k.startswith("model.")]
+    assert model_keys and all(".lora_" in k for k in model_keys)  # adapters only: no 4-bit base
+    out = finish(run_uri, 2, nproc=2)
+    assert f"resumed from checkpoints/step-{newest.step:08d}" in out, out
+    assert_bitwise_equal(final_weights(run_uri), final_weights(reference))

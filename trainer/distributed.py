@@ -208,10 +208,6 @@ def setup(spec: JobSpec, device: torch.device, store: Any) -> Parallel:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1 and spec.local.nproc <= 1 and not newest_is_sharded(store):
         return Parallel()
-    if spec.method == "qlora":
-        raise ValueError(
-            "method: qlora runs on one process in this build (FSDP with 4-bit bases is not supported)"
-        )
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         _die_with_parent()  # torchrun's workers sit in their own sessions: go when the agent goes
     par = Sharded(device)

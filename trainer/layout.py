@@ -14,19 +14,14 @@ counted in the user's micro-batches (`micro_batch_size` examples each), so a run
 resumes on 2 or 1 with the same effective batch at the same place in the data.
 
 A layout is refused (with its reason) when the effective batch cannot be split evenly over the ranks, or
-when the method cannot run sharded in this build (QLoRA and the bitsandbytes 8-bit optimizers run on one
-GPU). `ftorch plan` lists only layouts `layout_for` accepts, and the trainer calls `check` at start.
+when the optimizer cannot run sharded (the bitsandbytes 8-bit optimizers run on one GPU). QLoRA shards:
+FSDP2 over 4-bit weights stored in the compute dtype (trainer/quant.py). `ftorch plan` lists only layouts `layout_for` accepts, and the trainer calls `check` at start.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-
-#: why QLoRA stays on one GPU (shown by `ftorch plan` for every multi-GPU offer it drops)
-QLORA_ONE_GPU = (
-    "qlora runs on 1 GPU in this build (FSDP over bitsandbytes 4-bit weights is not supported yet)"
-)
 
 
 class LayoutError(ValueError):
@@ -114,10 +109,11 @@ def layout_for(spec: Any, gpus_per_node: int = 1, nodes: int = 1) -> Layout:
 
     if ranks < 1:
         return refuse("needs at least one GPU")
-    if ranks > 1 and spec.method == "qlora":
-        return refuse(QLORA_ONE_GPU)
     if ranks > 1 and spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
-        return refuse(f"train.optimizer '{spec.train.optimizer}' runs on 1 GPU; use adamw with FSDP")
+        return refuse(
+            f"train.optimizer '{spec.train.optimizer}' runs on 1 GPU (bitsandbytes' 8-bit states are not "
+            "sharded by FSDP); use adamw to shard"
+        )
     if effective % ranks:
         fits = [n for n in (1, 2, 4, 8, 16, 32, 64) if effective % n == 0 and n <= effective]
         return refuse(

@@ -5,6 +5,9 @@ layers by default) train in higher precision on top, computing in bf16. Checkpoi
 trainable (`trainer.model.trainable_parameters`: the adapters; 4-bit weights never require grad), plus
 the optimizer, RNG and data position; the base is quantized again from the model files on resume.
 
+With several ranks (FSDP2), the 4-bit weights are stored in the compute dtype (`bnb_4bit_quant_storage`)
+and sharded like any other weight; the 8-bit optimizers stay single-GPU (trainer/layout.py).
+
 bitsandbytes >= 0.49 runs NF4 and its 8-bit optimizers on the CPU as well (slowly; paged optimizers fall
 back to unpaged there). With an older build on a machine without a GPU, `check_available` stops the run
 before any work with a message that says so.
@@ -66,7 +69,9 @@ def bnb_config(spec: JobSpec) -> Any:
         bnb_4bit_quant_type=q.quant_type,
         bnb_4bit_use_double_quant=q.double_quant,
         bnb_4bit_compute_dtype=COMPUTE[q.compute_dtype],
-        bnb_4bit_quant_storage=torch.uint8,
+        # the packed 4-bit weights stored in the compute dtype (as Answer.AI's FSDP+QLoRA does), so that
+        # FSDP shards and all-gathers them like any 16-bit weight
+        bnb_4bit_quant_storage=COMPUTE[q.compute_dtype],
     )
 
 
