@@ -29,7 +29,7 @@ def test_fsdp_resume_after_sigkill_and_sigterm_is_bitwise(
 
     reference = new_run(job, "reference")
     out = finish(reference, 1, nproc=2)
-    assert "2 ranks, sharded" in out, out
+    assert "sharded over 2 ranks" in out, out
     expected = final_weights(reference)
 
     run_uri = new_run(job, "interrupted")

@@ -113,7 +113,7 @@ def test_qlora_on_two_ranks_fsdp_resumes_bitwise(tmp_path: Path, tiny_model: Pat
     job["local"] = {**job["local"], "nproc": 2}
     reference = new_run(job, "reference")
     out = finish(reference, 1, nproc=2)
-    assert "2 ranks, sharded" in out and "layout: 2 ranks" in out, out
+    assert "sharded over 2 ranks" in out and "layout: 2 ranks" in out, out
     run_uri = new_run(job, "interrupted")
     code, out, _ = interrupt(run_uri, 1, 2, at_step=3, sig=SIGTERM)
     assert "is safe; exiting with code 75" in out, out

@@ -84,7 +84,7 @@ def test_two_ranks_to_one(setup: tuple[dict, dict]) -> None:
     set_nproc(run_uri, 1)
     out = finish(run_uri, 2, nproc=1)  # plain `python -m trainer`: a world of one, still sharded
     assert "resharding: saved by 2 ranks, resumed by 1" in out, out
-    assert "1 ranks, sharded" in out, out
+    assert "sharded over 1 ranks" in out, out
     assert LAYOUT[1] in out, out  # the same 4 examples per step, as 2 x 2 on one rank
     diff = max_abs_diff(output_weights(run_uri), expected)
     assert diff < CLOSE, diff
