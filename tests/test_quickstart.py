@@ -22,6 +22,9 @@ def test_quickstart_survives_two_preemptions_and_learns(quickstart_dir: Path, ft
     assert status["state"] == "SUCCEEDED" and status["preemptions"] == 2 and status["attempts"] == 3
     assert (Path(status["output_uri"]) / "adapter_model.safetensors").exists()
     assert (Path(status["output_uri"]) / "adapter_config.json").exists()
+    summary = json.loads((Path(status["output_uri"]) / "training_summary.json").read_text())
+    assert summary["preemptions"] == 2 and summary["attempts"] == 3 and summary["cost_usd"] == 0.0
+    assert "| preemptions | 2 |" in (Path(status["output_uri"]) / "README.md").read_text()
     before, after = status["eval_before"], status["eval_after"]
     assert after["loss"] < before["loss"] / 5  # training worked, clearly
     assert after["exact_match"] >= before["exact_match"] + 0.4

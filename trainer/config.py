@@ -124,6 +124,8 @@ class TrainSpec(_Strict):
     attn_implementation: Attention = "sdpa"
     #: log (and report progress) every N optimizer steps; 0 = automatic
     log_every: int = Field(0, ge=0)
+    #: experiment trackers; one TensorBoard run per job in <run store>/tensorboard (trainer/trackers.py)
+    report_to: list[Literal["tensorboard"]] = Field(default_factory=list)
 
 
 class CheckpointSpec(_Strict):

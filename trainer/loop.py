@@ -27,6 +27,7 @@ from trainer.notices import start_watcher
 from trainer.preemption import PreemptionFlag, install_signal_handlers
 from trainer.progress import ProgressReporter, debug, log
 from trainer.store import CorruptCheckpoint, Fenced, RunStore, StoreUnavailable, checkpoint_name
+from trainer.trackers import Trackers
 
 
 def total_steps(spec: JobSpec, dataset: Dataset) -> int:
@@ -212,6 +213,38 @@ def write_output(model: torch.nn.Module, tokenizer: Any, spec: JobSpec, output_u
                     output.write_bytes(rel, handle.read())
 
 
+def _record_output(
+    store: RunStore,
+    spec: JobSpec,
+    resolved: dict[str, Any],
+    steps: int,
+    state: TrainerState,
+    dataset: Dataset,
+    attempt: int,
+    output_uri: str,
+) -> None:
+    """training_summary.json and the model card in the output folder (trainer/model_card.py)."""
+    from trainer import model_card
+
+    try:
+        model_card.record(
+            store,
+            RunStore(output_uri, spec.checkpoint.storage_options),
+            spec,
+            resolved,
+            steps=steps,
+            tokens_seen=state.tokens_seen,
+            examples=len(dataset.train),
+            data_tokens=dataset.tokens,
+            eval_before=state.extra.get("eval_before"),
+            eval_after=state.extra.get("eval_after"),
+            attempt=attempt,
+            output_uri=output_uri,
+        )
+    except Exception as exc:  # noqa: BLE001 - the adapter is written; the card is a record of it
+        log(f"could not write the model card ({exc.__class__.__name__}: {exc})")
+
+
 def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = None) -> int:
     flag = PreemptionFlag()
     install_signal_handlers(flag)
@@ -288,12 +321,16 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     reporter = par.reporter(ProgressReporter(store, resolved["run_id"], attempt, steps, output_uri))
     reporter.last_checkpoint(checkpointer.last_step if found else None)
     reporter.start(state.step)
+    trackers = Trackers(store, spec.train.report_to if par.is_main else [], attempt, state.step)
+    if state.step == 0 and state.extra.get("eval_before"):
+        trackers.scalar("eval/loss", state.extra["eval_before"]["loss"], 0)
 
     model.train()
     amp = autocast_dtype(spec)
     log_every = spec.train.log_every or max(1, steps // 100)
     while state.step < steps:
         if par.any(flag.is_set()):  # all ranks stop at the same step
+            trackers.close()
             return _stop_on_notice(flag, checkpointer, model, optimizer, scheduler, state, reporter)
         step_loss = 0.0
         accum = layout.accum  # the job's effective batch on this many ranks (trainer/layout.py)
@@ -306,10 +343,12 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
             step_loss += float(loss.detach())
             state.tokens_seen += par.tokens(batch)
         step_loss = par.mean(step_loss)
+        grad_norm = None
         if spec.train.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(
+            norm = torch.nn.utils.clip_grad_norm_(
                 [p for p in model.parameters() if p.requires_grad], spec.train.max_grad_norm
             )
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # DTensor: FSDP
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -317,7 +356,16 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         state.micro_batches += spec.train.grad_accum  # the data position, in the job's micro-batches
         lr = scheduler.get_last_lr()[0]
         maybe_crash("crash", state.step)
-        reporter.step(state.step, step_loss, lr, state.tokens_seen)
+        reporter.step(state.step, step_loss, lr, state.tokens_seen, grad_norm)
+        trackers.step(
+            state.step,
+            {
+                "loss": step_loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens_per_s": reporter.tokens_per_s() or None,
+            },
+        )
         if state.step % log_every == 0 or state.step == steps:
             log(
                 f"step {state.step}/{steps} loss {step_loss:.4f} lr {lr:.2e} "
@@ -327,6 +375,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
             reporter.set_state("checkpointing")
             checkpointer.save(model, optimizer, scheduler, state)
             reporter.last_checkpoint(checkpointer.writer.durable_step)
+            trackers.flush()
             reporter.set_state("running")
 
     if checkpointer.last_step != state.step:
@@ -336,9 +385,13 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     if dataset.held_out:
         state.extra["eval_after"] = evaluate(model, dataset, device, spec)
         log(f"held-out after training:  {_fmt_eval(state.extra['eval_after'])}")
+        trackers.scalar("eval/loss", state.extra["eval_after"]["loss"], state.step)
+    trackers.close()
     reporter.set_state("writing_output")
     par.write_output(write_output, model, tokenizer, spec, output_uri)
     reporter.finish(eval_before=state.extra.get("eval_before"), eval_after=state.extra.get("eval_after"))
+    if par.is_main:
+        _record_output(store, spec, resolved, steps, state, dataset, attempt, output_uri)
     store.update_epoch_record(ended="finished", step=state.step)
     log(f"done: {steps} steps; output at {output_uri}")
     return exitcodes.OK

@@ -71,21 +71,26 @@ def load_model(spec: JobSpec, device: torch.device) -> torch.nn.Module:
     if spec.train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if spec.method in ("lora", "qlora"):
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
         if spec.train.gradient_checkpointing:
             model.enable_input_require_grads()
-        lora = spec.lora
-        config = LoraConfig(
-            r=lora.r,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=lora.target_modules,
-            task_type="CAUSAL_LM",
-        )
         torch.manual_seed(spec.train.seed)
-        model = get_peft_model(model, config)
+        model = get_peft_model(model, lora_config(spec))
     return model if spec.method == "qlora" else model.to(device)  # 4-bit weights are placed as they load
+
+
+def lora_config(spec: JobSpec) -> Any:
+    from peft import LoraConfig
+
+    lora = spec.lora
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:

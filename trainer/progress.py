@@ -95,7 +95,7 @@ class ProgressReporter:
         done = self.step_no - self.start_step - 1
         return done / elapsed if elapsed > 0 and done > 0 else 0.0
 
-    def step(self, step: int, loss: float, lr: float, tokens: int) -> None:
+    def step(self, step: int, loss: float, lr: float, tokens: int, grad_norm: float | None = None) -> None:
         now = time.time()
         if self.first_step_at is None:
             # throughput counts from the end of the first step (which pays for warm-up)
@@ -104,7 +104,15 @@ class ProgressReporter:
             self.extra["first_step_at"] = now
         self.step_no, self.loss, self.lr, self.tokens = step, loss, lr, tokens
         self.rows.append(
-            {"step": step, "loss": loss, "lr": lr, "time": now, "attempt": self.attempt, "tokens": tokens}
+            {
+                "step": step,
+                "loss": loss,
+                "lr": lr,
+                "time": now,
+                "attempt": self.attempt,
+                "tokens": tokens,
+                "grad_norm": grad_norm,
+            }
         )
         if now - self.last_flush >= PROGRESS_EVERY_S:
             self.flush()

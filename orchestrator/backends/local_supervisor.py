@@ -30,7 +30,7 @@ from orchestrator.backends.capacity import PolicyDriver, TraceCapacity
 from orchestrator.budget import BudgetGuard
 from orchestrator.logtail import LogTail
 from orchestrator.notify import notify_job
-from orchestrator.overview import cost_usd
+from orchestrator.overview import cost_usd, preempted
 from orchestrator.policy import Mode
 from orchestrator.registry import Registry, is_busy
 from orchestrator.states import AttemptEnd, JobState, Outcome
@@ -167,6 +167,22 @@ class Supervisor:
         self.registry.set_state(self.job_id, state, reason)
         self.notify(event or state.lower())
 
+    def record_run_facts(self) -> None:
+        """Cost and preemptions into the output's model card and training_summary.json (the trainer
+        wrote them without: only the supervisor knows)."""
+        from trainer import model_card
+
+        job = self.registry.get(self.job_id)
+        attempts = self.registry.attempts(self.job_id)
+        preemptions = sum(1 for a in attempts if preempted(a))
+        try:
+            output = RunStore(job.output_uri, self.spec.checkpoint.storage_options)
+            model_card.add_run_facts(output, cost_usd=round(self.spent(), 4), preemptions=preemptions)
+        except Exception as exc:  # noqa: BLE001 - the card is a record; the job still succeeded
+            self.registry.event(
+                self.job_id, "card", f"model card not completed: {exc.__class__.__name__}: {exc}"
+            )
+
     def budget_guard(self) -> BudgetGuard:
         progress = self.store.read_progress() or {}
         return BudgetGuard.for_spec(self.registry.get(self.job_id).spec, self.spec.local.hourly_usd, progress)
@@ -202,6 +218,7 @@ class Supervisor:
                 self.registry.set_state(self.job_id, JobState.RECOVERING, end.reason)
                 continue
             if outcome is Outcome.SUCCEEDED:
+                self.record_run_facts()
                 self.end(JobState.SUCCEEDED)
                 return 0
             if outcome is Outcome.CANCELLED:

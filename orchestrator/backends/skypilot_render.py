@@ -186,10 +186,12 @@ def load_template(kind: str) -> dict[str, Any]:
 
 
 def pip_extras(spec: JobSpec) -> list[str]:
-    """ftorch's extras the instance needs: both bucket filesystems, and qlora for 4-bit or 8-bit Adam."""
+    """ftorch's extras the instance needs: both bucket filesystems, qlora for 4-bit or 8-bit Adam, trackers."""
     extras = ["s3", "gcs"]
     if spec.method == "qlora" or spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
         extras.append("qlora")
+    if "tensorboard" in spec.train.report_to:
+        extras.append("tensorboard")
     return extras
 
 

@@ -1,0 +1,107 @@
+"""`ftorch export` (a PEFT adapter or a merged model from any complete checkpoint of a job) and
+`ftorch metrics` (the metric history across attempts, as a table or CSV)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from orchestrator.errors import UserError
+
+
+def export_cmd(
+    job: Annotated[str, typer.Argument(help="a job id")],
+    step: Annotated[
+        int | None, typer.Option(help="the checkpoint's step (default: the newest complete one)")
+    ] = None,
+    merge: Annotated[
+        bool, typer.Option("--merge", help="merge the adapter into the base: a plain HF model")
+    ] = False,
+    to: Annotated[
+        str | None, typer.Option(help="folder or bucket URL (default: <run store>/exports/step-N[-merged])")
+    ] = None,
+) -> None:
+    """Write a PEFT adapter (or, with --merge, a merged model) from a checkpoint of JOB."""
+    from orchestrator import jobs
+    from trainer.store import join_uri
+
+    record = jobs.get_job(job)
+    options = record.spec.get("checkpoint", {}).get("storage_options") or {}
+    from trainer.export import ExportError, export, pick_checkpoint  # torch: only for this command
+    from trainer.store import RunStore
+
+    try:
+        if to is None:
+            chosen = pick_checkpoint(RunStore(record.run_uri, options), step).step
+            to = join_uri(record.run_uri, "exports", f"step-{chosen:08d}" + ("-merged" if merge else ""))
+        elif "://" not in to:
+            to = os.path.abspath(to)
+        result = export(record.run_uri, to, step=step, merge=merge, storage_options=options)
+    except ExportError as exc:
+        raise UserError(str(exc)) from None
+    typer.echo(f"{result['kind']} from step {result['step']} of {record.job_id}: {result['to']}")
+
+
+COLUMNS = ("step", "attempt", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "time")
+
+
+def metric_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The store's rows with tokens/s between consecutive logged steps of the same attempt."""
+    out = []
+    previous: dict[str, Any] | None = None
+    for row in rows:
+        rate = None
+        if previous is not None and previous.get("attempt") == row.get("attempt"):
+            dt = (row.get("time") or 0) - (previous.get("time") or 0)
+            if dt > 0 and row.get("tokens") is not None and previous.get("tokens") is not None:
+                rate = (row["tokens"] - previous["tokens"]) / dt
+        out.append({**{k: row.get(k) for k in COLUMNS}, "tokens_per_s": rate})
+        previous = row
+    return out
+
+
+def metrics_cmd(
+    job: Annotated[str, typer.Argument(help="a job id")],
+    as_csv: Annotated[
+        bool, typer.Option("--csv", help="CSV with a header row, for spreadsheets and pandas")
+    ] = False,
+) -> None:
+    """The metric history of JOB across all attempts: step, attempt, loss, lr, grad norm, tokens/s."""
+    from orchestrator import jobs
+    from trainer.store import RunStore
+
+    record = jobs.get_job(job)
+    options = record.spec.get("checkpoint", {}).get("storage_options") or {}
+    rows = metric_rows(RunStore(record.run_uri, options).read_metrics())
+    if as_csv:
+        writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return
+    if not rows:
+        typer.echo(f"{record.job_id}: no metrics yet")
+        return
+    typer.echo(f"{'step':>7} {'attempt':>7} {'loss':>9} {'lr':>9} {'grad_norm':>9} {'tokens/s':>9}")
+    for r in rows:
+        cells = [
+            f"{r['step']:>7}",
+            f"{r['attempt'] if r['attempt'] is not None else '-':>7}",
+            _num(r["loss"], ".4f"),
+            _num(r["lr"], ".2e"),
+            _num(r["grad_norm"], ".3f"),
+            _num(r["tokens_per_s"], ",.0f"),
+        ]
+        typer.echo(" ".join(cells))
+
+
+def _num(value: Any, spec: str) -> str:
+    return f"{'-' if value is None else format(value, spec):>9}"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export_cmd)
+    app.command("metrics")(metrics_cmd)

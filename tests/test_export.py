@@ -1,0 +1,121 @@
+"""The output folder's record (model card, training_summary.json) and `ftorch export` from checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import job_dict, prepare_run, run_trainer, write_data
+
+from orchestrator import cli_outputs
+from orchestrator.errors import UserError
+from orchestrator.registry import Registry
+from trainer import model_card
+from trainer.export import export
+from trainer.store import RunStore
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """A 10-step LoRA run (checkpoints at 5 and 10) with its output folder."""
+    root = tmp_path_factory.mktemp("export-run")
+    data = write_data(root / "train.jsonl", "instruction", 60)
+    job = job_dict(tiny_model, data, root / "runs", train={"max_steps": 10}, data={"eval_examples": 8})
+    run_uri = prepare_run(job, run_id="tiny-abc123")
+    done = run_trainer(run_uri)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return run_uri, tiny_model
+
+
+def _register(registry: Registry, run_uri: str) -> str:
+    """The run in this FTORCH_HOME's registry (nothing written to the run store)."""
+    spec = RunStore(run_uri).read_spec()["job"]
+    registry.create_job("tiny-abc123", "tiny", "local", run_uri, f"{run_uri}/output", spec, 0.0)
+    return "tiny-abc123"
+
+
+def _logits(model: torch.nn.Module) -> torch.Tensor:
+    ids = torch.tensor([[1, 5, 9, 12, 7, 3, 2]])
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def _adapter_logits(base: Path, adapter: str) -> torch.Tensor:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter).eval()
+    return _logits(model)
+
+
+def test_output_has_a_filled_model_card_and_summary(trained: tuple[str, Path]) -> None:
+    run_uri, tiny = trained
+    output = Path(run_uri) / "output"
+    summary = json.loads((output / model_card.SUMMARY).read_text())
+    assert summary["base_model"] == str(tiny) and summary["method"] == "lora" and summary["steps"] == 10
+    assert summary["data"]["training_examples"] == 52 and summary["hyperparameters"]["lr"] == 5e-3
+    assert summary["final_loss"] < summary["first_loss"] and summary["eval_after"]["examples"] == 8
+    assert summary["attempts"] == 1 and summary["interruptions"] == 0
+    card = (output / model_card.CARD).read_text()
+    assert card.startswith(f"---\nbase_model: {tiny}\nlibrary_name: peft")
+    assert "### Instruction:" in card and "PeftModel.from_pretrained" in card
+    assert "prompt = '### Instruction:\\nYour instruction here\\n\\n### Response:\\n'\n" in card
+    assert f"{summary['final_loss']:.4f}" in card and "held-out loss" in card and "| cost | - |" in card
+    # the orchestrator adds what only it knows
+    assert model_card.add_run_facts(RunStore(str(output)), cost_usd=0.12, preemptions=2)
+    assert "| cost | $0.12 |" in (output / "README.md").read_text()
+    assert json.loads((output / model_card.SUMMARY).read_text())["preemptions"] == 2
+
+
+def test_exported_adapter_gives_the_trained_models_logits(trained: tuple[str, Path], tmp_path: Path) -> None:
+    run_uri, tiny = trained
+    final = export(run_uri, str(tmp_path / "final"))
+    assert final["step"] == 10 and "adapter_model.safetensors" in final["files"]
+    trained_logits = _adapter_logits(tiny, str(Path(run_uri) / "output"))  # what the trainer wrote
+    assert torch.equal(_adapter_logits(tiny, str(tmp_path / "final")), trained_logits)
+
+    earlier = export(run_uri, str(tmp_path / "step5"), step=5)  # an intermediate checkpoint
+    assert earlier["step"] == 5
+    step5 = _adapter_logits(tiny, str(tmp_path / "step5"))
+    assert not torch.allclose(step5, trained_logits) and torch.isfinite(step5).all()
+
+    merged = export(run_uri, str(tmp_path / "merged"), merge=True)
+    assert merged["kind"] == "merged model" and not (tmp_path / "merged" / "adapter_config.json").exists()
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert torch.allclose(_logits(plain), trained_logits, atol=1e-4)
+
+
+def test_export_command_picks_steps_and_refuses_missing_ones(
+    trained: tuple[str, Path], tmp_path: Path, ftorch_home: Path, capsys
+) -> None:
+    run_uri, _tiny = trained
+    registry = Registry()
+    job_id = _register(registry, run_uri)
+    with pytest.raises(UserError, match=r"--step: no complete checkpoint at step 7; complete ones: 5, 10"):
+        cli_outputs.export_cmd(job_id, step=7)
+    assert not (Path(run_uri) / "exports").exists()
+    cli_outputs.export_cmd(job_id, step=5)
+    assert f"PEFT adapter from step 5 of {job_id}" in capsys.readouterr().out
+    assert (Path(run_uri) / "exports" / "step-00000005" / "adapter_config.json").exists()
+
+
+def test_metrics_command_lists_every_step_with_grad_norm(
+    trained: tuple[str, Path], ftorch_home: Path, capsys
+) -> None:
+    import csv
+    import io
+
+    run_uri, _tiny = trained
+    job_id = _register(Registry(), run_uri)
+    cli_outputs.metrics_cmd(job_id, as_csv=True)
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [int(r["step"]) for r in rows] == list(range(1, 11))
+    assert all(float(r["grad_norm"]) > 0 for r in rows) and float(rows[0]["lr"]) > 0
+    assert all(float(r["tokens_per_s"]) > 0 for r in rows[1:])
+    cli_outputs.metrics_cmd(job_id)
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["step", "attempt", "loss", "lr", "grad_norm", "tokens/s"] and len(table) == 11

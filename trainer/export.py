@@ -1,0 +1,128 @@
+"""`ftorch export`: a usable model from any complete checkpoint of a run.
+
+- LoRA/QLoRA: a PEFT adapter folder (adapter_config.json, adapter_model.safetensors, tokenizer). The base
+  is built with empty (meta) weights through accelerate's `init_empty_weights`: only the adapter's
+  tensors are real, so exporting an adapter of a 70B model needs neither its weights nor its memory.
+- `merge=True`: the base's real weights (16-bit for QLoRA: the adapter merges into the unquantized base),
+  the adapter merged in (`merge_and_unload`), saved as a plain transformers model.
+- full fine-tuning: the checkpoint holds every weight; they go into the base and it is saved whole.
+
+Sharded (FSDP/DCP) checkpoints are refused for now: the final output of such a run is already exported.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import torch
+
+from trainer.checkpoint import WEIGHTS
+from trainer.config import JobSpec
+from trainer.model import DTYPES, hide_bitsandbytes, load_tokenizer, lora_config, trainable_parameters
+from trainer.store import CorruptCheckpoint, RunStore
+
+
+class ExportError(Exception):
+    """A one-line reason the export cannot be done (the CLI exits 2 with it)."""
+
+
+def pick_checkpoint(store: RunStore, step: int | None) -> Any:
+    complete = store.complete_checkpoints()
+    if not complete:
+        raise ExportError("JOB: the run has no complete checkpoint yet")
+    if step is None:
+        return complete[-1]
+    for info in complete:
+        if info.step == step:
+            return info
+    steps = ", ".join(str(c.step) for c in complete)
+    raise ExportError(f"--step: no complete checkpoint at step {step}; complete ones: {steps}")
+
+
+def _weights(store: RunStore, info: Any) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load as safetensors_load
+
+    if info.meta.get("dcp_files"):
+        raise ExportError(
+            f"--step: checkpoint {info.step} is sharded (FSDP); exporting sharded checkpoints is not supported "
+            "yet (the run's output folder holds the final model)"
+        )
+    try:
+        return safetensors_load(store.read_checkpoint(info)[WEIGHTS])
+    except CorruptCheckpoint as exc:
+        raise ExportError(f"--step: checkpoint {info.step} is damaged: {exc}") from None
+
+
+def _base(spec: JobSpec, empty: bool, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not empty:
+        return AutoModelForCausalLM.from_pretrained(spec.model, dtype=dtype)
+    from accelerate import init_empty_weights
+
+    config = AutoConfig.from_pretrained(spec.model)
+    with init_empty_weights():
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def _load_trained(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """The checkpoint's trainable tensors into the model (assigned: they replace meta tensors too)."""
+    names = set(trainable_parameters(model))
+    missing = sorted(names - set(weights))
+    if missing:
+        raise ExportError(f"the checkpoint does not match the job's model ({len(missing)} tensors missing)")
+    result = model.load_state_dict({k: weights[k] for k in names}, strict=False, assign=True)
+    if result.unexpected_keys:
+        raise ExportError(f"the checkpoint has tensors the model lacks: {result.unexpected_keys[:3]}")
+
+
+def build(spec: JobSpec, weights: dict[str, torch.Tensor], merge: bool) -> torch.nn.Module:
+    """The model to save: an adapter model (meta base), a merged model, or a full fine-tune."""
+    hide_bitsandbytes()  # never needed: the export works on the unquantized base
+    if spec.method == "full":
+        dtype = torch.float32 if spec.train.precision == "fp32" else torch.bfloat16
+        model = _base(spec, empty=False, dtype=dtype)
+        _load_trained(model, weights)
+        return model
+    from peft import get_peft_model
+
+    dtype = DTYPES[spec.train.precision] if spec.method == "lora" else torch.bfloat16
+    if spec.method == "qlora" and spec.quantization.compute_dtype == "fp32":
+        dtype = torch.float32
+    model = get_peft_model(_base(spec, empty=not merge, dtype=dtype), lora_config(spec))
+    _load_trained(model, weights)
+    return model.merge_and_unload() if merge else model
+
+
+def export(
+    run_uri: str,
+    to: str,
+    step: int | None = None,
+    merge: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write the export into `to` (a local folder or a bucket URL); returns what was written."""
+    store = RunStore(run_uri, storage_options)
+    spec = JobSpec.model_validate(store.read_spec()["job"])
+    if merge and spec.method == "full":
+        raise ExportError("--merge: a full fine-tune has no adapter to merge; export it without --merge")
+    info = pick_checkpoint(store, step)
+    model = build(spec, _weights(store, info), merge)
+    output = RunStore(to, spec.checkpoint.storage_options)
+    written = []
+    with tempfile.TemporaryDirectory(prefix="ftorch-export-") as tmp:
+        if spec.method == "full" or merge:
+            model.save_pretrained(tmp, safe_serialization=True)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False)
+        load_tokenizer(spec).save_pretrained(tmp)
+        for root, _dirs, files in os.walk(tmp):
+            for name in sorted(files):
+                rel = os.path.relpath(os.path.join(root, name), tmp)
+                with open(os.path.join(root, name), "rb") as handle:
+                    output.write_bytes(rel, handle.read())
+                written.append(rel)
+    kind = "merged model" if merge else ("model" if spec.method == "full" else "PEFT adapter")
+    return {"step": info.step, "kind": kind, "to": to, "files": sorted(written), "base_model": spec.model}

@@ -1,0 +1,220 @@
+"""The output folder's record of the training: `training_summary.json` and a filled model card (README.md).
+
+The trainer writes both when the run ends (what it knows: the job, data, steps, losses, held-out check,
+attempts); the orchestrator adds what only it knows (cost, preemptions) with `add_run_facts`. Rendering is
+a pure function of the summary, so the card can be rewritten without torch. No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from trainer.config import JobSpec
+
+SUMMARY = "training_summary.json"
+WITH_INPUT = "\n(when the example has an input:)\n"
+CARD = "README.md"
+
+
+def build_summary(
+    spec: JobSpec,
+    resolved: dict[str, Any],
+    *,
+    steps: int,
+    tokens_seen: int,
+    examples: int,
+    data_tokens: int,
+    metrics: list[dict[str, Any]],
+    eval_before: dict[str, Any] | None,
+    eval_after: dict[str, Any] | None,
+    attempt: int,
+    interruptions: int,
+    prompt_format: str,
+    output_uri: str,
+) -> dict[str, Any]:
+    losses = [float(r["loss"]) for r in metrics if isinstance(r.get("loss"), (int, float))]
+    n = max(1, min(10, len(losses) // 4))  # first and last steps: a tenth-ish of a short run, 10 at most
+    head, tail = losses[:n], losses[-n:]
+    train = spec.train
+    return {
+        "job_id": resolved.get("run_id"),
+        "base_model": spec.model,
+        "method": spec.method,
+        "lora": spec.lora.model_dump(mode="json") if spec.method != "full" else None,
+        "quantization": spec.quantization.model_dump(mode="json") if spec.method == "qlora" else None,
+        "data": {
+            "path": spec.data.path,
+            "format": spec.data.format,
+            "max_seq_len": spec.data.max_seq_len,
+            "training_examples": examples,
+            "training_tokens": data_tokens,
+            "held_out_examples": spec.data.eval_examples,
+        },
+        "hyperparameters": {
+            "micro_batch_size": train.micro_batch_size,
+            "grad_accum": train.grad_accum,
+            "epochs": None if train.max_steps else train.epochs,
+            "max_steps": train.max_steps,
+            "lr": train.lr,
+            "schedule": train.schedule,
+            "warmup_steps": train.warmup_steps,
+            "warmup_ratio": None if train.warmup_steps is not None else train.warmup_ratio,
+            "weight_decay": train.weight_decay,
+            "max_grad_norm": train.max_grad_norm,
+            "optimizer": train.optimizer,
+            "precision": train.precision,
+            "seed": train.seed,
+        },
+        "steps": steps,
+        "tokens_seen": tokens_seen,
+        "first_loss": sum(head) / len(head) if head else None,
+        "final_loss": sum(tail) / len(tail) if tail else None,
+        "eval_before": eval_before,
+        "eval_after": eval_after,
+        "attempts": attempt,
+        "interruptions": interruptions,  # attempts that ended before the run was done
+        "preemptions": None,  # filled in by the orchestrator (add_run_facts)
+        "cost_usd": None,
+        "prompt_format": prompt_format,
+        "output_uri": output_uri,
+        "finished_at": time.time(),
+    }
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if spec else str(value)
+
+
+def render_card(s: dict[str, Any]) -> str:
+    """A model card (Hugging Face README front matter + sections) from a training summary."""
+    adapter = s["method"] in ("lora", "qlora")
+    lines = ["---", f"base_model: {s['base_model']}"]
+    lines += ["library_name: peft" if adapter else "library_name: transformers", "tags:", "- ftorch"]
+    lines += [f"- {s['method']}", "---", "", f"# {s.get('job_id') or 'ftorch run'}", ""]
+    what = {"lora": "A LoRA adapter", "qlora": "A QLoRA adapter (4-bit base)", "full": "A full fine-tune"}
+    lines += [f"{what[s['method']]} of `{s['base_model']}`, trained with ftorch.", ""]
+    d = s["data"]
+    lines += [
+        "## Training",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| data | `{d['path']}` ({d['format']}, {d['training_examples']:,} examples, "
+        f"{d['training_tokens']:,} tokens, max_seq_len {d['max_seq_len']}) |",
+        f"| steps | {s['steps']:,} optimizer steps, {s['tokens_seen']:,} tokens seen |",
+        f"| training loss | {_fmt(s['first_loss'], '.4f')} (first steps) -> {_fmt(s['final_loss'], '.4f')} "
+        "(last steps) |",
+    ]
+    before, after = s.get("eval_before"), s.get("eval_after")
+    if before and after:
+        lines.append(
+            f"| held-out loss | {before['loss']:.4f} -> {after['loss']:.4f} on {int(after['examples'])} "
+            f"examples (exact match {before['exact_match']:.0%} -> {after['exact_match']:.0%}) |"
+        )
+    cost = "-" if s.get("cost_usd") is None else f"${s['cost_usd']:.2f}"
+    lines += [
+        f"| attempts | {s['attempts']} ({s['interruptions']} interrupted) |",
+        f"| preemptions | {_fmt(s.get('preemptions'))} |",
+        f"| cost | {cost} |",
+    ]
+    if s.get("lora"):
+        lo = s["lora"]
+        lines.append(
+            f"| LoRA | r {lo['r']}, alpha {lo['alpha']}, dropout {lo['dropout']}, {lo['target_modules']} |"
+        )
+    if s.get("quantization"):
+        q = s["quantization"]
+        lines.append(f"| quantization | {q['bits']}-bit {q['quant_type']}, compute {q['compute_dtype']} |")
+    hp = ", ".join(f"{k} {v}" for k, v in s["hyperparameters"].items() if v is not None)
+    lines += [f"| hyperparameters | {hp} |", ""]
+    lines += ["## Prompt format", "", "Prompts at inference must look like the training prompts:", ""]
+    lines += ["```", s["prompt_format"].rstrip("\n"), "```", "", "## Use it", "", "```python"]
+    lines += ["from transformers import AutoModelForCausalLM, AutoTokenizer"]
+    if adapter:
+        lines += [
+            "from peft import PeftModel",
+            "",
+            f'base = AutoModelForCausalLM.from_pretrained("{s["base_model"]}")',
+            'model = PeftModel.from_pretrained(base, "path/to/this/folder")',
+            'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
+        ]
+    else:
+        lines += [
+            "",
+            'model = AutoModelForCausalLM.from_pretrained("path/to/this/folder")',
+            'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
+        ]
+    example = _example_prompt(s)
+    lines += [
+        f"prompt = {example}",
+        'inputs = tokenizer(prompt, return_tensors="pt")',
+        "out = model.generate(**inputs, max_new_tokens=64)",
+        'print(tokenizer.decode(out[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
+        "```",
+        "",
+        f"`training_summary.json` beside this file holds these figures. Job `{s.get('job_id')}`: "
+        f"`ftorch status {s.get('job_id')}` shows its attempts.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _example_prompt(s: dict[str, Any]) -> str:
+    fmt = s["data"]["format"]
+    if fmt == "instruction":
+        template = s["prompt_format"].split(WITH_INPUT)[0]
+        return repr(template.replace("{instruction}", "Your instruction here"))
+    if fmt == "chat":
+        return (
+            'tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], tokenize=False, '
+            "add_generation_prompt=True)"
+        )
+    return '"The beginning of a text"'
+
+
+def prompt_format(fmt: str) -> str:
+    """How training prompts looked, for the card (trainer side: reads trainer.data's templates)."""
+    from trainer.data import INSTRUCTION_PROMPT, INSTRUCTION_PROMPT_WITH_INPUT
+
+    if fmt == "instruction":
+        return f"{INSTRUCTION_PROMPT}{WITH_INPUT}{INSTRUCTION_PROMPT_WITH_INPUT}"
+    if fmt == "chat":
+        return "the tokenizer's chat template (saved in this folder), with add_generation_prompt=True"
+    return "plain text, no template"
+
+
+def record(store: Any, output: Any, spec: JobSpec, resolved: dict[str, Any], **facts: Any) -> dict[str, Any]:
+    """Build and write the summary and card at the end of a run (trainer side)."""
+    epoch = getattr(store, "epoch", None)
+    records = store.epoch_records() if epoch is not None else {}
+    interruptions = sum(1 for e, r in records.items() if e < epoch and (r or {}).get("ended") != "finished")
+    summary = build_summary(
+        spec,
+        resolved,
+        metrics=store.read_metrics(),
+        interruptions=interruptions,
+        prompt_format=prompt_format(spec.data.format),
+        **facts,
+    )
+    write(output, summary)
+    return summary
+
+
+def write(output: Any, summary: dict[str, Any]) -> None:
+    """Both files into `output` (a RunStore on the output folder)."""
+    output.write_bytes(SUMMARY, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
+    output.write_bytes(CARD, render_card(summary).encode())
+
+
+def add_run_facts(output: Any, *, cost_usd: float | None, preemptions: int | None) -> bool:
+    """The orchestrator's figures into an existing summary and card; False when there is no summary."""
+    summary = output.read_json_or_none(SUMMARY)
+    if not isinstance(summary, dict):
+        return False
+    summary.update(cost_usd=cost_usd, preemptions=preemptions)
+    write(output, summary)
+    return True
