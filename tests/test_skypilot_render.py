@@ -160,7 +160,7 @@ def test_recovery_settings_are_wired() -> None:
         "max_restarts_on_errors": 2,
         "recover_on_exit_codes": [75],
     }
-    assert task["resources"]["image_id"] == "docker:pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+    assert task["resources"]["image_id"] == "docker:pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime"
     assert task["envs"]["FTORCH_PIP_SPEC"] == ".[s3,gcs,qlora]"  # bitsandbytes and accelerate
     assert task["secrets"] == {"HF_TOKEN": None}
 
