@@ -25,14 +25,15 @@ FORMAT_NOTE = {
 
 # ---- validate -------------------------------------------------------------------------------------
 def check_job(job_file: str, overrides: list[str]) -> dict[str, Any]:
-    """What a launch checks before it records anything (the schema, supported settings, local data and
-    model folders, the plan and task on the skypilot backend), without a store probe or a launch.
+    """What a launch checks before it records anything (the schema, supported settings, the data file's
+    lines, local model folders, the plan and task on the skypilot backend), without a store probe or a launch.
     Raises SpecError/UserError (exit 2) on the first problem.
     """
     from orchestrator import jobs
     from orchestrator.spec import load_job
 
     spec = load_job(job_file, overrides)
+    jobs.check_data(spec)  # every line, as launch and the trainer read it
     data = spec.data.path
     store = spec.checkpoint.uri.split("://", 1)[0] if "://" in spec.checkpoint.uri else "file"
     if store in jobs.NON_DURABLE_SCHEMES:

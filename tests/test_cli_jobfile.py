@@ -34,6 +34,16 @@ def test_every_starter_job_validates(tmp_path: Path, method: str, backend: str) 
         assert checked["plan"]["adequate_offers"] > 0 and checked["plan"]["cheapest"]
 
 
+def test_validate_reads_the_data_as_launch_does(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text(
+        '{"instruction": "a", "output": "b"}\n{"instruction": "c"}\n'
+    )
+    cli_jobfile.init_cmd(str(tmp_path / "job.yaml"), model="Qwen/Qwen2.5-0.5B")
+    with pytest.raises(SpecError, match=r"data.path.*train.jsonl:2"):
+        cli_jobfile.check_job(str(tmp_path / "job.yaml"), [])
+
+
 def test_init_refuses_bad_choices_and_existing_files(tmp_path: Path) -> None:
     out = tmp_path / "job.yaml"
     with pytest.raises(UserError, match="--method"):
