@@ -12,18 +12,16 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UserError
+from orchestrator.records import ATTEMPT_COLUMNS, JOB_COLUMNS, Attempt, Job, job_from_values
 from orchestrator.states import ACTIVE, RESUMABLE, TERMINAL, JobState, Outcome
 
 __all__ = ["ACTIVE", "RESUMABLE", "STATES", "TERMINAL", "Attempt", "Job", "JobState", "Outcome", "Registry"]
 
 STATES = tuple(JobState)  # kept for callers that list the states
-_STATES = {s.value: s for s in JobState}
-_OUTCOMES = {o.value: o for o in Outcome}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -72,16 +70,6 @@ CREATE INDEX IF NOT EXISTS events_job ON events (job_id, at);
 """
 #: columns added after the first release: (table, column, type); added to older registries on open
 MIGRATIONS = (("attempts", "outcome", "TEXT"),)
-#: the column order of Job and Attempt below: the fast bulk read (`Registry.snapshot`) reads tuples
-JOB_COLUMNS = (
-    "job_id", "name", "backend", "state", "reason", "run_uri", "output_uri", "spec_json", "created_at",
-    "updated_at", "ended_at", "supervisor_pid", "supervisor_started", "cancel_requested", "backend_job_id",
-    "hourly_usd",
-)  # fmt: skip
-ATTEMPT_COLUMNS = (
-    "job_id", "n", "started_at", "ended_at", "pid", "exit_code", "end_reason", "start_step", "end_step",
-    "first_step_at", "instance", "spot", "hourly_usd", "outcome",
-)  # fmt: skip
 
 
 def ftorch_home() -> Path:
@@ -96,67 +84,6 @@ def busy_timeout_s() -> float:
 def is_busy(exc: BaseException) -> bool:
     """SQLite gave up waiting for another process's lock."""
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
-
-
-@dataclass
-class Job:
-    job_id: str
-    name: str
-    backend: str
-    state: JobState
-    reason: str | None
-    run_uri: str
-    output_uri: str
-    spec: dict[str, Any]
-    created_at: float
-    updated_at: float
-    ended_at: float | None
-    supervisor_pid: int | None
-    supervisor_started: float | None
-    cancel_requested: bool
-    backend_job_id: str | None
-    hourly_usd: float
-
-    def __post_init__(self) -> None:
-        self.state = _STATES.get(self.state) or JobState(self.state)  # the dict: status reads 1000s
-
-    @property
-    def storage_options(self) -> dict[str, Any]:
-        """checkpoint.storage_options of the job's spec ({} when none)."""
-        return dict((self.spec.get("checkpoint") or {}).get("storage_options") or {})
-
-    def run_store(self, retry_seconds: float = 5.0) -> Any:
-        """The job's run store (`trainer.store.RunStore`; imported here, on use, to keep status light)."""
-        from trainer.store import RunStore
-
-        return RunStore(self.run_uri, self.storage_options, retry_seconds=retry_seconds)
-
-
-@dataclass
-class Attempt:
-    job_id: str
-    n: int
-    started_at: float
-    ended_at: float | None = None
-    pid: int | None = None
-    exit_code: int | None = None
-    end_reason: str | None = None
-    start_step: int | None = None
-    end_step: int | None = None
-    first_step_at: float | None = None
-    instance: str | None = None
-    spot: bool | None = None
-    hourly_usd: float = 0.0
-    #: how it ended (None while it runs); registries from before outcomes were stored: from end_reason
-    outcome: Outcome | None = None
-
-    def __post_init__(self) -> None:
-        if self.spot is not None:
-            self.spot = bool(self.spot)
-        if self.outcome is not None:
-            self.outcome = _OUTCOMES.get(self.outcome) or Outcome(self.outcome)
-        else:
-            self.outcome = Outcome.of_reason(self.end_reason)
 
 
 class Registry:
@@ -404,11 +331,3 @@ def _like_prefix(prefix: str) -> str:
 
 def _job(row: sqlite3.Row) -> Job:
     return job_from_values(tuple(row[c] for c in JOB_COLUMNS))
-
-
-def job_from_values(values: tuple[Any, ...]) -> Job:
-    """A Job from a JOB_COLUMNS tuple."""
-    job = Job(*values)
-    job.spec = json.loads(values[JOB_COLUMNS.index("spec_json")])
-    job.cancel_requested = bool(job.cancel_requested)
-    return job

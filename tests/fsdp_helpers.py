@@ -26,7 +26,7 @@ def fsdp_job(model: Path, data: Path, ckpt: Path, nproc: int = 2, **sections: An
 
 def launch_cmd(run_uri: str, attempt: int, nproc: int) -> list[str]:
     """What the local supervisor starts for this rank count."""
-    from orchestrator.backends.local_supervisor import trainer_command
+    from orchestrator.backends.local_parts import trainer_command
 
     return trainer_command(nproc, run_uri, attempt)
 

@@ -51,7 +51,7 @@ def test_a_checkpoint_refused_by_weights_only_is_skipped(tmp_path: Path, tiny_mo
 def test_a_full_store_is_named_and_its_partial_checkpoints_are_cleaned_up(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    from orchestrator.backends.local_supervisor import store_failure_reason
+    from orchestrator.backends.local_parts import store_failure_reason
 
     data = write_data(tmp_path / "d.jsonl", "instruction", 32)
     job = job_dict(tiny_model, data, tmp_path / "runs", train={"max_steps": 15})

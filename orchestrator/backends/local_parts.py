@@ -1,0 +1,121 @@
+"""The pieces the local supervisor (`local_supervisor.py`) is made of: simulated spot preemptions
+(`Chaos`), the trainer's progress as it goes (`ProgressTail`), the trainer's command line, the words for
+a run store failure, and a registry that waits out another process's lock (`PatientRegistry`)."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.registry import Registry, is_busy
+from trainer.config import ChaosSpec
+from trainer.runfiles import checked_progress
+
+
+@dataclass
+class Chaos:
+    """Simulated spot preemptions: at given steps (each fires once per run) or at a random rate."""
+
+    spec: ChaosSpec | None
+    fired: set[int] = field(default_factory=set)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def due(self, step: int, dt: float) -> tuple[str, bool] | None:
+        """(what, with_notice) when a preemption should happen now."""
+        if self.spec is None:
+            return None
+        for index, at in enumerate(self.spec.preempt_at_steps):
+            if at not in self.fired and step >= at:
+                self.fired.add(at)
+                return f"step {at}", self.spec.notice_for(index)
+        if self.spec.rate_per_min > 0 and self.rng.random() < self.spec.rate_per_min * dt / 60.0:
+            notice = self.spec.notice if isinstance(self.spec.notice, bool) else self.rng.random() < 0.5
+            return "random", notice
+        return None
+
+
+class ProgressTail:
+    """The trainer's progress for this attempt, from the local copy it rewrites every step
+    (FTORCH_PROGRESS_MIRROR): the step it is on, and the step it resumed from."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.step: int | None = None
+        #: the step the trainer resumed from (progress.json in the store can lag after a kill)
+        self.resumed: int | None = None
+        self.state: str | None = None
+
+    def poll(self) -> int | None:
+        """The newest step of this attempt, or None before its first step."""
+        try:
+            data = json.loads(self.path.read_bytes())
+        except (OSError, ValueError):
+            return self.step
+        progress = checked_progress(data)
+        if progress is None:
+            return self.step
+        self.state = progress.get("state")
+        if progress.get("start_step") is not None:
+            self.resumed = progress["start_step"]
+        if progress.get("first_step_at") is not None and progress.get("step") is not None:
+            self.step = progress["step"]
+        return self.step
+
+
+class PatientRegistry:
+    """The registry, for a supervisor: a write that finds the database locked past SQLite's busy timeout
+    (another process holding a long transaction) waits and tries again instead of failing the job.
+    The supervisor has nothing better to do than record what happened, so it waits as long as it takes."""
+
+    def __init__(self, registry: Registry, log: Callable[[str], None]) -> None:
+        self._registry = registry
+        self._log = log
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._registry, name)
+        if not callable(attr):
+            return attr
+
+        def patient(*args: Any, **kwargs: Any) -> Any:
+            waited = 0.0
+            while True:
+                try:
+                    return attr(*args, **kwargs)
+                except Exception as exc:
+                    if not is_busy(exc):
+                        raise
+                    if waited == 0.0:
+                        self._log(f"the registry is locked by another process ({name}); waiting for it")
+                    pause = min(5.0, 0.2 + waited / 4)
+                    time.sleep(pause)
+                    waited += pause
+
+        return patient
+
+
+def store_failure_reason(last_line: str) -> str:
+    """Why a trainer that exited STORE_UNAVAILABLE stopped, from its last log line."""
+    if "ENOSPC" in last_line or "EDQUOT" in last_line or "disk is full" in last_line:
+        return (
+            "the run store's disk is full (ENOSPC); checkpoints up to the last good one are safe; free "
+            f"space, then `ftorch resume` continues: {last_line}"
+        )
+    return (
+        "the run store stayed unreachable; checkpoints up to the last good one are safe, resume when it "
+        f"is back: {last_line}"
+    )
+
+
+def trainer_command(nproc: int, run_uri: str, attempt: int) -> list[str]:
+    """`python -m trainer`, or torchrun with `nproc` ranks (FSDP; it forwards SIGTERM to every rank,
+    and the ranks die with it on SIGKILL)."""
+    args = ["-m", "trainer", run_uri, "--attempt", str(attempt)]
+    if nproc <= 1:
+        return [sys.executable, *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
