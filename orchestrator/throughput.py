@@ -1,21 +1,26 @@
-"""How long a job takes on an offer: tokens x FLOPs per token / (peak x utilisation), plus communication.
+"""How long a job takes on an offer: per micro-batch, compute + weight traffic + QLoRA dequantization,
+plus the FSDP communication that compute cannot hide.
 
-Assumptions (documented in docs/planner.md):
+Assumptions (documented in docs/planner.md, "Time"):
 - FLOPs per token: 2 x active matmul parameters (attention projections, MLP, top-k experts, lm_head)
   plus the attention scores (4 x layers x seq x q_dim, halved for causal masking with flash/SDPA).
   Full fine-tuning = forward + backward (2x forward); LoRA/QLoRA skip the frozen weights' gradients,
   so backward is about 1x forward (input gradients only) plus the adapters' own work; gradient
-  checkpointing adds one more forward.
-- QLoRA pays for dequantization: every pass over the weights (forward, backward, recomputation)
-  reads 4-bit weights and writes 16-bit ones, a memory-bound cost of ~2.5 bytes/param at HBM bandwidth
-  per micro-batch.
-- Utilisation (model-FLOPs utilisation) per method: UTILISATION below, scaled by the fraction of peak a
-  PyTorch/HF stack reaches on each GPU generation (Accelerator.reach: Hopper 0.8, Blackwell 0.6, since
-  their peaks grew faster than the memory-bound parts of a training step), and by SCALING_EFFICIENCY
-  for data-parallel runs (synchronisation, stragglers) on top of the explicit communication time.
+  checkpointing adds one more forward (textbook, not calibrated: every published row checkpoints).
+- compute = tokens x FLOPs/token / (dense 16-bit peak x MFU x reach x multi-GPU efficiency), with the
+  large-batch MFU per method fitted by bench/calibrate_throughput.py (orchestrator/data/
+  throughput_calibration.json; `RAW` holds the uncalibrated values).
+- every pass reads the 16-bit weights from HBM once per micro-batch (memory-bound, independent of the
+  micro-batch): this is what makes small micro-batches slower per token. The effective MFU is
+  MFU_max x T / (T + T0) with T the tokens per micro-batch per GPU and T0 about the GPU's roofline
+  ridge point (peak / HBM bandwidth), so it differs between GPUs.
+- QLoRA pays for dequantization: every pass reads 4-bit weights and writes 16-bit ones, ~2.5 bytes/param
+  at HBM bandwidth per micro-batch, times a fitted factor (bitsandbytes' kernels are slower than that).
 - FSDP across N GPUs: per micro-batch each GPU all-gathers the parameters twice (forward, backward) and
   reduce-scatters the gradients; this overlaps with compute up to OVERLAP of the compute time, over
   NVLink or PCIe bandwidth (LINK_GBPS).
+- `Accelerator.reach`: the fraction of a newer GPU's peak an HF stack reaches relative to an A100
+  (Hopper 0.8, Blackwell 0.6). Not calibrated: the published data covers only A100-80GB.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +38,48 @@ from orchestrator.errors import SpecError
 from orchestrator.memory import NF4_DQ_BYTES, Settings
 from orchestrator.shapes import ModelShape
 
-#: model-FLOPs utilisation assumed per method (dense bf16/fp16 tensor-core peak)
-UTILISATION = {"full": 0.40, "lora": 0.35, "qlora": 0.30}
+
+@dataclass(frozen=True)
+class TimeConstants:
+    """The time model's fitted constants (bench/calibrate_throughput.py)."""
+
+    #: large-micro-batch model-FLOPs utilisation per method (dense 16-bit tensor peak, A100 stack)
+    mfu_full: float = 0.40
+    mfu_lora: float = 0.35
+    mfu_qlora: float = 0.30
+    #: multiplier on the ideal NF4 dequantization traffic (2.5 bytes/param per pass)
+    dequant_factor: float = 1.0
+    #: bytes of 16-bit weights read from HBM per parameter per pass (0 = ignore weight traffic)
+    weight_read_bytes: float = 0.0
+    #: throughput kept per GPU on data-parallel FSDP runs (stragglers, synchronisation) on top of the
+    #: explicit communication time
+    multi_gpu_efficiency: float = 0.9
+
+    def mfu(self, method: str) -> float:
+        return {"full": self.mfu_full, "lora": self.mfu_lora, "qlora": self.mfu_qlora}[method]
+
+
+#: the uncalibrated model (textbook/assumed values; what ftorch used before calibration)
+RAW = TimeConstants()
+CALIBRATION_FILE = "data/throughput_calibration.json"
+
+
+@lru_cache(maxsize=1)
+def calibrated_constants() -> TimeConstants:
+    """The constants fitted by bench/calibrate_throughput.py (RAW if the file is missing)."""
+    try:
+        text = resources.files("orchestrator").joinpath(CALIBRATION_FILE).read_text("utf-8")
+    except (FileNotFoundError, OSError):
+        return RAW
+    fitted = json.loads(text).get("constants", {})
+    known = {k: float(v) for k, v in fitted.items() if k in TimeConstants.__dataclass_fields__}
+    return replace(RAW, **known)
+
+
 #: fraction of the compute time that communication can hide behind
 OVERLAP = 0.8
 #: effective per-GPU collective bandwidth, GB/s
 LINK_GBPS = {"nvlink": 150.0, "pcie": 10.0}
-SCALING_EFFICIENCY = 0.9
 CHARS_PER_TOKEN = 4.0  # English-like text through a BPE tokenizer
 
 
@@ -206,13 +248,20 @@ class TimeEstimate:
     tokens: float
     tokens_per_s: float
     flops_per_token: float
+    #: model FLOPs achieved / peak, after weight traffic, dequantization and communication
     utilisation: float
     compute_s_per_microbatch: float
+    weights_s_per_microbatch: float
     comm_s_per_microbatch: float
     dequant_s_per_microbatch: float
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def weight_passes(s: Settings) -> int:
+    """Sweeps over the weights per micro-batch: forward, backward, + the recomputed forward."""
+    return 3 if s.grad_ckpt else 2
 
 
 def estimate_time(
@@ -223,23 +272,27 @@ def estimate_time(
     acc: Accelerator,
     n_gpus: int,
     interconnect: str,
+    constants: TimeConstants | None = None,
 ) -> TimeEstimate:
-    """Hours to train `work` on `n_gpus` of `acc` (FSDP when n_gpus > 1)."""
-    util = UTILISATION[s.method] * acc.reach * (SCALING_EFFICIENCY if n_gpus > 1 else 1.0)
+    """Hours to train `work` on `n_gpus` of `acc` (FSDP when n_gpus > 1); `s.micro_batch` is per GPU."""
+    c = constants or calibrated_constants()
+    util = c.mfu(s.method) * acc.reach * (c.multi_gpu_efficiency if n_gpus > 1 else 1.0)
     fpt = flops_per_token(shape, s, trainable)
     tokens_mb = s.micro_batch * min(float(s.seq_len), work.tokens_per_sequence)
     compute = tokens_mb * fpt / (acc.tflops_16bit * 1e12 * util)
+    hbm = acc.hbm_gbps * 1e9
+    weights = weight_passes(s) * c.weight_read_bytes * shape.params / hbm
     dequant = 0.0
     if s.method == "qlora":
-        passes = 3 if s.grad_ckpt else 2
-        dequant = passes * shape.quantizable_params * (NF4_DQ_BYTES + 2.0) / (acc.hbm_gbps * 1e9)
+        ideal = weight_passes(s) * shape.quantizable_params * (NF4_DQ_BYTES + 2.0) / hbm
+        dequant = c.dequant_factor * ideal
     comm = 0.0
     if n_gpus > 1:
         link = LINK_GBPS["nvlink" if interconnect.lower() == "nvlink" else "pcie"]
         weight_bytes = 2.0 * shape.params if s.method != "qlora" else NF4_DQ_BYTES * shape.params
         grad_bytes = 4.0 * trainable
         comm = (2 * weight_bytes + grad_bytes) * (n_gpus - 1) / n_gpus / (link * 1e9)
-    work_s = compute + dequant
+    work_s = compute + weights + dequant
     step_s = work_s + max(0.0, comm - OVERLAP * work_s)
     tokens_per_s = n_gpus * tokens_mb / step_s
     total = work.total_tokens(n_gpus)
@@ -248,8 +301,9 @@ def estimate_time(
         tokens=total,
         tokens_per_s=tokens_per_s,
         flops_per_token=fpt,
-        utilisation=util,
+        utilisation=tokens_mb * fpt / step_s / (acc.tflops_16bit * 1e12),
         compute_s_per_microbatch=compute,
+        weights_s_per_microbatch=weights,
         comm_s_per_microbatch=comm,
         dequant_s_per_microbatch=dequant,
     )
