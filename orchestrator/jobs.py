@@ -146,6 +146,9 @@ def resume(job_ref: str, overrides: list[str]) -> str:
     registry = Registry()
     job = get_job(job_ref, registry)
     if job.state not in RESUMABLE:
+        restarted = backend_for(job.backend).resume_running(registry, job)
+        if restarted:
+            return restarted
         raise UserError(f"JOB: {job.job_id} is {job.state}; only {', '.join(RESUMABLE)} jobs can be resumed")
     from orchestrator.spec import apply_overrides, validate_job
 

@@ -308,6 +308,7 @@ def render_detail(d: dict[str, Any], width: int) -> RenderableType:
             f"where {where_text(d)}"
         )
     )
+    parts += _controller(d.get("controller"), pad, now)
     lost = d.get("lost_time_s") or []
     if lost:
         parts.append(Text(f"{pad}time lost per preemption: " + ", ".join(duration(s) for s in lost)))
@@ -336,6 +337,27 @@ def render_detail(d: dict[str, Any], width: int) -> RenderableType:
     )
     parts += [Text(line, no_wrap=True, overflow="crop") for line in chart]
     return Group(*parts)
+
+
+def _controller(c: dict[str, Any] | None, pad: str, now: float) -> list[RenderableType]:
+    """A cloud job's controller: where it runs, alive or not, and every switch (attempt, mode, why)."""
+    if not c:
+        return []
+    ended = str(c.get("note", "")).startswith("ended")
+    alive = "alive" if c.get("alive") else ("ended" if ended else "NOT alive")
+    lines: list[RenderableType] = [
+        Text(f"{pad}controller on {c.get('where') or '?'}: {alive}, running on {c.get('mode') or '?'}")
+    ]
+    if c.get("note"):
+        lines.append(Text(f"{pad}  {c['note']}", style="dim" if c.get("alive") or ended else "yellow"))
+    for s in c.get("switches") or []:
+        lines.append(
+            Text(
+                f"{pad}  attempt {s['attempt']}: {s['from']} -> {s['to']} at {_clock(s['at'], now)}"
+                f" ({s['why']})"
+            )
+        )
+    return lines
 
 
 def _next_budget(d: dict[str, Any]) -> str:

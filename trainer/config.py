@@ -318,14 +318,14 @@ def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
         )
     replaying = (
         spec.resources.backend == "local" and spec.local.chaos is not None and bool(spec.local.chaos.trace)
-    )
+    ) or spec.resources.backend == "skypilot"  # the cloud controller (orchestrator/controller.py)
     if (spec.resources.deadline is not None or spec.resources.policy is not None) and not replaying:
         field = "resources.deadline" if spec.resources.deadline is not None else "resources.policy"
         problems.append(
             (
                 field,
-                "policies act on runs with simulated spot capacity (local.chaos.trace) and in"
-                " `ftorch simulate`; on skypilot use resources.fallback",
+                "policies act on skypilot jobs, on local runs with simulated spot capacity"
+                " (local.chaos.trace) and in `ftorch simulate`",
             )
         )
     if spec.notify is not None and spec.resources.backend != "local":

@@ -26,6 +26,7 @@ from trainer.model import autocast_dtype, count_parameters, load_model, load_tok
 from trainer.notices import start_watcher
 from trainer.preemption import PreemptionFlag, install_signal_handlers
 from trainer.progress import ProgressReporter, debug, log
+from trainer.stop_request import start_stop_watcher
 from trainer.store import CorruptCheckpoint, Fenced, RunStore, StoreUnavailable, checkpoint_name
 from trainer.trackers import Trackers
 
@@ -253,6 +254,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     resolved = store.read_spec()
     spec = JobSpec.model_validate(resolved["job"])
     store = RunStore(run_uri, spec.checkpoint.storage_options)
+    start_stop_watcher(flag, store, log=log)  # a cloud controller's switch request (run store)
     if int(os.environ.get("RANK", "0")) == 0:  # fencing: this attempt's epoch; older attempts stop writing
         epoch = store.claim_epoch({"attempt": attempt, "pid": os.getpid(), "host": platform.node()})
         log(f"attempt {attempt} holds epoch {epoch} of the run")

@@ -80,6 +80,11 @@ class Backend:
         """Write the job's logs to stdout; with `follow`, until the job ends."""
         raise NotImplementedError
 
+    def resume_running(self, registry: Registry, job: Job) -> str | None:
+        """`ftorch resume` on a job that has not ended: restart what watches it if that died (a cloud
+        job's controller). A message when something was restarted, else None (resume refuses)."""
+        return None
+
     def cancel(self, registry: Registry, job: Job) -> str | None:
         """Ask the job to stop (checkpoints kept). A message when it is done, or None when the caller
         should wait for the job to reach an end state."""

@@ -13,18 +13,19 @@ The parts: `skypilot_render` (plan -> task YAML), `skypilot_checks` (what must h
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.backends import skypilot_checks as checks
+from orchestrator.backends import skypilot_controller as controller
 from orchestrator.backends import skypilot_render as render
 from orchestrator.backends import skypilot_sdk as sdk
 from orchestrator.backends import skypilot_state as sky_state
 from orchestrator.backends.base import Backend
 from orchestrator.backends.skypilot_cost import offer_prices
 from orchestrator.errors import SpecError, UserError
+from orchestrator.policy import Mode
 from orchestrator.registry import Job, JobState, Registry
 from trainer.config import JobSpec
 
@@ -68,7 +69,8 @@ def start(registry: Registry, job: Job, launch: Launch | None = None) -> int:
         if launch is None:
             plan, rendered = render_job(spec, job.job_id, job.run_uri)
             launch = Launch(plan, checks.usable_task(spec, rendered))
-        sky_job_id = sdk.submit(job.job_id, launch.task, render.secret_names(spec))
+        tasks = _controller_tasks(registry, job, spec, launch)
+        sky_job_id = sdk.submit(job.job_id, tasks.get(Mode.SPOT, launch.task), render.secret_names(spec))
     except (UserError, SpecError) as exc:
         registry.set_state(job.job_id, JobState.FAILED, f"launch failed: {exc}")
         raise
@@ -76,13 +78,34 @@ def start(registry: Registry, job: Job, launch: Launch | None = None) -> int:
         reason = f"SkyPilot launch failed: {sdk.one_line(exc)}"
         registry.set_state(job.job_id, JobState.FAILED, reason)
         raise UserError(reason) from None
-    registry.update(job.job_id, backend_job_id=str(sky_job_id))
-    state = sky_state.read_state(registry, job)
-    state.setdefault("launches", []).append({"sky_job_id": sky_job_id, "at": time.time()})
-    state.update(sky_job_id=sky_job_id, offers=offer_prices(launch.plan), segments=[], record=None)
-    sky_state.write_state(registry, job, state)
-    registry.set_state(job.job_id, JobState.PENDING, f"SkyPilot managed job {sky_job_id}")
+    note = f"SkyPilot managed job {sky_job_id}"
+    sky_state.record_launch(registry, job, sky_job_id, note, offer_prices(launch.plan))
+    if tasks:
+        controller.start(registry, job, sky_job_id)
     return sky_job_id
+
+
+def _controller_tasks(
+    registry: Registry, job: Job, spec: JobSpec, launch: Launch
+) -> dict[Mode, dict[str, Any]]:
+    """Both resources lists of a job whose policy switches (saved for its controller); {} when the job
+    keeps one list (spot-only, on-demand, or no on-demand offer on a usable cloud)."""
+    tasks = controller.tasks_for(spec, job.job_id, job.run_uri, launch.task, render_job)
+    if Mode.ON_DEMAND in tasks:
+        try:
+            tasks[Mode.ON_DEMAND] = checks.restrict_to_clouds(tasks[Mode.ON_DEMAND], sdk.enabled_clouds())
+        except UserError:
+            tasks.pop(Mode.ON_DEMAND)
+    if Mode.ON_DEMAND not in tasks or Mode.SPOT not in tasks:
+        return {}
+    chosen = launch.plan.chosen
+    controller.save_tasks(
+        registry.job_dir(job.job_id),
+        tasks,
+        float(getattr(chosen, "restart_overhead_s", 300.0) or 300.0),
+        float(getattr(chosen, "est_hours", 0.0) or 0.0) * 3600.0,
+    )
+    return tasks
 
 
 # ---- dry run -----------------------------------------------------------------------------------------
@@ -90,6 +113,7 @@ def dry_run(spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:
     """What `launch --dry-run` shows: the plan and the task YAML. Nothing is written or launched."""
     plan, task = render_job(spec, job_id, run_uri)
     return {
+        "controller": controller.dry_run_lines(spec, job_id, run_uri, task, render_job),
         "plan": {
             "chosen": plan.chosen.to_json() if plan.chosen else None,
             "top_offers": render.plan_table(plan),
@@ -116,6 +140,7 @@ def format_dry_run(result: Mapping[str, Any]) -> str:
         )
         if row.get("layout"):
             lines.append(f"          layout: {row['layout']}")
+    lines.extend(result.get("controller") or [])
     lines.append(f"task template: task_templates/{result['template']}.yaml")
     lines.append("---")
     lines.append(result["task_yaml"].rstrip())
@@ -179,6 +204,9 @@ class SkyPilotBackend(Backend):
         if not job.backend_job_id:
             raise UserError(f"JOB: {job.job_id} was never submitted to SkyPilot; nothing to show")
         sdk.tail_logs(job.backend_job_id, follow)
+
+    def resume_running(self, registry: Registry, job: Job) -> str | None:
+        return controller.restart_if_dead(registry, job)
 
     def cancel(self, registry: Registry, job: Job) -> str:
         """Cancel through SkyPilot, gracefully (the trainer gets its stop signal and checkpoints)."""

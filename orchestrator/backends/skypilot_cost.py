@@ -84,10 +84,11 @@ def cost_usd(state: Mapping[str, Any]) -> float | None:
     """Price x running time, summed over the segments seen (SkyPilot itself reports no cost)."""
     record = state.get("record") or {}
     segments = state.get("segments") or []
+    past = float(state.get("past_cost_usd") or 0.0)  # earlier managed jobs of the run (resume, switches)
     if not segments:
-        return 0.0 if record else None
+        return past if record or past else None
     total = float(record.get("job_duration") or 0.0)
-    cost = 0.0
+    cost = past
     for i, seg in enumerate(segments):
         end = segments[i + 1]["offset_s"] if i + 1 < len(segments) else total
         price = seg.get("hourly_usd")

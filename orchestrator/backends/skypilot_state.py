@@ -53,6 +53,23 @@ def write_state(registry: Registry, job: Job, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def record_launch(
+    registry: Registry, job: Job, sky_job_id: int, note: str, offers: list[dict[str, Any]] | None = None
+) -> None:
+    """A new managed job for the run (launch, resume, or a controller's switch): the cost of the
+    launches before it is kept, and attempts are counted from here."""
+    registry.update(job.job_id, backend_job_id=str(sky_job_id))
+    state = read_state(registry, job)
+    state["past_cost_usd"] = (cost.cost_usd(state) or 0.0) if state.get("sky_job_id") is not None else 0.0
+    state["attempt_base"] = len(registry.attempts(job.job_id))
+    state.setdefault("launches", []).append({"sky_job_id": sky_job_id, "at": time.time()})
+    state.update(sky_job_id=sky_job_id, segments=[], record=None)
+    if offers is not None:
+        state["offers"] = offers
+    write_state(registry, job, state)
+    registry.set_state(job.job_id, JobState.PENDING, note)
+
+
 def apply_record(registry: Registry, job: Job, record: Mapping[str, Any] | None) -> Job:
     """Move the registry to what SkyPilot reports: state, attempts (one per recovery), cost data."""
     state = read_state(registry, job)
@@ -87,7 +104,8 @@ def _sync_attempts(registry: Registry, job: Job, record: Mapping[str, Any], stat
     """Attempt n+1 runs after SkyPilot's n-th recovery; the one before it ends as preempted."""
     recoveries = int(record.get("recovery_count") or 0)
     seg = (state.get("segments") or [{}])[-1]
-    attempts = registry.attempts(job.job_id)
+    base = int(state.get("attempt_base") or 0)  # attempts of earlier launches of this run
+    attempts = registry.attempts(job.job_id)[base:]
 
     def end_open(outcome: Outcome, reason: str, at: float | None = None) -> None:
         if attempts and attempts[-1].ended_at is None:
@@ -106,7 +124,7 @@ def _sync_attempts(registry: Registry, job: Job, record: Mapping[str, Any], stat
             spot=cost.is_spot(record),
             hourly_usd=seg.get("hourly_usd") or 0.0,
         )
-        attempts = registry.attempts(job.job_id)
+        attempts = registry.attempts(job.job_id)[base:]
     status = str(record.get("status"))
     ended = STATES.get(status)
     if ended is not None and ended.terminal:
@@ -132,4 +150,7 @@ def status_fields(registry: Registry, job: Job) -> dict[str, Any]:
     usd = cost.cost_usd(state)
     if usd is not None:
         fields["cost_usd"] = usd
+    from orchestrator.controller import status_fields as controller_fields
+
+    fields.update(controller_fields(registry.job_dir(job.job_id)))
     return {k: v for k, v in fields.items() if v is not None}

@@ -1,0 +1,390 @@
+"""The controller for cloud jobs: applies the job's spot policy to a SkyPilot managed job.
+
+SkyPilot recovers a managed job by itself, but only by walking its resources list from the top (spot
+first) and never back from on demand. The controller decides instead, with the same policy objects as
+the simulator and the local supervisor (orchestrator.policy): every `tick_s` it reads SkyPilot's queue
+record and the run store's progress, asks the policy, and when the policy wants the other kind of
+capacity it switches:
+
+1. asks the trainer to checkpoint, through the run store (`control/stop.json`, written by
+   trainer.interruptions.request_stop; the trainer polls it and stops as on a preemption notice,
+   recording the attempt as stopped), and waits for the checkpoint (at most `stop_timeout_s`);
+2. cancels the managed job;
+3. launches the same run again with the other resources list: spot entries only, or on-demand entries
+   only. The run id is the ftorch job id, so the new attempt resumes from the run store.
+
+Spot capacity is not observable on a cloud without asking for it, so the controller infers it: a spot
+launch that has not started running `spot_wait_s` after it was submitted (or after a preemption) means
+no spot capacity; after that, spot is presumed back `spot_retry_s` later, when the policy may try it.
+Policy mode NONE (wait) keeps the spot launch pending: SkyPilot keeps trying spot meanwhile.
+
+Every switch is recorded (attempt, from, to, why) in the job folder's controller.json, with a heartbeat
+and where the controller runs; `ftorch status JOB` shows them. If the controller dies, the managed job
+keeps running under SkyPilot's own recovery with its current list; status says so, and
+`ftorch controller JOB` (or `ftorch resume`) starts a new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from orchestrator.policy import Mode, Observation, Policy
+from trainer.interruptions import STOP_REQUEST, request_stop
+
+STATE_FILE = "controller.json"
+#: SkyPilot statuses in which the job is over (for the controller: nothing left to control)
+FINAL = {
+    "SUCCEEDED",
+    "CANCELLED",
+    "FAILED",
+    "FAILED_SETUP",
+    "FAILED_PRECHECKS",
+    "FAILED_NO_RESOURCE",
+    "FAILED_CONTROLLER",
+}
+#: policies with something to switch; spot-only and on-demand keep one resources list for good
+SWITCHING = ("deadline", "spot-fallback")
+
+
+class SkyClient(Protocol):
+    """The three SkyPilot calls the controller makes (the real SDK, or a test double)."""
+
+    def launch(self, task: dict[str, Any], name: str) -> int: ...
+
+    def queue(self, job_ids: list[int]) -> list[dict[str, Any]]: ...
+
+    def cancel(self, job_id: int) -> None: ...
+
+
+class SdkClient:
+    """SkyPilot 0.14.1's SDK, through the SkyPilot backend's helpers."""
+
+    def __init__(self, secret_names: list[str] | None = None) -> None:
+        self.secret_names = secret_names or []
+
+    def launch(self, task: dict[str, Any], name: str) -> int:
+        from orchestrator.backends import skypilot_sdk
+
+        return skypilot_sdk.submit(name, task, self.secret_names)
+
+    def queue(self, job_ids: list[int]) -> list[dict[str, Any]]:
+        from orchestrator.backends import skypilot_sdk
+
+        return skypilot_sdk.queue(job_ids)
+
+    def cancel(self, job_id: int) -> None:
+        from orchestrator.backends import skypilot_sdk
+
+        skypilot_sdk.cancel(str(job_id))
+
+
+class Store(Protocol):
+    """What the controller needs of the run store (trainer.store.RunStore has it)."""
+
+    def read_progress(self) -> dict[str, Any] | None: ...
+
+    def write_json(self, rel: str, payload: Any, atomic: bool = True) -> None: ...
+
+    def remove_file(self, rel: str) -> None: ...
+
+
+def split_resources(task: Mapping[str, Any]) -> dict[Mode, dict[str, Any]]:
+    """The task with spot entries only, and with on-demand entries only (a kind with none is left out)."""
+    entries = task["resources"]["ordered"]
+    out: dict[Mode, dict[str, Any]] = {}
+    for mode, spot in ((Mode.SPOT, True), (Mode.ON_DEMAND, False)):
+        kept = [e for e in entries if bool(e.get("use_spot")) is spot]
+        if kept:
+            copy = json.loads(json.dumps(task))
+            copy["resources"]["ordered"] = kept
+            out[mode] = copy
+    return out
+
+
+@dataclass
+class Config:
+    tick_s: float = 60.0
+    #: a spot launch not running this long after it was submitted (or preempted) means no spot capacity
+    spot_wait_s: float = 600.0
+    #: after spot was found missing, presume it back this much later (the policy may then try it)
+    spot_retry_s: float = 1800.0
+    #: how long to wait for the trainer's checkpoint before cancelling anyway
+    stop_timeout_s: float = 600.0
+    #: the controller counts as dead when its heartbeat is older than this many ticks
+    dead_after_ticks: float = 3.0
+
+
+@dataclass
+class Plan:
+    """What the controller needs to know about a job, fixed at launch."""
+
+    job_id: str
+    policy: Policy
+    tasks: dict[Mode, dict[str, Any]]
+    #: seconds on the controller's clock; None = no deadline
+    start_s: float
+    deadline_s: float | None
+    restart_overhead_s: float
+    #: planned compute seconds, used until the run store reports steps and a measured rate
+    work_s_hint: float = 0.0
+    #: planned seconds per training step, until the run store has a measured rate
+    step_s_hint: float = 1.0
+
+
+def read_state(job_dir: Any) -> dict[str, Any]:
+    try:
+        return json.loads((job_dir / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(job_dir: Any, state: Mapping[str, Any]) -> None:
+    path = job_dir / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(state, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+class Controller:
+    """One job's controller: `tick()` once per `config.tick_s`; `run()` loops until the job is over."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        client: SkyClient,
+        store: Store,
+        job_dir: Any,
+        config: Config | None = None,
+        clock: Callable[[], float] = time.time,
+        on_launch: Callable[[int, Mode, str], int | None] | None = None,
+        on_record: Callable[[dict[str, Any] | None], None] | None = None,
+        where: str | None = None,
+    ) -> None:
+        self.plan = plan
+        self.client = client
+        self.store = store
+        self.job_dir = job_dir
+        self.config = config or Config()
+        self.clock = clock
+        self.on_launch = on_launch
+        self.on_record = on_record  # e.g. keep the registry's attempts and cost in step with SkyPilot
+        self.state = read_state(job_dir)
+        self.state.setdefault("switches", [])
+        self.state.setdefault("launches", [])
+        self.state.setdefault("preemptions_before", 0)
+        self.state["where"] = where or f"{platform.node()} (pid {os.getpid()})"
+        self.state["pid"] = os.getpid()
+
+    # ---- state ----------------------------------------------------------------------------------
+    @property
+    def mode(self) -> Mode:
+        """The resources list of the current launch (SPOT or ON_DEMAND)."""
+        return Mode(self.state.get("mode", Mode.SPOT.value))
+
+    def _save(self) -> None:
+        self.state["heartbeat_at"] = self.clock()
+        write_state(self.job_dir, self.state)
+
+    def launch(self, mode: Mode, why: str) -> int:
+        """Submit the run with `mode`'s resources list; record it."""
+        sky_job_id = self.client.launch(self.plan.tasks[mode], self.plan.job_id)
+        now = self.clock()
+        self.state.update(mode=mode.value, sky_job_id=sky_job_id, launched_at=now, down_since=now)
+        self.state["launches"].append({"sky_job_id": sky_job_id, "mode": mode.value, "at": now, "why": why})
+        if self.on_launch is not None:
+            attempt = self.on_launch(sky_job_id, mode, why)  # the run's attempt number it will be
+            if attempt is not None and self.state["switches"] and why != "launch":
+                self.state["switches"][-1]["attempt"] = attempt
+        self._save()
+        return sky_job_id
+
+    # ---- what the controller sees -------------------------------------------------------------
+    def _record(self) -> dict[str, Any] | None:
+        job_id = self.state.get("sky_job_id")
+        if job_id is None:
+            return None
+        records = self.client.queue([int(job_id)])
+        return next((r for r in records if str(r.get("job_id")) == str(job_id)), None)
+
+    def _spot_available(self, record: Mapping[str, Any] | None, now: float) -> bool:
+        status = str((record or {}).get("status") or "")
+        if self.mode is Mode.SPOT:
+            if status == "RUNNING":
+                self.state.update(down_since=None, spot_missing_at=None, spot_misses=0, probing=False)
+                return True
+            if self.state.get("down_since") is None:
+                self.state["down_since"] = now  # preempted (RECOVERING) or waiting for capacity
+            if now - float(self.state["down_since"]) >= self.config.spot_wait_s:
+                if self.state.get("spot_missing_at") is None or self.state.get("probing"):
+                    self.state["spot_misses"] = int(self.state.get("spot_misses") or 0) + 1
+                self.state.update(spot_missing_at=now, probing=False)
+                return False
+            return True
+        missing = self.state.get("spot_missing_at")
+        if missing is None:
+            return True
+        # after a spot try that found none, wait twice as long before the next
+        backoff = 2 ** min(1, max(0, int(self.state.get("spot_misses") or 1) - 1))
+        return now - float(missing) >= self.config.spot_retry_s * backoff
+
+    def observation(
+        self, record: Mapping[str, Any] | None, progress: Mapping[str, Any], now: float
+    ) -> Observation:
+        status = str((record or {}).get("status") or "")
+        total = int(progress.get("total_steps") or 0)
+        step = int(progress.get("step") or 0)
+        rate = float(progress.get("steps_per_s") or 0.0)
+        per_step = 1.0 / rate if rate > 0 else self.plan.step_s_hint
+        if total <= 0:  # no progress yet: the plan's estimate of the whole
+            total, per_step = 1, self.plan.work_s_hint
+        saved = progress.get("last_checkpoint_step") or 0
+        if self.mode is Mode.ON_DEMAND:
+            mode = Mode.ON_DEMAND
+        else:
+            mode = Mode.SPOT if status == "RUNNING" else Mode.NONE
+        recoveries = int((record or {}).get("recovery_count") or 0) if self.mode is Mode.SPOT else 0
+        return Observation(
+            now_s=now,
+            start_s=self.plan.start_s,
+            deadline_s=self.plan.deadline_s,
+            work_done_s=step * per_step,
+            work_total_s=max(total, step) * per_step,
+            restart_overhead_s=self.plan.restart_overhead_s,
+            spot_available=self._spot_available(record, now),
+            mode=mode,
+            unsaved_work_s=max(0, step - int(saved)) * per_step,
+            tick_s=self.config.tick_s,
+            preemptions=int(self.state["preemptions_before"]) + recoveries,
+        )
+
+    # ---- one tick -----------------------------------------------------------------------------
+    def tick(self) -> bool:
+        """Look, decide, act. False once the job is over (nothing left to control)."""
+        now = self.clock()
+        record = self._record()
+        if self.on_record is not None and not self.state.get("pending"):
+            self.on_record(record)  # not mid-switch: the stop it asked for is no preemption
+        progress = self.store.read_progress() or {}
+        status = str((record or {}).get("status") or "")
+        if progress.get("state") == "finished" or status in FINAL and not self.state.get("pending"):
+            self.state["ended"] = status or "finished"
+            self._save()
+            return False
+        pending = self.state.get("pending")
+        if pending:
+            self._continue_switch(pending, record, progress, now)
+            self._save()
+            return True
+        obs = self.observation(record, progress, now)
+        decision = self.plan.policy.decide(obs)
+        want = Mode.SPOT if decision.mode is Mode.NONE else decision.mode
+        self.state["last_decision"] = {"at": now, "mode": decision.mode.value, "why": decision.reason}
+        if want is not self.mode and want in self.plan.tasks:
+            self._begin_switch(want, decision.reason, record, progress, now)
+        self._save()
+        return True
+
+    def _begin_switch(
+        self, to: Mode, why: str, record: Mapping[str, Any] | None, progress: Mapping[str, Any], now: float
+    ) -> None:
+        pending = {"to": to.value, "why": why, "at": now, "step": int(progress.get("step") or 0)}
+        self.state["pending"] = pending
+        if str((record or {}).get("status")) == "RUNNING":
+            request_stop(self.store, f"policy switch to {to.value}: {why}")
+            pending["asked_checkpoint"] = True
+        else:  # nothing is training: nothing to save
+            self._finish_switch(pending, record, now)
+
+    def _continue_switch(
+        self,
+        pending: dict[str, Any],
+        record: Mapping[str, Any] | None,
+        progress: Mapping[str, Any],
+        now: float,
+    ) -> None:
+        saved = progress.get("state") in ("preempted", "finished") or (
+            int(progress.get("last_checkpoint_step") or -1) >= int(pending["step"])
+            and progress.get("state") != "running"
+        )
+        stopped = str((record or {}).get("status") or "") != "RUNNING"
+        if saved or stopped or now - float(pending["at"]) >= self.config.stop_timeout_s:
+            self._finish_switch(pending, record, now)
+
+    def _finish_switch(self, pending: dict[str, Any], record: Mapping[str, Any] | None, now: float) -> None:
+        old_mode, old_id = self.mode, self.state.get("sky_job_id")
+        if old_id is not None and str((record or {}).get("status") or "") not in FINAL:
+            self.client.cancel(int(old_id))
+        if old_mode is Mode.SPOT:
+            self.state["preemptions_before"] = int(self.state["preemptions_before"]) + int(
+                (record or {}).get("recovery_count") or 0
+            )
+        try:
+            self.store.remove_file(STOP_REQUEST)
+        except FileNotFoundError:
+            pass
+        to = Mode(pending["to"])
+        self.state["pending"] = None
+        self.state["probing"] = to is Mode.SPOT and self.state.get("spot_missing_at") is not None
+        self.state["switches"].append(
+            {
+                "attempt": len(self.state["launches"]) + 1,
+                "at": now,
+                "from": old_mode.value,
+                "to": to.value,
+                "why": pending["why"],
+                "waited_for_checkpoint_s": round(now - float(pending["at"]), 1),
+            }
+        )
+        self.launch(to, pending["why"])
+
+    def run(
+        self, stop: Callable[[], bool] = lambda: False, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
+        while not stop():
+            try:
+                if not self.tick():
+                    return
+            except Exception as exc:  # a flaky API server: keep the job, try again next tick
+                sys.stderr.write(f"controller: {exc.__class__.__name__}: {exc}\n")
+                self._save()  # still alive
+            sleep(self.config.tick_s)
+
+
+# ---- status --------------------------------------------------------------------------------------
+def status_fields(job_dir: Any, now: float | None = None, config: Config | None = None) -> dict[str, Any]:
+    """What `ftorch status` shows about the controller: where it runs, alive or not, its switches."""
+    state = read_state(job_dir)
+    if not state:
+        return {}
+    now = time.time() if now is None else now
+    config = config or Config()
+    beat = state.get("heartbeat_at")
+    alive = beat is not None and now - float(beat) <= config.dead_after_ticks * config.tick_s + 5
+    ended = state.get("ended")
+    out: dict[str, Any] = {
+        "controller": {
+            "where": state.get("where"),
+            "alive": bool(alive) and not ended,
+            "mode": state.get("mode"),
+            "switches": state.get("switches") or [],
+            "last_decision": state.get("last_decision"),
+        }
+    }
+    if ended:
+        out["controller"]["note"] = f"ended with the job ({ended})"
+    elif not alive:
+        out["controller"]["note"] = (
+            f"not alive (last heartbeat {int(now - float(beat or 0))} s ago): the managed job keeps running "
+            "under SkyPilot's own recovery with its current resources list; `ftorch resume JOB` starts a "
+            "new controller"
+        )
+    return out
