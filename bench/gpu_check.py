@@ -11,7 +11,9 @@ autocast for full fine-tuning, gradient checkpointing on, AdamW), runs warm-up s
 optimizer steps. Peak memory is torch.cuda.max_memory_allocated / max_memory_reserved (the CPU mode
 reports the process's peak RSS instead). MFU = model FLOPs per token x tokens/s / the GPU's dense bf16
 peak, with model FLOPs = 6N (full) or 4N (adapters: no weight gradients for the frozen base) plus
-12 * layers * hidden * seq for attention; recomputation is not counted.
+12 * layers * hidden * seq for attention; recomputation is not counted. A second table puts the measured
+tokens/s next to the time model's (orchestrator/throughput.py with its calibrated constants) for the GPU
+found; two extra LoRA cases at 512 tokens (micro-batch 1 and 8) check its micro-batch dependence.
 """
 
 from __future__ import annotations
@@ -71,12 +73,17 @@ class Result:
     estimate_gib: float
     estimate_phase: str
     skipped: str | None = None
+    #: orchestrator/throughput.py's tokens/s for this case on this GPU (None off CUDA / unknown GPU)
+    predicted_tokens_per_s: float | None = None
 
 
 GPU_CASES = [
     Case("lora-8b", "llama-3.1-8b", "lora", 2048),
     Case("qlora-8b", "llama-3.1-8b", "qlora", 2048),
     Case("full-1b", "llama-3.2-1b", "full", 2048),
+    # the time model's micro-batch dependence: the same 8B LoRA at 512 tokens, micro-batch 1 and 8
+    Case("lora-8b-512x1", "llama-3.1-8b", "lora", 512, micro_batch=1),
+    Case("lora-8b-512x8", "llama-3.1-8b", "lora", 512, micro_batch=8),
 ]
 CPU_CASES = [
     Case("lora-tiny", "tiny", "lora", 64),
@@ -268,7 +275,68 @@ def run_case(case: Case, device: Any, steps: int, warmup: int) -> Result:
         estimate_gib=est,
         estimate_phase=phase,
     )
+    result.predicted_tokens_per_s = predicted_tokens_per_s(case, result.device, trainable)
     return result
+
+
+#: CUDA device-name fragments -> orchestrator.throughput.ACCELERATORS keys (most specific first)
+DEVICE_KEYS = [
+    ("GH200", "gh200"),
+    ("H200", "h200"),
+    ("H100 PCIe", "h100-pcie"),
+    ("H100", "h100"),
+    ("B200", "b200"),
+    ("A100-SXM4-80GB", "a100-80gb"),
+    ("A100 80GB", "a100-80gb"),
+    ("A100", "a100"),
+    ("L40S", "l40s"),
+    ("L40", "l40"),
+    ("L4", "l4"),
+    ("A10G", "a10g"),
+    ("A10", "a10"),
+    ("V100", "v100"),
+    ("T4", "t4"),
+]
+
+
+def predicted_tokens_per_s(case: Case, device_name: str, trainable: int) -> float | None:
+    """The time model's tokens/s for this case on one GPU named `device_name` (None if not modelled)."""
+    from orchestrator.memory import Settings
+    from orchestrator.shapes import bundled_shape, shape_from_config
+    from orchestrator.throughput import ACCELERATORS, Workload, estimate_time
+
+    key = next((k for frag, k in DEVICE_KEYS if frag in device_name), None)
+    if key is None:
+        return None
+    shape = (
+        shape_from_config(config_for("tiny"), "tiny", "gpu_check")
+        if case.shape == "tiny"
+        else bundled_shape(case.shape)
+    )
+    assert shape is not None
+    s = Settings(
+        method=case.method, micro_batch=case.micro_batch, seq_len=case.seq_len, grad_ckpt=True, attn="sdpa"
+    )
+    work = Workload(None, 1.0, 1, float(case.seq_len), case.micro_batch, "gpu_check")
+    return estimate_time(shape, s, trainable, work, ACCELERATORS[key], 1, "n/a").tokens_per_s
+
+
+def throughput_table(results: list[Result]) -> str:
+    """Measured tokens/s next to the time model's (orchestrator/throughput.py, calibrated constants)."""
+    rows = [
+        "| case | device | micro-batch x seq | measured tokens/s | time model tokens/s | model/measured |"
+    ]
+    rows.append("|---|---|---|---|---|---|")
+    for r in results:
+        if r.skipped:
+            continue
+        case = next(c for c in GPU_CASES + CPU_CASES if c.name == r.case)
+        pred = r.predicted_tokens_per_s
+        shown = ("n/a", "n/a") if pred is None else (f"{pred:,.0f}", f"{pred / r.tokens_per_s:.2f}")
+        rows.append(
+            f"| {r.case} | {r.device} | {case.micro_batch} x {r.seq_len} | {r.tokens_per_s:,.0f} | {shown[0]} | {shown[1]} |"
+        )
+    return "\n".join(rows)
 
 
 def table(results: list[Result]) -> str:
@@ -328,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
         print(f"{case.name}: done in {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
     print(table(results))
+    print()
+    print(throughput_table(results))
     print(f"\ntotal {time.time() - started:.0f}s; torch {torch.__version__}")
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))

@@ -80,3 +80,16 @@ def test_qlora_is_slower_than_lora_and_two_gpus_beat_one() -> None:
     one = tokens_per_s("H100", "lora", 2, 2048)
     two = tokens_per_s("H100", "lora", 2, 2048, n_gpus=2)
     assert one < two < 2 * one
+
+
+def test_gpu_check_predicts_for_known_gpus_only() -> None:
+    from bench.gpu_check import GPU_CASES, predicted_tokens_per_s
+
+    case = next(c for c in GPU_CASES if c.name == "lora-8b-512x8")
+    shape = bundled_shape(case.shape)
+    assert shape is not None
+    trainable = shape.lora_params(16, "all-linear")
+    h200 = predicted_tokens_per_s(case, "NVIDIA H200", trainable)
+    a100 = predicted_tokens_per_s(case, "NVIDIA A100-SXM4-80GB", trainable)
+    assert h200 is not None and a100 is not None and h200 > a100 > 0
+    assert predicted_tokens_per_s(case, "cpu", trainable) is None
