@@ -191,6 +191,7 @@ def test_switches_reach_the_registry_and_ftorch_status(tmp_path: Path, ftorch_ho
     up = [True] * ticks(2) + [False] * ticks(6) + [True] * ticks(30)
     sky, controller, clock = world(tmp_path, up, "deadline", deadline_h=12)
     controller.job_dir = registry.job_dir(job.job_id)
+    controller.config.tick_s = GAP  # fewer ticks: each one writes the registry
 
     controller.on_launch, controller.on_record = registry_hooks(registry, job.job_id)
     drive(sky, controller, clock)
