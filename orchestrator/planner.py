@@ -385,7 +385,7 @@ def _candidate(
     startup_s = PROVISION_S + model_bytes / (DOWNLOAD_GBPS * 1e9)  # billed once on any instance
     restart_s = startup_s + ckpt_bytes / (CHECKPOINT_GBPS * 1e9)
     rate = interruption_rate(offer, layout.nodes)
-    step_s = layout.accum * t.compute_s_per_microbatch
+    step_s = layout.accum * t.step_s_per_microbatch
     interval = checkpoint_interval(spec, step_s, write_s, rate)
     rule = BILLING.get(offer.cloud, DEFAULT_BILLING)
 

@@ -254,6 +254,8 @@ class TimeEstimate:
     weights_s_per_microbatch: float
     comm_s_per_microbatch: float
     dequant_s_per_microbatch: float
+    #: one micro-batch on each GPU, everything included (what an accumulation round takes)
+    step_s_per_microbatch: float
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -306,4 +308,5 @@ def estimate_time(
         weights_s_per_microbatch=weights,
         comm_s_per_microbatch=comm,
         dequant_s_per_microbatch=dequant,
+        step_s_per_microbatch=step_s,
     )
