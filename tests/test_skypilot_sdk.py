@@ -178,7 +178,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             try:
                 fs = s3fs.S3FileSystem(key="k", secret="s", client_kwargs={"endpoint_url": endpoint})
                 fs.mkdir("ckpt")
-                fs.pipe("ckpt/data/train.jsonl", b'{"text": "hello"}\n')
+                fs.pipe("ckpt/data/train.jsonl", b'{"instruction": "say hello", "output": "hello"}\n')
                 break
             except Exception:
                 if time.time() > deadline or proc.poll() is not None:
