@@ -311,10 +311,7 @@ class Controller:
         progress: Mapping[str, Any],
         now: float,
     ) -> None:
-        saved = progress.get("state") in ("preempted", "finished") or (
-            int(progress.get("last_checkpoint_step") or -1) >= int(pending["step"])
-            and progress.get("state") != "running"
-        )
+        saved = checkpoint_saved(progress, int(pending["step"]))
         stopped = str((record or {}).get("status") or "") != "RUNNING"
         if saved or stopped or now - float(pending["at"]) >= self.config.stop_timeout_s:
             self._finish_switch(pending, record, now)
@@ -357,6 +354,59 @@ class Controller:
                 sys.stderr.write(f"controller: {exc.__class__.__name__}: {exc}\n")
                 self._save()  # still alive
             sleep(self.config.tick_s)
+
+
+# ---- a stop that waits for the checkpoint (policy switches and `ftorch cancel`) -------------------------
+def checkpoint_saved(progress: Mapping[str, Any] | None, step: int) -> bool:
+    """The trainer has saved (at or after `step`) and left, after a stop request."""
+    progress = progress or {}
+    return progress.get("state") in ("preempted", "finished") or (
+        int(progress.get("last_checkpoint_step") or -1) >= step and progress.get("state") != "running"
+    )
+
+
+def stop_then_cancel(
+    client: SkyClient,
+    store: Any,
+    sky_job_id: int,
+    reason: str,
+    timeout_s: float = Config.stop_timeout_s,
+    poll_s: float = 10.0,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Ask a running trainer to checkpoint (run store control/stop.json), wait for it (at most
+    `timeout_s`), then cancel the managed job. Returns what happened (for the caller's message)."""
+
+    def record() -> Mapping[str, Any]:
+        found = [r for r in client.queue([sky_job_id]) if str(r.get("job_id")) == str(sky_job_id)]
+        return found[0] if found else {}
+
+    status = str(record().get("status") or "")
+    outcome: dict[str, Any] = {"asked_checkpoint": False, "saved": False, "waited_s": 0.0}
+    if status == "RUNNING":
+        progress = store.read_progress() or {}
+        step = int(progress.get("step") or 0)
+        start = clock()
+        request_stop(store, reason)
+        outcome["asked_checkpoint"] = True
+        while clock() - start < timeout_s:
+            sleep(min(poll_s, max(0.0, timeout_s - (clock() - start))))
+            if checkpoint_saved(store.read_progress(), step):
+                outcome["saved"] = True
+                break
+            status = str(record().get("status") or "")
+            if status != "RUNNING":
+                break
+        outcome["waited_s"] = round(clock() - start, 1)
+    if status not in FINAL:
+        client.cancel(int(sky_job_id))
+    if outcome["asked_checkpoint"]:
+        try:
+            store.remove_file(STOP_REQUEST)
+        except FileNotFoundError:
+            pass
+    return outcome
 
 
 # ---- status --------------------------------------------------------------------------------------

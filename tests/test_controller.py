@@ -284,3 +284,40 @@ def test_resume_restarts_a_dead_controller_of_a_running_job(
     write_state(job_dir, {"mode": "spot", "heartbeat_at": time.time(), "switches": []})
     with pytest.raises(UserError, match="only"):  # alive: nothing to restart, and running jobs do not resume
         jobs.resume(job.job_id, [])
+
+
+def test_cancel_waits_for_the_checkpoint_then_cancels(tmp_path: Path, ftorch_home: Path) -> None:
+    """`ftorch cancel` on SkyPilot: stop request in the run store, the trainer saves, then the cancel;
+    one implementation with the controller's switch (controller.stop_then_cancel)."""
+    from orchestrator.backends.skypilot import cancel_job
+    from orchestrator.registry import Registry
+    from orchestrator.spec import load_job
+
+    spec = load_job(Path("examples/llama3-8b-qlora-deadline.yaml"), [f"checkpoint.uri={tmp_path}"])
+    registry = Registry()
+    job = registry.create_job("job-1", spec.name, "skypilot", str(tmp_path / "run"), "out", spec.model_dump())
+    sky, controller, clock = world(tmp_path, [True] * ticks(30), "deadline", deadline_h=12)
+    controller.launch(Mode.SPOT, "launch")
+    sky.advance(28 * 60)
+    registry.update(job.job_id, backend_job_id="1")
+    job = registry.get(job.job_id)
+    step = sky.step
+    assert step > sky.saved  # work since the last periodic checkpoint
+    message = cancel_job(registry, job, client=sky, store=controller.store, clock=clock, sleep=sky.advance)
+    assert ("cancel", 1) in sky.calls and sky.saved == step  # saved before the cancel: nothing lost
+    assert "checkpoint saved after 10 s" in message
+    assert registry.get(job.job_id).state == "CANCELLED"
+    assert controller.store.read_json_or_none(STOP_REQUEST) is None
+
+
+def test_cancel_does_not_wait_past_its_bound(tmp_path: Path) -> None:
+    from orchestrator.controller import stop_then_cancel
+
+    sky, controller, clock = world(tmp_path, [True] * ticks(30), "deadline", deadline_h=12)
+    controller.launch(Mode.SPOT, "launch")
+    sky.advance(25 * 60)
+    waited: list[float] = []
+    outcome = stop_then_cancel(sky, controller.store, 1, "user", timeout_s=600, clock=clock,
+                               sleep=lambda s: (waited.append(s), setattr(clock, "now", clock.now + s)))  # fmt: skip
+    assert outcome == {"asked_checkpoint": True, "saved": False, "waited_s": 600.0}  # a hung trainer
+    assert sum(waited) == 600 and ("cancel", 1) in sky.calls

@@ -209,10 +209,33 @@ class SkyPilotBackend(Backend):
         return controller.restart_if_dead(registry, job)
 
     def cancel(self, registry: Registry, job: Job) -> str:
-        """Cancel through SkyPilot, gracefully (the trainer gets its stop signal and checkpoints)."""
+        """Ask the trainer to checkpoint through the run store, wait for it (at most 10 min), then
+        cancel the managed job (the controller's stop-then-cancel: one implementation)."""
         if not job.backend_job_id:
             registry.set_state(job.job_id, JobState.CANCELLED, "cancelled by the user before SkyPilot had it")
             return f"{job.job_id} CANCELLED"
-        sdk.cancel(job.backend_job_id)
-        registry.set_state(job.job_id, JobState.CANCELLED, "cancelled by the user; checkpoints kept")
-        return f"{job.job_id} CANCELLED (checkpoints kept in {job.run_uri})"
+        return cancel_job(registry, job)
+
+
+def cancel_job(registry: Registry, job: Job, client: Any = None, store: Any = None, **wait: Any) -> str:
+    """`ftorch cancel` on a SkyPilot job: checkpoint first (bounded wait), then cancel; the run store
+    keeps the checkpoints. `client`/`store`/`wait` are for tests (a SkyPilot double, a clock)."""
+    from orchestrator.controller import SdkClient, stop_then_cancel
+
+    spec = JobSpec.model_validate(job.spec)
+    if store is None:
+        from trainer.store import RunStore
+
+        options = job.spec.get("checkpoint", {}).get("storage_options") or {}
+        store = RunStore(job.run_uri, options, retry_seconds=30)
+    client = client or SdkClient(render.secret_names(spec))
+    sys.stderr.write(f"{job.job_id}: asking the trainer to checkpoint before cancelling (at most 10 min)\n")
+    outcome = stop_then_cancel(client, store, int(job.backend_job_id or 0), "cancelled by the user", **wait)
+    if outcome["saved"]:
+        how = f"checkpoint saved after {outcome['waited_s']:g} s"
+    elif outcome["asked_checkpoint"]:
+        how = f"no checkpoint seen within {outcome['waited_s']:g} s; cancelled anyway"
+    else:
+        how = "it was not running: nothing to save"
+    registry.set_state(job.job_id, JobState.CANCELLED, f"cancelled by the user ({how}); checkpoints kept")
+    return f"{job.job_id} CANCELLED ({how}; checkpoints kept in {job.run_uri})"
