@@ -1,4 +1,5 @@
-"""The output folder's record (model card, training_summary.json) and `ftorch export` from checkpoints."""
+"""The output folder's record (model card, training_summary.json), `ftorch export` from checkpoints,
+`ftorch metrics`, and TensorBoard (`train.report_to`) across attempts."""
 
 from __future__ import annotations
 
@@ -19,12 +20,18 @@ from trainer.store import RunStore
 
 @pytest.fixture(scope="module")
 def trained(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
-    """A 10-step LoRA run (checkpoints at 5 and 10) with its output folder."""
+    """A 10-step LoRA run with TensorBoard: attempt 1 crashes at step 8 (checkpoint 5), attempt 2 resumes
+    and finishes (checkpoint 10); its output folder."""
     root = tmp_path_factory.mktemp("export-run")
     data = write_data(root / "train.jsonl", "instruction", 60)
-    job = job_dict(tiny_model, data, root / "runs", train={"max_steps": 10}, data={"eval_examples": 8})
+    train = {"max_steps": 10, "report_to": ["tensorboard"]}
+    job = job_dict(tiny_model, data, root / "runs", train=train, data={"eval_examples": 8})
     run_uri = prepare_run(job, run_id="tiny-abc123")
-    done = run_trainer(run_uri)
+    # attempt 1 logs steps 1-7 (metrics and TensorBoard flushed every step) and crashes at 8
+    flush = {"FTORCH_TRACKER_FLUSH_S": "0", "FTORCH_PROGRESS_EVERY_S": "0"}
+    first = run_trainer(run_uri, 1, env={"FTORCH_FAULTS": "crash@8", **flush})
+    assert first.returncode != 0 and "injected fault crash@8" in first.stdout + first.stderr
+    done = run_trainer(run_uri, 2)  # resumes at 5: trains 6-10 again
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return run_uri, tiny_model
 
@@ -57,7 +64,7 @@ def test_output_has_a_filled_model_card_and_summary(trained: tuple[str, Path]) -
     assert summary["base_model"] == str(tiny) and summary["method"] == "lora" and summary["steps"] == 10
     assert summary["data"]["training_examples"] == 52 and summary["hyperparameters"]["lr"] == 5e-3
     assert summary["final_loss"] < summary["first_loss"] and summary["eval_after"]["examples"] == 8
-    assert summary["attempts"] == 1 and summary["interruptions"] == 0
+    assert summary["attempts"] == 2 and summary["interruptions"] == 1
     card = (output / model_card.CARD).read_text()
     assert card.startswith(f"---\nbase_model: {tiny}\nlibrary_name: peft")
     assert "### Instruction:" in card and "PeftModel.from_pretrained" in card
@@ -113,9 +120,34 @@ def test_metrics_command_lists_every_step_with_grad_norm(
     job_id = _register(Registry(), run_uri)
     cli_outputs.metrics_cmd(job_id, as_csv=True)
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
-    assert [int(r["step"]) for r in rows] == list(range(1, 11))
+    assert [int(r["step"]) for r in rows] == list(range(1, 11))  # 6 and 7 once: the second attempt's
+    assert [r["attempt"] for r in rows] == ["1"] * 5 + ["2"] * 5
     assert all(float(r["grad_norm"]) > 0 for r in rows) and float(rows[0]["lr"]) > 0
-    assert all(float(r["tokens_per_s"]) > 0 for r in rows[1:])
+    assert all(
+        float(r["tokens_per_s"]) > 0 for i, r in enumerate(rows) if i not in (0, 5)
+    )  # not across attempts
     cli_outputs.metrics_cmd(job_id)
     table = capsys.readouterr().out.splitlines()
     assert table[0].split() == ["step", "attempt", "loss", "lr", "grad_norm", "tokens/s"] and len(table) == 11
+
+
+def test_tensorboard_one_run_across_attempts_without_repeated_steps(trained: tuple[str, Path]) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_uri, _tiny = trained
+    folder = Path(run_uri) / "tensorboard"
+    assert len(list(folder.glob("events.out.tfevents.*"))) == 2  # one file per attempt, one run
+    runs = EventAccumulator(str(folder))
+    runs.Reload()
+    tags = set(runs.Tags()["scalars"])
+    assert {
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/tokens_per_s",
+        "eval/loss",
+        "run/attempt",
+    } <= tags
+    assert [e.step for e in runs.Scalars("train/loss")] == list(range(1, 11))  # 6, 7 logged twice, kept once
+    assert [e.step for e in runs.Scalars("eval/loss")] == [0, 10]
+    assert [(e.step, e.value) for e in runs.Scalars("run/attempt")] == [(1, 1.0), (6, 2.0)]
