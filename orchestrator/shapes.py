@@ -3,8 +3,9 @@
 A shape comes from a local folder with `config.json`, from the bundled table of popular architectures
 (`orchestrator/data/shapes.json`, works offline), or from the Hugging Face Hub (config only, opt-in with
 `online=True`, cached under `$FTORCH_HOME/hub`). Parameter counts are computed from the architecture per
-family (llama, mistral, mixtral, qwen2, gemma2, phi3); `tests/test_shapes.py` checks them against
-transformers models built on the meta device.
+family with the architecture's real module names (llama, mistral, mixtral, qwen2, gemma, gemma2, phi,
+phi3, falcon with its fused query_key_value and 2-matrix MLP, gpt_neox, stablelm);
+`tests/test_shapes.py` checks them against transformers models built on the meta device.
 """
 
 from __future__ import annotations
@@ -22,7 +23,21 @@ from typing import Any
 from orchestrator.errors import SpecError
 
 #: families whose layer layout is modelled exactly; other llama-like configs are sized approximately
-FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3")
+FAMILIES = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "gemma",
+    "gemma2",
+    "phi",
+    "phi3",
+    "falcon",
+    "gpt_neox",
+    "stablelm",
+)
+#: families whose norms are LayerNorm with a bias (2 x hidden parameters each)
+NORM_BIAS = ("phi", "falcon", "gpt_neox", "stablelm")
 HUB_TIMEOUT_S = 3.0
 
 
@@ -66,6 +81,10 @@ class ModelShape:
     experts: int = 0
     experts_per_token: int = 0
     norms_per_layer: int = 2
+    #: LayerNorm with a bias (weight + bias per norm) rather than RMSNorm
+    norm_bias: bool = False
+    #: the output layer has a bias (phi)
+    head_bias: bool = False
     max_positions: int = 0
     source: str = "bundled"
     approximate: bool = False
@@ -87,11 +106,11 @@ class ModelShape:
     @property
     def lm_head_params(self) -> int:
         """Parameters of the output layer that are not shared with the embedding."""
-        return 0 if self.tie_embeddings else self.vocab * self.hidden
+        return (0 if self.tie_embeddings else self.vocab * self.hidden) + (self.vocab if self.head_bias else 0)
 
     @property
     def norm_params(self) -> int:
-        return self.hidden * (self.norms_per_layer * self.layers + 1)
+        return self.hidden * (self.norms_per_layer * self.layers + 1) * (2 if self.norm_bias else 1)
 
     @property
     def linear_params(self) -> int:
@@ -101,7 +120,9 @@ class ModelShape:
     @property
     def layer_params(self) -> int:
         """Parameters of one decoder layer (what one FSDP unit gathers)."""
-        return sum(lin.params for lin in self.linears) + self.hidden * self.norms_per_layer
+        return sum(lin.params for lin in self.linears) + self.hidden * self.norms_per_layer * (
+            2 if self.norm_bias else 1
+        )
 
     @property
     def params(self) -> int:
@@ -184,49 +205,17 @@ def shape_from_config(cfg: dict[str, Any], name: str, source: str) -> ModelShape
             f"{name}: config.json lacks hidden_size/num_hidden_layers/"
             "num_attention_heads/vocab_size; cannot size this model",
         ) from None
-    kv_heads = int(_get(cfg, "num_key_value_heads", default=heads))
+    kv_heads = int(_get(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads))
+    family = model_type if model_type in FAMILIES else "llama"
+    if family == "falcon" and not cfg.get("new_decoder_architecture") and cfg.get("multi_query", True):
+        kv_heads = 1
     head_dim = int(_get(cfg, "head_dim", default=hidden // heads))
     inter = int(_get(cfg, "intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden))
-    family = model_type if model_type in FAMILIES else "llama"
-    default_tie = family == "gemma2"
+    default_tie = family in ("gemma", "gemma2", "falcon")
     tie = bool(_get(cfg, "tie_word_embeddings", default=default_tie))
-    q, kv = heads * head_dim, kv_heads * head_dim
-    attn_bias = bool(cfg.get("attention_bias", False)) or family == "qwen2"
-    mlp_bias = bool(cfg.get("mlp_bias", False))
     experts = int(_get(cfg, "num_local_experts", "num_experts", default=0)) if family == "mixtral" else 0
     top_k = int(_get(cfg, "num_experts_per_tok", default=2)) if experts else 0
-    if family == "phi3":
-        linears: tuple[Linear, ...] = (
-            Linear("qkv_proj", hidden, q + 2 * kv),
-            Linear("o_proj", q, hidden),
-            Linear("gate_up_proj", hidden, 2 * inter),
-            Linear("down_proj", inter, hidden),
-        )
-    else:
-        attn = (
-            Linear("q_proj", hidden, q, bias=attn_bias),
-            Linear("k_proj", hidden, kv, bias=attn_bias),
-            Linear("v_proj", hidden, kv, bias=attn_bias),
-            Linear("o_proj", q, hidden, bias=bool(cfg.get("attention_bias", False))),
-        )
-        if experts:
-            # transformers >= 5 fuses the experts into 3-D tensors; PEFT's 'all-linear' adapts them (and
-            # the router) with per-expert rank-r factors, which is r x (d_in + d_out) per expert as well
-            active = top_k / experts
-            mlp: tuple[Linear, ...] = (
-                Linear("gate", hidden, experts),
-                Linear(
-                    "experts.gate_up_proj", hidden, 2 * inter, per_layer=experts, active=active, rank_mult=2
-                ),
-                Linear("experts.down_proj", inter, hidden, per_layer=experts, active=active),
-            )
-        else:
-            mlp = (
-                Linear("gate_proj", hidden, inter, bias=mlp_bias),
-                Linear("up_proj", hidden, inter, bias=mlp_bias),
-                Linear("down_proj", inter, hidden, bias=mlp_bias),
-            )
-        linears = attn + mlp
+    linears, norms = _linears(family, cfg, hidden, heads, kv_heads, head_dim, inter, experts, top_k)
     return ModelShape(
         name=name,
         family=family,
@@ -240,12 +229,92 @@ def shape_from_config(cfg: dict[str, Any], name: str, source: str) -> ModelShape
         tie_embeddings=tie,
         experts=experts,
         experts_per_token=top_k,
-        norms_per_layer=4 if family == "gemma2" else 2,
+        norms_per_layer=norms,
+        norm_bias=family in NORM_BIAS,
+        head_bias=family == "phi",
         max_positions=int(_get(cfg, "max_position_embeddings", default=0)),
         source=source,
         approximate=model_type not in FAMILIES,
         linears=linears,
     )
+
+
+def _linears(
+    family: str,
+    cfg: dict[str, Any],
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    inter: int,
+    experts: int,
+    top_k: int,
+) -> tuple[tuple[Linear, ...], int]:
+    """The projections of one decoder layer, by their module names in transformers, and the norm count."""
+    q, kv = heads * head_dim, kv_heads * head_dim
+    if family == "falcon":  # fused query_key_value, dense, and a 2-matrix MLP (GELU)
+        bias = bool(cfg.get("bias", False))
+        new_arch = bool(cfg.get("new_decoder_architecture", False))
+        parallel = bool(cfg.get("parallel_attn", True))
+        norms = int(cfg.get("num_ln_in_parallel_attn") or 2) if new_arch else (1 if parallel else 2)
+        qkv = q + 2 * kv if new_arch or cfg.get("multi_query", True) else 3 * hidden
+        return (
+            Linear("query_key_value", hidden, qkv, bias=bias),
+            Linear("dense", q, hidden, bias=bias),
+            Linear("dense_h_to_4h", hidden, inter, bias=bias),
+            Linear("dense_4h_to_h", inter, hidden, bias=bias),
+        ), norms
+    if family == "gpt_neox":  # fused query_key_value with biases, 2-matrix MLP
+        return (
+            Linear("query_key_value", hidden, 3 * hidden, bias=True),
+            Linear("dense", hidden, hidden, bias=True),
+            Linear("dense_h_to_4h", hidden, inter, bias=True),
+            Linear("dense_4h_to_h", inter, hidden, bias=True),
+        ), 2
+    if family == "phi":  # separate q/k/v with biases, 'dense' output, fc1/fc2 MLP; one norm (parallel)
+        return (
+            Linear("q_proj", hidden, q, bias=True),
+            Linear("k_proj", hidden, kv, bias=True),
+            Linear("v_proj", hidden, kv, bias=True),
+            Linear("dense", q, hidden, bias=True),
+            Linear("fc1", hidden, inter, bias=True),
+            Linear("fc2", inter, hidden, bias=True),
+        ), 1
+    if family == "phi3":
+        return (
+            Linear("qkv_proj", hidden, q + 2 * kv),
+            Linear("o_proj", q, hidden),
+            Linear("gate_up_proj", hidden, 2 * inter),
+            Linear("down_proj", inter, hidden),
+        ), 2
+    qkv_bias = (
+        bool(cfg.get("attention_bias", False))
+        or family == "qwen2"
+        or (family == "stablelm" and bool(cfg.get("use_qkv_bias", False)))
+    )
+    attn = (
+        Linear("q_proj", hidden, q, bias=qkv_bias),
+        Linear("k_proj", hidden, kv, bias=qkv_bias),
+        Linear("v_proj", hidden, kv, bias=qkv_bias),
+        Linear("o_proj", q, hidden, bias=bool(cfg.get("attention_bias", False))),
+    )
+    if experts:
+        # transformers >= 5 fuses the experts into 3-D tensors; PEFT's 'all-linear' adapts them (and
+        # the router) with per-expert rank-r factors, which is r x (d_in + d_out) per expert as well
+        active = top_k / experts
+        mlp: tuple[Linear, ...] = (
+            Linear("gate", hidden, experts),
+            Linear("experts.gate_up_proj", hidden, 2 * inter, per_layer=experts, active=active, rank_mult=2),
+            Linear("experts.down_proj", inter, hidden, per_layer=experts, active=active),
+        )
+    else:
+        mlp_bias = bool(cfg.get("mlp_bias", False))
+        mlp = (
+            Linear("gate_proj", hidden, inter, bias=mlp_bias),
+            Linear("up_proj", hidden, inter, bias=mlp_bias),
+            Linear("down_proj", inter, hidden, bias=mlp_bias),
+        )
+    return attn + mlp, 4 if family == "gemma2" else 2
 
 
 # ---- the bundled table -------------------------------------------------------------------------------

@@ -38,6 +38,16 @@ REQUIRED = [
     "smollm2-135m",
     "smollm2-360m",
     "smollm2-1.7b",
+    "gemma-2b",
+    "gemma-7b",
+    "phi-1.5",
+    "phi-2",
+    "falcon-7b",
+    "falcon-40b",
+    "pythia-6.9b",
+    "gpt-neox-20b",
+    "stablelm-3b",
+    "stablelm-2-1.6b",
 ]
 #: published parameter counts (model cards / safetensors metadata), as an independent check of the table
 PUBLISHED = {
@@ -50,6 +60,10 @@ PUBLISHED = {
     "phi-3-mini": 3_821_079_552,
     "smollm2-135m": 134_515_008,
     "llama-3.1-405b": 405_853_388_800,
+    "falcon-7b": 6_921_720_704,
+    "phi-2": 2_779_683_840,
+    "pythia-6.9b": 6_857_302_016,
+    "gemma-7b": 8_537_680_896,
 }
 
 
@@ -83,7 +97,9 @@ def test_counts_match_transformers_on_meta_device():
         assert shape.embedding_params == model.get_input_embeddings().weight.numel(), name
         head = model.get_output_embeddings().weight
         tied = head is model.get_input_embeddings().weight
-        assert shape.lm_head_params == (0 if tied else head.numel()), name
+        bias = model.get_output_embeddings().bias
+        expected = (0 if tied else head.numel()) + (bias.numel() if bias is not None else 0)
+        assert shape.lm_head_params == expected, name
 
 
 @pytest.mark.parametrize(
@@ -95,6 +111,12 @@ def test_counts_match_transformers_on_meta_device():
         ("gemma-2-2b", 8, ["q_proj", "v_proj"]),
         ("mixtral-8x7b", 8, "all-linear"),
         ("llama-3.1-8b", 32, ["q_proj", "k_proj", "v_proj", "o_proj"]),
+        ("falcon-7b", 8, "all-linear"),
+        ("falcon-40b", 8, ["query_key_value"]),
+        ("pythia-6.9b", 16, ["query_key_value", "dense_h_to_4h"]),
+        ("phi-2", 8, "all-linear"),
+        ("stablelm-2-1.6b", 8, "all-linear"),
+        ("gemma-2b", 8, "all-linear"),
     ],
 )
 def test_lora_trainable_counts_match_peft(name, r, targets):
@@ -119,6 +141,21 @@ def test_lora_params_grow_with_rank_and_targets():
 def test_unknown_lora_target_is_a_spec_error():
     with pytest.raises(SpecError, match="lora.target_modules"):
         bundled_shape("llama-3.1-8b").lora_params(8, ["c_attn"])
+    with pytest.raises(SpecError, match="query_key_value"):  # Falcon's names are its own, not Llama's
+        bundled_shape("falcon-7b").lora_params(8, ["q_proj", "v_proj"])
+
+
+def test_fused_and_two_matrix_architectures_are_not_sized_as_llama():
+    falcon = bundled_shape("falcon-7b")
+    assert [lin.name for lin in falcon.linears] == [
+        "query_key_value",
+        "dense",
+        "dense_h_to_4h",
+        "dense_4h_to_h",
+    ]
+    assert falcon.kv_heads == 1 and falcon.norms_per_layer == 1 and falcon.norm_bias
+    neox = bundled_shape("pythia-6.9b")
+    assert neox.family == "gpt_neox" and all(lin.bias for lin in neox.linears)
 
 
 def test_config_folder_gives_the_same_shape(tmp_path: Path):

@@ -50,6 +50,11 @@ def hide_bitsandbytes() -> None:
         sys.modules["bitsandbytes"] = None  # type: ignore[assignment]
 
 
+def base_dtype(spec: JobSpec) -> torch.dtype:
+    """The dtype the (non-quantized) base model loads in."""
+    return DTYPES[spec.train.precision]
+
+
 def load_model(spec: JobSpec, device: torch.device) -> torch.nn.Module:
     """The base model, then LoRA adapters (seeded, so every attempt builds the same model)."""
     if not needs_bitsandbytes(spec):
@@ -63,10 +68,18 @@ def load_model(spec: JobSpec, device: torch.device) -> torch.nn.Module:
         model = load_quantized(spec, device)
     else:
         model = AutoModelForCausalLM.from_pretrained(
-            spec.model,
-            dtype=DTYPES[spec.train.precision],
-            attn_implementation=spec.train.attn_implementation,
+            spec.model, dtype=base_dtype(spec), attn_implementation=spec.train.attn_implementation
         )
+    return prepare_model(model, spec, device)
+
+
+def prepare_model(model: torch.nn.Module, spec: JobSpec, device: torch.device) -> torch.nn.Module:
+    """Gradient checkpointing and LoRA adapters on a loaded base, placed on `device`.
+
+    trainer/memtrace.py runs this same function on a base built from the config on fake tensors, so
+    everything that decides memory after loading (dtypes of trainable weights, checkpointing, adapters)
+    belongs here or in `base_dtype`, not in `load_model`.
+    """
     model.config.use_cache = False
     if spec.train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

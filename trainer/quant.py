@@ -77,7 +77,6 @@ def bnb_config(spec: JobSpec) -> Any:
 
 def load_quantized(spec: JobSpec, device: torch.device) -> torch.nn.Module:
     """The base model, quantized to 4 bits as it loads, made ready for adapter training."""
-    from peft import prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM
 
     check_available(device)
@@ -88,6 +87,13 @@ def load_quantized(spec: JobSpec, device: torch.device) -> torch.nn.Module:
         attn_implementation=spec.train.attn_implementation,
         device_map={"": device},
     )
+    return prepare_quantized(model, spec)
+
+
+def prepare_quantized(model: torch.nn.Module, spec: JobSpec) -> torch.nn.Module:
+    """What PEFT does to a 4-bit base before adapters (also run by trainer/memtrace.py on a stand-in)."""
+    from peft import prepare_model_for_kbit_training
+
     model.config.use_cache = False
     return prepare_model_for_kbit_training(
         model,
