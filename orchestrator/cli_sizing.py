@@ -41,11 +41,15 @@ def _load(job_file: str, sets: list[str] | None) -> Any:
 def estimate_cmd(
     job_file: JobFile,
     gpus: Annotated[int | None, typer.Option("--gpus", min=1, help="GPUs to shard over (FSDP)")] = None,
+    trace: Annotated[
+        bool,
+        typer.Option("--trace", help="also run one training step on fake tensors on the CPU and report it"),
+    ] = False,
     set_: Sets = None,
     as_json: JsonOut = False,
     online: Online = False,
 ) -> None:
-    """Peak GPU memory per GPU for a job, with its breakdown."""
+    """Peak GPU memory per GPU for a job, with its breakdown (analytic; traced with --trace)."""
     from orchestrator.memory import estimate_memory
     from orchestrator.planner import HEADROOM
     from orchestrator.shapes import resolve_shape
@@ -53,45 +57,32 @@ def estimate_cmd(
     spec = _load(job_file, set_)
     shape = resolve_shape(spec.model, online=online)
     est = estimate_memory(spec, gpus, shape=shape)
+    traced, why = None, None
+    if trace:
+        from orchestrator.tracing import trace_job
+
+        result = trace_job(spec, shape, [est.n_gpus])
+        traced, why = result.results.get(est.n_gpus), result.error
     if as_json:
         payload = est.to_json()
         payload["shape"] = shape.summary()
+        if trace:
+            payload["trace"] = traced
+            if why:
+                payload["trace_error"] = f"{why}; the analytic estimate stands"
         _print_json(payload)
         return
-    from rich.table import Table
+    from orchestrator.ui import estimate_view
 
     con = _console()
-    con.print(
-        f"[bold]{shape.name}[/] ({shape.family}, {shape.params / 1e9:.2f}B params, from {shape.source})"
-    )
-    con.print(
-        f"{spec.method}, {spec.train.precision}, {spec.train.optimizer}, micro-batch "
-        f"{spec.train.micro_batch_size} x {spec.data.max_seq_len} tokens, gradient checkpointing "
-        f"{'on' if spec.train.gradient_checkpointing else 'off'}, attention {spec.train.attn_implementation}"
-    )
-    con.print(f"trainable parameters: {est.trainable_params:,} of {est.params:,}")
-    con.print(f"peak memory per GPU on {est.n_gpus} GPU(s), sharding: {est.sharding}")
-    table = Table()
-    table.add_column("part")
-    table.add_column("GiB", justify="right")
-    for part, gib in est.breakdown_gib.items():
-        table.add_row(part, f"{gib:.2f}")
-    table.add_row("[bold]peak[/]", f"[bold]{est.peak_gib_per_gpu:.2f}[/]")
-    con.print(table)
-    phases = ", ".join(f"{p} {g:.1f}" for p, g in est.phases_gib.items())
-    con.print(f"peak set by: {est.peak_phase} (phases, GiB: {phases})")
-    if est.paged_optimizer_gib:
-        con.print(f"paged optimizer states: {est.paged_optimizer_gib:.2f} GiB in unified memory (evictable)")
-    fits = [g for g in COMMON_GPU_SIZES_GIB if est.fits(g, HEADROOM)]
+    con.print(estimate_view(spec, shape, est, traced, why))
+    peak = traced["total_gib"] if traced else est.peak_gib_per_gpu
+    fits = [g for g in COMMON_GPU_SIZES_GIB if peak <= g * (1 - HEADROOM)]
     con.print(
         f"fits GPUs of {fits[0]:g} GiB or more (with {HEADROOM:.0%} headroom)"
         if fits
         else f"fits none of the common GPU sizes on {est.n_gpus} GPU(s); try --gpus 8"
     )
-
-
-def _money(value: float | None) -> str:
-    return "-" if value is None else f"${value:,.2f}"
 
 
 def plan_cmd(
@@ -112,7 +103,8 @@ def plan_cmd(
         if plan.chosen is None:
             raise UserError(plan.why_none())
         return
-    from rich.table import Table
+    from orchestrator.ui import plan_table
+    from orchestrator.ui import usd as ui_usd
 
     con = _console()
     single = plan.estimates.get(1)
@@ -127,44 +119,10 @@ def plan_cmd(
         f"step (train.micro_batch_size {spec.train.micro_batch_size} per GPU x grad_accum "
         f"{spec.train.grad_accum}), kept on every GPU count; layout = examples per GPU x accumulation"
     )
-    table = Table(title="candidates, by expected cost")
-    for col, justify in [
-        ("", "left"),
-        ("cloud", "left"),
-        ("instance", "left"),
-        ("GPUs", "left"),
-        ("link", "left"),
-        ("layout", "left"),
-        ("GiB/GPU", "right"),
-        ("$/h", "right"),
-        ("hours", "right"),
-        ("expected", "right"),
-        ("on spot", "right"),
-        ("on demand", "right"),
-    ]:
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
     shown = plan.candidates[:top]
     if plan.chosen and plan.chosen not in shown:
         shown.append(plan.chosen)
-    for cand in shown:
-        chosen = cand is plan.chosen
-        table.add_row(
-            "►" if chosen else "",
-            cand.cloud,
-            cand.instance_type,
-            (f"{cand.nodes} nodes x " if cand.nodes > 1 else "")
-            + f"{cand.count}x {cand.accelerator} {cand.gpu_memory_gib:g}G",
-            cand.interconnect,
-            cand.layout.short() if cand.layout else "",
-            f"{cand.peak_gib_per_gpu:.1f}",
-            f"{cand.hourly_usd:.2f} {'spot' if cand.spot else 'od'}",
-            f"{cand.est_hours:.1f}",
-            _money(cand.expected_cost_usd),
-            _money(cand.expected_cost_spot_usd),
-            _money(cand.expected_cost_ondemand_usd),
-            style="bold green" if chosen else None,
-        )
-    con.print(table)
+    con.print(plan_table(plan, shown))
     if len(plan.candidates) > len(shown):
         con.print(f"... {len(plan.candidates) - len(shown)} more adequate offers (--top to show them)")
     if plan.rejected:
@@ -183,7 +141,7 @@ def plan_cmd(
         + (f"{c.nodes} x " if c.nodes > 1 else "")
         + f"{c.instance_type} ({c.count}x {c.accelerator}), "
         f"{'spot' if c.spot else 'on-demand'} ${c.hourly_usd:.2f}/h, {c.est_hours:.1f} h of training, "
-        f"expected {_money(c.expected_cost_usd)} over {c.expected_hours:.1f} h"
+        f"expected {ui_usd(c.expected_cost_usd)} over {c.expected_hours:.1f} h"
         + (f" with {c.expected_interruptions:.1f} interruptions" if c.spot else "")
     )
     if c.layout:
@@ -210,36 +168,11 @@ def gpus_cmd(
     if as_json:
         _print_json({"source": catalog.source, "live": catalog.live, "offers": [o.to_json() for o in offers]})
         return
-    from rich.table import Table
+    from orchestrator.ui import gpus_table
 
     con = _console()
     con.print(f"source: {catalog.source}", markup=False)
-    table = Table()
-    for col, justify in [
-        ("cloud", "left"),
-        ("instance", "left"),
-        ("accelerator", "left"),
-        ("GPUs", "right"),
-        ("GiB/GPU", "right"),
-        ("link", "left"),
-        ("on demand $/h", "right"),
-        ("spot $/h", "right"),
-        ("regions", "right"),
-    ]:
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for o in offers:
-        table.add_row(
-            o.cloud,
-            o.instance_type,
-            o.accelerator,
-            str(o.count),
-            f"{o.gpu_memory_gib:g}",
-            o.interconnect,
-            _money(o.ondemand_usd),
-            _money(o.spot_usd),
-            str(len(o.regions)),
-        )
-    con.print(table)
+    con.print(gpus_table(offers))
     con.print(f"{len(offers)} offers")
 
 

@@ -89,6 +89,8 @@ class ModelShape:
     source: str = "bundled"
     approximate: bool = False
     linears: tuple[Linear, ...] = field(default=(), compare=False)
+    #: the config.json mapping it was built from (what `ftorch estimate --trace` builds the model from)
+    config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # ---- derived sizes -------------------------------------------------------------------------------
     @property
@@ -106,7 +108,9 @@ class ModelShape:
     @property
     def lm_head_params(self) -> int:
         """Parameters of the output layer that are not shared with the embedding."""
-        return (0 if self.tie_embeddings else self.vocab * self.hidden) + (self.vocab if self.head_bias else 0)
+        return (0 if self.tie_embeddings else self.vocab * self.hidden) + (
+            self.vocab if self.head_bias else 0
+        )
 
     @property
     def norm_params(self) -> int:
@@ -236,6 +240,7 @@ def shape_from_config(cfg: dict[str, Any], name: str, source: str) -> ModelShape
         source=source,
         approximate=model_type not in FAMILIES,
         linears=linears,
+        config={k: v for k, v in cfg.items() if k != "aliases"},
     )
 
 

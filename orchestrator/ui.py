@@ -1,4 +1,6 @@
-"""What `ftorch status` draws (rich): the jobs table, one job in detail, and their narrow-terminal forms.
+"""What the CLI draws (rich): `ftorch status`'s jobs table, one job in detail, and their narrow-terminal
+forms; the tables of `ftorch estimate`, `plan` and `gpus`. (Over 400 lines: every table of the CLI is
+here, so that command modules hold no drawing.)
 
 Everything renders for a given width: 120 columns and up get every column, 80 and up a table without
 the placement and the projection, and narrower terminals (under 80) (a phone) one small card per job.
@@ -411,3 +413,125 @@ def simulate_lines(payload: dict[str, Any]) -> list[str]:
             f"{_hours(r['spot_s']):>8}{_hours(r['ondemand_s']):>8}"
         )
     return lines
+
+
+# ---- sizing: `ftorch estimate`, `ftorch plan`, `ftorch gpus` -----------------------------------------
+def usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+def estimate_view(spec: Any, shape: Any, est: Any, trace: dict[str, Any] | None, why: str | None) -> Group:
+    """The estimate's breakdown, and the traced step beside it when there is one."""
+    t = spec.train
+    head = [
+        Text.from_markup(
+            f"[bold]{shape.name}[/] ({shape.family}, {shape.params / 1e9:.2f}B params, from {shape.source})"
+        ),
+        Text(
+            f"{spec.method}, {t.precision}, {t.optimizer}, micro-batch {t.micro_batch_size} x "
+            f"{spec.data.max_seq_len} tokens, gradient checkpointing "
+            f"{'on' if t.gradient_checkpointing else 'off'}, attention {t.attn_implementation}"
+        ),
+        Text(f"trainable parameters: {est.trainable_params:,} of {est.params:,}"),
+        Text(f"peak memory per GPU on {est.n_gpus} GPU(s), sharding: {est.sharding}"),
+    ]
+    parts = Table(title="analytic estimate")
+    parts.add_column("part")
+    parts.add_column("GiB", justify="right")
+    for part, gib in est.breakdown_gib.items():
+        parts.add_row(part, f"{gib:.2f}")
+    phases = ", ".join(f"{p} {g:.1f}" for p, g in est.phases_gib.items())
+    peaks = Table(title="peak per GPU (GiB)")
+    peaks.add_column("")
+    peaks.add_column("analytic", justify="right")
+    if trace:
+        peaks.add_column("traced", justify="right")
+    rows = [
+        ("allocated", est.peak_allocated_gib, trace and trace["peak_allocated_gib"]),
+        ("reserved", est.peak_reserved_gib, trace and trace["peak_reserved_gib"]),
+        ("+ CUDA context", est.peak_gib_per_gpu, trace and trace["total_gib"]),
+    ]
+    for label, analytic, traced in rows:
+        peaks.add_row(label, f"{analytic:.2f}", *([f"{traced:.2f}"] if trace else []))
+    peaks.add_row("peak phase", est.peak_phase, *([trace["peak_phase"]] if trace else []))
+    tail = [Text(f"analytic peak set by: {est.peak_phase} (phases, GiB: {phases})")]
+    if trace:
+        at = ", ".join(f"{k} {v:.2f}" for k, v in trace["at_peak_gib"].items())
+        tail.append(Text(f"traced one step in {trace['seconds']:.1f} s ({trace['cpu_seconds']:.1f} s CPU)"))
+        tail.append(Text(f"at the traced peak (GiB): {at}"))
+        tail += [Text(f"trace: {note}") for note in trace.get("notes", [])]
+    elif why:
+        tail.append(Text(f"not traced ({why}): the analytic estimate stands"))
+    if est.paged_optimizer_gib:
+        tail.append(Text(f"paged optimizer states: {est.paged_optimizer_gib:.2f} GiB in unified memory"))
+    return Group(*head, parts, peaks, *tail)
+
+
+def plan_table(plan: Any, shown: list[Any]) -> Table:
+    """Candidates by expected cost; `fit` says whether the fit was traced or estimated."""
+    table = Table(title="candidates, by expected cost")
+    for col, justify in [
+        ("", "left"),
+        ("cloud", "left"),
+        ("instance", "left"),
+        ("GPUs", "left"),
+        ("link", "left"),
+        ("layout", "left"),
+        ("GiB/GPU", "right"),
+        ("fit", "left"),
+        ("$/h", "right"),
+        ("hours", "right"),
+        ("expected", "right"),
+        ("on spot", "right"),
+        ("on demand", "right"),
+    ]:
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for cand in shown:
+        chosen = cand is plan.chosen
+        table.add_row(
+            "►" if chosen else "",
+            cand.cloud,
+            cand.instance_type,
+            (f"{cand.nodes} nodes x " if cand.nodes > 1 else "")
+            + f"{cand.count}x {cand.accelerator} {cand.gpu_memory_gib:g}G",
+            cand.interconnect,
+            cand.layout.short() if cand.layout else "",
+            f"{cand.peak_gib_per_gpu:.1f}",
+            cand.fit,
+            f"{cand.hourly_usd:.2f} {'spot' if cand.spot else 'od'}",
+            f"{cand.est_hours:.1f}",
+            usd(cand.expected_cost_usd),
+            usd(cand.expected_cost_spot_usd),
+            usd(cand.expected_cost_ondemand_usd),
+            style="bold green" if chosen else None,
+        )
+    return table
+
+
+def gpus_table(offers: list[Any]) -> Table:
+    table = Table()
+    for col, justify in [
+        ("cloud", "left"),
+        ("instance", "left"),
+        ("accelerator", "left"),
+        ("GPUs", "right"),
+        ("GiB/GPU", "right"),
+        ("link", "left"),
+        ("on demand $/h", "right"),
+        ("spot $/h", "right"),
+        ("regions", "right"),
+    ]:
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for o in offers:
+        table.add_row(
+            o.cloud,
+            o.instance_type,
+            o.accelerator,
+            str(o.count),
+            f"{o.gpu_memory_gib:g}",
+            o.interconnect,
+            usd(o.ondemand_usd),
+            usd(o.spot_usd),
+            str(len(o.regions)),
+        )
+    return table

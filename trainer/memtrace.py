@@ -44,6 +44,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -439,8 +440,7 @@ def trace(
                 seconds=time.perf_counter() - started,
                 cpu_seconds=time.process_time() - cpu,
                 expandable_segments=expandable_segments,
-                notes=notes
-                + ([f"FSDP x{n}: sharding arithmetic on the one-process trace"] if n > 1 else []),
+                notes=notes + ([f"FSDP x{n}: sharding arithmetic on the one-process trace"] if n > 1 else []),
             )
         )
     return results
@@ -448,8 +448,8 @@ def trace(
 
 def main(argv: list[str]) -> int:
     """`python -m trainer.memtrace SPEC.json CONFIG.json [--gpus 1,2] [--classic-allocator]`."""
-    spec = JobSpec.model_validate(json.loads(open(argv[0], encoding="utf-8").read()))
-    config = json.loads(open(argv[1], encoding="utf-8").read())
+    spec = JobSpec.model_validate(json.loads(Path(argv[0]).read_text(encoding="utf-8")))
+    config = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     gpus = [1]
     if "--gpus" in argv:
         gpus = [int(x) for x in argv[argv.index("--gpus") + 1].split(",")]

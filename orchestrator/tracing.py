@@ -1,0 +1,123 @@
+"""Running `trainer.memtrace` (one training step on fake tensors) from the orchestrator, which never imports
+torch: the trace runs in a subprocess of this Python, and its results are cached by what decides memory
+(the job's model, method, precision, batch, sequence, optimizer, LoRA and quantization settings, the model
+config, and the trainer's code), under `$FTORCH_HOME/traces/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.shapes import ModelShape, ftorch_home
+
+#: the trainer files whose code decides what a traced step allocates
+TRACED_CODE = ("memtrace.py", "cuda_allocator.py", "model.py", "quant.py", "loop.py", "loss.py", "step.py")
+TRACE_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Traced:
+    """Per GPU count: the trace's JSON (trainer.memtrace.TraceResult), or why there is none."""
+
+    results: dict[int, dict[str, Any]]
+    error: str | None = None
+    cached: bool = False
+
+
+def _memory_fields(spec: Any) -> dict[str, Any]:
+    job = spec.model_dump(mode="json")
+    return {
+        "method": job["method"],
+        "lora": job.get("lora"),
+        "quantization": job.get("quantization"),
+        "max_seq_len": job["data"]["max_seq_len"],
+        "train": {
+            k: job["train"].get(k)
+            for k in (
+                "micro_batch_size",
+                "grad_accum",
+                "precision",
+                "optimizer",
+                "gradient_checkpointing",
+                "attn_implementation",
+                "max_grad_norm",
+            )
+        },
+    }
+
+
+def _code_digest() -> str:
+    root = Path(__file__).resolve().parents[1] / "trainer"
+    digest = hashlib.sha256()
+    for name in TRACED_CODE:
+        path = root / name
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_key(spec: Any, shape: ModelShape, n_gpus: list[int]) -> str:
+    payload = json.dumps(
+        [_memory_fields(spec), shape.config, sorted(n_gpus), _code_digest()], sort_keys=True, default=str
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def trace_job(
+    spec: Any, shape: ModelShape, n_gpus: list[int] | None = None, *, use_cache: bool = True
+) -> Traced:
+    """Trace `spec` on `shape` for each GPU count (FSDP when > 1); an error says why it fell back."""
+    gpus = sorted(set(n_gpus or [1]))
+    if not shape.config:
+        return Traced({}, "no config.json for this model")
+    key = cache_key(spec, shape, gpus)
+    cache = ftorch_home() / "traces" / f"{key}.json"
+    if use_cache and cache.is_file():
+        try:
+            stored = json.loads(cache.read_text(encoding="utf-8"))
+            return Traced({int(k): v for k, v in stored["results"].items()}, stored.get("error"), True)
+        except (OSError, ValueError, KeyError):
+            pass
+    traced = _run(spec, shape, gpus)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps({"results": {str(k): v for k, v in traced.results.items()}, "error": traced.error}),
+        encoding="utf-8",
+    )
+    os.replace(tmp, cache)
+    return traced
+
+
+def _run(spec: Any, shape: ModelShape, gpus: list[int]) -> Traced:
+    with tempfile.TemporaryDirectory(prefix="ftorch-trace-") as tmp:
+        spec_path, config_path = Path(tmp) / "spec.json", Path(tmp) / "config.json"
+        spec_path.write_text(json.dumps(spec.model_dump(mode="json")), encoding="utf-8")
+        config_path.write_text(json.dumps(shape.config), encoding="utf-8")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        cmd = [sys.executable, "-m", "trainer.memtrace", str(spec_path), str(config_path)]
+        cmd += ["--gpus", ",".join(map(str, gpus))]
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, env=env, timeout=TRACE_TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return Traced({}, f"the trace took over {TRACE_TIMEOUT_S:.0f} s")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return Traced({}, f"the trace failed: {tail[:200]}")
+    out = json.loads(lines[-1])
+    if "error" in out:
+        return Traced({}, out["error"])
+    return Traced({int(r["n_gpus"]): r for r in out["results"]})
