@@ -1,37 +1,34 @@
-"""Calibrate the memory estimator on published peak-memory measurements.
+"""Published peak-memory measurements vs ftorch's analytic estimate vs a trace of ftorch's own step.
 
-Reads ../shared/data/vram/calibration.csv (ms-swift's A100-80GB benchmark), estimates every row it can
-model, prints the median and 90th-percentile absolute relative error with the textbook constants
-(orchestrator.memory.RAW) and after fitting the constants by coordinate descent, and with --write stores
-the fitted constants in orchestrator/data/memory_calibration.json (which the estimator loads).
+Reads ../shared/data/vram/calibration.csv (ms-swift's A100-80GB benchmark), and for every row it can
+model prints the measured peak, the analytic estimate (orchestrator/memory.py) and, with --trace, one
+step of ftorch's trainer traced on fake tensors (trainer/memtrace.py, classic allocator: the measured
+stack predates expandable segments), and the median absolute error of each. Nothing is fitted here: the
+estimator's constants come from traces (bench/derive_memory_constants.py), never from this file.
 
 Rows left out, and why: multi-GPU rows (device_map layer splitting, not FSDP: ftorch does not plan it),
 GPTQ int4/int8 bases (ftorch's QLoRA is bitsandbytes NF4), and the GaLore row (not a method of ftorch).
-The sources measured torch's reserved memory, which does not include the CUDA context, so the context is
-subtracted from each estimate before comparing.
+The sources measured torch's reserved memory (ms-swift's 'memory' log), so reserved is compared.
 
-Usage: python bench/calibrate_memory.py [CSV] [--write] [--verbose]
+Usage: python bench/calibrate_memory.py [CSV] [--trace] [--jobs 2] [--markdown]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
 import re
 import statistics
 import sys
-from dataclasses import asdict, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.memory import RAW, Constants, Settings, estimate  # noqa: E402
+from orchestrator.memory import Constants, Settings, estimate  # noqa: E402
 from orchestrator.shapes import ModelShape, shape_from_config  # noqa: E402
 
 DEFAULT_CSV = REPO.parent / "shared" / "data" / "vram" / "calibration.csv"
-OUT = REPO / "orchestrator" / "data" / "memory_calibration.json"
 
 
 def _llama(
@@ -110,97 +107,89 @@ def load_rows(path: Path) -> tuple[list[tuple[ModelShape, Settings, float, str]]
     return rows, skipped
 
 
-def predict(rows, constants: Constants) -> list[float]:
+def predict(rows, constants: Constants | None = None) -> list[float]:
     """Estimated torch-reserved GiB (the CUDA context is not in what the sources measured)."""
-    return [
-        estimate(shape, s, constants).peak_gib_per_gpu - constants.cuda_context_gib for shape, s, _, _ in rows
-    ]
+    return [estimate(shape, s, constants).peak_reserved_gib for shape, s, _, _ in rows]
 
 
-def errors(rows, constants: Constants) -> list[float]:
-    return [abs(p - m) / m for p, (_, _, m, _) in zip(predict(rows, constants), rows, strict=True)]
+def _trace_row(args: tuple) -> float | None:
+    import torch
+
+    from trainer.config import JobSpec
+    from trainer.memtrace import TraceUnsupported, trace
+
+    torch.set_num_threads(1)
+    config, s = args
+    job = {
+        "name": "published",
+        "model": "calibration",
+        "method": s.method,
+        "lora": {
+            "r": s.lora_r,
+            "alpha": 32,
+            "dropout": s.lora_dropout,
+            "target_modules": s.lora_targets if isinstance(s.lora_targets, str) else list(s.lora_targets),
+        },
+        "data": {"path": "unused.jsonl", "max_seq_len": s.seq_len},
+        "train": {
+            "micro_batch_size": s.micro_batch,
+            "grad_accum": s.grad_accum,
+            "precision": s.precision,
+            "attn_implementation": s.attn,
+            "gradient_checkpointing": s.grad_ckpt,
+        },
+        "checkpoint": {"uri": "/tmp/unused"},
+    }
+    try:
+        return trace(JobSpec.model_validate(job), config, [1], expandable_segments=False)[0].peak_reserved_gib
+    except TraceUnsupported:
+        return None
+
+
+def trace_rows(rows, jobs: int) -> list[float | None]:
+    from concurrent.futures import ProcessPoolExecutor
+
+    work = [(MODELS[shape.name][0], s) for shape, s, _, _ in rows]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(_trace_row, work))
+
+
+def _err(pred: float | None, measured: float) -> float | None:
+    return None if pred is None else pred / measured - 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="published measurements vs estimate vs trace")
+    parser.add_argument("csv", nargs="?", type=Path, default=DEFAULT_CSV)
+    parser.add_argument("--trace", action="store_true", help="also trace every row (minutes)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--markdown", action="store_true", help="print the per-row table as Markdown")
+    args = parser.parse_args()
+    rows, skipped = load_rows(args.csv)
+    print(f"{len(rows)} rows used, {len(skipped)} left out ({args.csv})")
+    analytic = predict(rows)
+    traced = trace_rows(rows, args.jobs) if args.trace else [None] * len(rows)
+    print("| row | measured GiB | analytic | error | traced | error |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for (_shape, _s, measured, label), a, t in zip(rows, analytic, traced, strict=True):
+        ea, et = _err(a, measured), _err(t, measured)
+        tr = "-" if t is None else f"{t:.2f}"
+        print(
+            f"| {label} | {measured:.2f} | {a:.2f} | {ea:+.0%} | {tr} | "
+            + ("-" if et is None else f"{et:+.0%}")
+            + " |"
+        )
+    errs_a = [abs(a / m - 1) for a, (_, _, m, _) in zip(analytic, rows, strict=True)]
+    print(f"analytic: median absolute error {statistics.median(errs_a):.1%}, p90 {p90(errs_a):.1%}")
+    errs_t = [abs(t / m - 1) for t, (_, _, m, _) in zip(traced, rows, strict=True) if t is not None]
+    if errs_t:
+        print(f"traced:   median absolute error {statistics.median(errs_t):.1%}, p90 {p90(errs_t):.1%}")
+    for line in skipped:
+        print(f"left out: {line}")
 
 
 def p90(values: list[float]) -> float:
     return statistics.quantiles(values, n=10, method="inclusive")[-1]
-
-
-def score(rows, constants: Constants) -> float:
-    errs = errors(rows, constants)
-    return statistics.median(errs) + p90(errs)
-
-
-GRID = {
-    "fixed_overhead_gib": [x * 0.25 for x in range(0, 17)],
-    "alloc_slack": [x * 0.025 for x in range(0, 13)],
-    "act_factor": [0.5 + x * 0.25 for x in range(0, 23)],
-    "logits_bytes": [4.0 + x for x in range(0, 21)],
-}
-STARTS = [(a, lb) for a in (0.75, 1.0, 2.0, 4.0) for lb in (4.0, 10.0, 18.0)]
-
-
-def descend(rows, start: Constants, sweeps: int = 4) -> tuple[Constants, float]:
-    """Coordinate descent over bounded grids (physically plausible ranges only)."""
-    best, best_score = start, score(rows, start)
-    for _ in range(sweeps):
-        improved = False
-        for name, grid in GRID.items():
-            for value in grid:
-                trial = replace(best, **{name: value})
-                s = score(rows, trial)
-                if s < best_score - 1e-9:
-                    best, best_score, improved = trial, s, True
-        if not improved:
-            break
-    return best, best_score
-
-
-def fit(rows) -> Constants:
-    """The best of several descents (activation factor and logit bytes trade off against each other)."""
-    results = [descend(rows, replace(RAW, act_factor=a, logits_bytes=lb)) for a, lb in STARTS]
-    return min(results, key=lambda r: r[1])[0]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="calibrate the memory estimator")
-    parser.add_argument("csv", nargs="?", type=Path, default=DEFAULT_CSV)
-    parser.add_argument("--write", action="store_true", help=f"store the fitted constants in {OUT}")
-    parser.add_argument("--verbose", action="store_true", help="print every row")
-    args = parser.parse_args()
-    rows, skipped = load_rows(args.csv)
-    print(f"{len(rows)} rows used, {len(skipped)} left out ({args.csv})")
-    before = errors(rows, RAW)
-    fitted = fit(rows)
-    after = errors(rows, fitted)
-    if args.verbose:
-        for (_shape, _s, measured, label), raw_p, fit_p in zip(
-            rows, predict(rows, RAW), predict(rows, fitted), strict=True
-        ):
-            print(f"  {label:45s} measured {measured:6.2f}  raw {raw_p:6.2f}  calibrated {fit_p:6.2f} GiB")
-        for line in skipped:
-            print(f"  left out: {line}")
-    print(
-        f"before calibration (RAW constants): median {statistics.median(before):.1%}, p90 {p90(before):.1%}"
-    )
-    print(f"after calibration:                  median {statistics.median(after):.1%}, p90 {p90(after):.1%}")
-    print(
-        "constants: "
-        + ", ".join(
-            f"{k} {getattr(RAW, k):g} -> {getattr(fitted, k):g}"
-            for k in asdict(RAW)
-            if getattr(RAW, k) != getattr(fitted, k)
-        )
-    )
-    if args.write:
-        payload = {
-            "source": "bench/calibrate_memory.py on ../shared/data/vram/calibration.csv",
-            "rows_used": len(rows),
-            "error_before": {"median": round(statistics.median(before), 4), "p90": round(p90(before), 4)},
-            "error_after": {"median": round(statistics.median(after), 4), "p90": round(p90(after), 4)},
-            "constants": asdict(fitted),
-        }
-        OUT.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {OUT}")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,18 @@
-"""GPU check: measured peak memory, tokens/s and MFU next to `ftorch estimate`'s prediction.
+"""GPU check: ftorch's trainer's measured peak memory, tokens/s and MFU next to the trace and the estimate.
 
     python bench/gpu_check.py               # CUDA: LoRA + QLoRA on an 8B Llama shape at 2048 tokens,
                                             #       full fine-tuning of a 1B Llama shape (under 10 minutes)
     python bench/gpu_check.py --cpu-tiny    # the same code path on the CPU with a tiny shape (a smoke test)
     python bench/gpu_check.py --json out.json --cases lora-8b,full-1b --steps 5
 
-Models are randomly initialised from the bundled shapes (no downloads). Every case builds the model the
-trainer's way (bf16 weights for LoRA, NF4 + double quantization for QLoRA, fp32 master weights with bf16
-autocast for full fine-tuning, gradient checkpointing on, AdamW), runs warm-up steps, then times `--steps`
-optimizer steps. Peak memory is torch.cuda.max_memory_allocated / max_memory_reserved (the CPU mode
-reports the process's peak RSS instead). MFU = model FLOPs per token x tokens/s / the GPU's dense bf16
+Models are randomly initialised from the bundled shapes (no downloads), in `trainer.model.base_dtype`,
+and go through the trainer's own code: `trainer.model.prepare_model` (gradient checkpointing, LoRA),
+`trainer.loop.make_optimizer`, and the trainer's step (`trainer.step`: accumulate + update, or the
+model's loss where that module is absent); QLoRA's decoder projections are bitsandbytes NF4 with double
+quantization. It runs warm-up steps, then times `--steps` optimizer steps. Peak memory is
+torch.cuda.max_memory_allocated / max_memory_reserved (the CPU mode reports the process's peak RSS
+instead), printed next to the trace of the same job (trainer/memtrace.py, on fake tensors) and the
+analytic estimate (orchestrator/memory.py), allocated and reserved each. MFU = model FLOPs per token x tokens/s / the GPU's dense bf16
 peak, with model FLOPs = 6N (full) or 4N (adapters: no weight gradients for the frozen base) plus
 12 * layers * hidden * seq for attention; recomputation is not counted. A second table puts the measured
 tokens/s next to the time model's (orchestrator/throughput.py with its calibrated constants) for the GPU
@@ -75,6 +78,10 @@ class Result:
     skipped: str | None = None
     #: orchestrator/throughput.py's tokens/s for this case on this GPU (None off CUDA / unknown GPU)
     predicted_tokens_per_s: float | None = None
+    estimate_allocated_gib: float | None = None
+    estimate_reserved_gib: float | None = None
+    trace_allocated_gib: float | None = None
+    trace_reserved_gib: float | None = None
 
 
 GPU_CASES = [
@@ -112,9 +119,10 @@ def spec_for(case: Case, model_ref: str) -> Any:
             "data": {"path": "unused.jsonl", "max_seq_len": case.seq_len},
             "train": {
                 "micro_batch_size": case.micro_batch,
-                "precision": "bf16-mixed" if case.method == "full" else "bf16",
+                "precision": "bf16-mixed",
                 "gradient_checkpointing": True,
                 "optimizer": "adamw",
+                "max_grad_norm": 1.0,
             },
             "checkpoint": {"uri": "/tmp/unused"},
         }
@@ -153,47 +161,77 @@ def quantize_linears(model: Any, device: Any) -> int:
 
 
 def build(case: Case, device: Any) -> Any:
+    """The base from its config (random weights) in the trainer's dtype, then the trainer's own preparation."""
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = LlamaConfig(**config_for(case.shape))
-    cfg.use_cache = False
+    from trainer.model import base_dtype, prepare_model
+
+    spec = spec_for(case, "unused")
+    cfg = config_for(case.shape)
+    hf = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     torch.manual_seed(0)
-    dtype = torch.float32 if case.method == "full" else torch.bfloat16
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # build in the target dtype (an 8B model in fp32 first would be 32 GB)
-    try:
-        with torch.device(device):
-            model = LlamaForCausalLM(cfg)
-    finally:
-        torch.set_default_dtype(default)
+    dtype = torch.bfloat16 if case.method == "qlora" else base_dtype(spec)
+    with torch.device(device):  # built in the target dtype (an 8B model in fp32 first would be 32 GB)
+        model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation="sdpa")
     if case.method == "qlora":
         quantize_linears(model, device)
+        for param in model.parameters():  # the 4-bit base is frozen (trainer/quant.py)
+            param.requires_grad_(False)
         torch.cuda.empty_cache() if device.type == "cuda" else None
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if case.method != "full":
-        model.enable_input_require_grads()
-        lora = LoraConfig(
-            r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
-        )
-        model = get_peft_model(model, lora)
-        for p in model.parameters():  # adapters in fp32 (the trainer's default for LoRA weights)
-            if p.requires_grad:
-                p.data = p.data.float()
-    return model
+    return prepare_model(model, spec, device)
 
 
-def estimate_gib(case: Case) -> tuple[float, str]:
+def step_fn(case: Case, model: Any, optimizer: Any, ids: Any, device: Any) -> Any:
+    """One optimizer step through the trainer's step functions (trainer/step.py when present)."""
+    import torch
+
+    from trainer.data import Example
+
+    spec = spec_for(case, "unused")
+    try:
+        from trainer.step import accumulate, update
+    except ImportError:
+        accumulate = None
+    examples = [Example(input_ids=row, labels=row) for row in ids.tolist()]
+
+    def step() -> None:
+        if accumulate is not None:
+            accumulate(model, [examples], spec=spec, device=device, pad_id=0)
+            update(model, optimizer, spec.train.max_grad_norm)
+        else:
+            from trainer.model import autocast_dtype
+
+            amp = autocast_dtype(spec)
+            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def traced_gib(case: Case) -> tuple[float | None, float | None]:
+    """The same job traced on fake tensors (on the CPU): peak allocated and reserved."""
+    from trainer.memtrace import TraceUnsupported, trace
+
+    try:
+        result = trace(spec_for(case, "unused"), config_for(case.shape), [1])[0]
+    except TraceUnsupported:
+        return None, None
+    return result.peak_allocated_gib, result.peak_reserved_gib
+
+
+def estimate_for(case: Case) -> Any:
     from orchestrator.memory import estimate_memory
 
     if case.shape == "tiny":
         with tempfile.TemporaryDirectory() as tmp:
             Path(tmp, "config.json").write_text(json.dumps(config_for("tiny")))
-            est = estimate_memory(spec_for(case, tmp))
-    else:
-        est = estimate_memory(spec_for(case, case.shape))
-    return est.peak_gib_per_gpu, est.peak_phase
+            return estimate_memory(spec_for(case, tmp))
+    return estimate_memory(spec_for(case, case.shape))
 
 
 def model_flops_per_token(case: Case, params: int, cfg: dict[str, Any]) -> float:
@@ -215,8 +253,13 @@ def run_case(case: Case, device: Any, steps: int, warmup: int) -> Result:
 
     from trainer.quant import bitsandbytes_devices
 
-    est, phase = estimate_gib(case)
-    base = Result(case.name, str(device), 0, 0, case.seq_len, 0, 0.0, 0.0, None, None, None, 0.0, est, phase)
+    est = estimate_for(case)
+    base = Result(
+        case.name, str(device), 0, 0, case.seq_len, 0, 0.0, 0.0, None, None, None, 0.0,
+        est.peak_gib_per_gpu, est.peak_phase,
+        estimate_allocated_gib=est.peak_allocated_gib, estimate_reserved_gib=est.peak_reserved_gib,
+    )  # fmt: skip
+    base.trace_allocated_gib, base.trace_reserved_gib = traced_gib(case)
     if case.method == "qlora" and device.type not in bitsandbytes_devices():
         base.skipped = f"bitsandbytes does not support {device.type} here"
         return base
@@ -230,21 +273,13 @@ def run_case(case: Case, device: Any, steps: int, warmup: int) -> Result:
     if device.type == "cuda":  # the peak of training, not of building (QLoRA quantizes a bf16 copy)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=device.type == "cuda"
-    )
+    from trainer.loop import make_optimizer
+
+    optimizer = make_optimizer(spec_for(case, "unused"), model)
     cfg = config_for(case.shape)
     gen = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, cfg["vocab_size"], (case.micro_batch, case.seq_len), generator=gen).to(device)
-    autocast = case.method == "full"
-
-    def step() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    step = step_fn(case, model, optimizer, ids, device)
 
     for _ in range(warmup):
         step()
@@ -272,8 +307,12 @@ def run_case(case: Case, device: Any, steps: int, warmup: int) -> Result:
         peak_allocated_gib=torch.cuda.max_memory_allocated(device) / gib if device.type == "cuda" else None,
         peak_reserved_gib=torch.cuda.max_memory_reserved(device) / gib if device.type == "cuda" else None,
         peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / gib,
-        estimate_gib=est,
-        estimate_phase=phase,
+        estimate_gib=est.peak_gib_per_gpu,
+        estimate_phase=est.peak_phase,
+        estimate_allocated_gib=base.estimate_allocated_gib,
+        estimate_reserved_gib=base.estimate_reserved_gib,
+        trace_allocated_gib=base.trace_allocated_gib,
+        trace_reserved_gib=base.trace_reserved_gib,
     )
     result.predicted_tokens_per_s = predicted_tokens_per_s(case, result.device, trainable)
     return result
@@ -344,20 +383,28 @@ def table(results: list[Result]) -> str:
         return "n/a" if v is None else f"{v:.2f}"
 
     rows = [
-        "| case | device | params | trainable | seq | peak allocated GiB | peak reserved GiB | peak RSS GiB | "
-        "estimate GiB (phase) | tokens/s | MFU |",
+        "| case | device | params | trainable | seq | allocated GiB: measured / traced / estimated | "
+        "reserved GiB: measured / traced / estimated | peak RSS GiB | estimate + context GiB (phase) | "
+        "tokens/s | MFU |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        allocated = (
+            f"{gib(r.peak_allocated_gib)} / {gib(r.trace_allocated_gib)} / {gib(r.estimate_allocated_gib)}"
+        )
+        reserved = (
+            f"{gib(r.peak_reserved_gib)} / {gib(r.trace_reserved_gib)} / {gib(r.estimate_reserved_gib)}"
+        )
         if r.skipped:
             rows.append(
-                f"| {r.case} | {r.device} | | | {r.seq_len} | skipped: {r.skipped} | | | {r.estimate_gib:.2f} | | |"
+                f"| {r.case} | {r.device} | | | {r.seq_len} | skipped: {r.skipped}; {allocated} | {reserved} "
+                f"| | {r.estimate_gib:.2f} | | |"
             )
             continue
         mfu = "n/a" if r.mfu is None else f"{r.mfu:.1%}"
         rows.append(
             f"| {r.case} | {r.device} | {r.params / 1e6:,.3f}M | {r.trainable / 1e6:,.3f}M | {r.seq_len} | "
-            f"{gib(r.peak_allocated_gib)} | {gib(r.peak_reserved_gib)} | {r.peak_rss_gib:.2f} | {r.estimate_gib:.2f} ({r.estimate_phase}) | "
+            f"{allocated} | {reserved} | {r.peak_rss_gib:.2f} | {r.estimate_gib:.2f} ({r.estimate_phase}) | "
             f"{r.tokens_per_s:,.0f} | {mfu} |"
         )
     return "\n".join(rows)

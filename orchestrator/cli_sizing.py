@@ -92,12 +92,15 @@ def plan_cmd(
     online: Online = False,
     offline: Offline = False,
     top: Annotated[int, typer.Option("--top", min=1, help="candidates to show")] = 15,
+    no_trace: Annotated[
+        bool, typer.Option("--no-trace", help="judge every fit by the analytic estimate (no traced step)")
+    ] = False,
 ) -> None:
     """Rank the offers by expected cost: fits or why not, hours, cost on spot and on demand, the choice."""
     from orchestrator.planner import make_plan
 
     spec = _load(job_file, set_)
-    plan = make_plan(spec, offline=offline, online_shapes=online)
+    plan = make_plan(spec, offline=offline, online_shapes=online, trace=not no_trace)
     if as_json:
         _print_json(plan.to_json())
         if plan.chosen is None:
@@ -123,6 +126,9 @@ def plan_cmd(
     if plan.chosen and plan.chosen not in shown:
         shown.append(plan.chosen)
     con.print(plan_table(plan, shown))
+    for note in plan.notes:
+        if note.startswith("memory: "):
+            con.print(note, markup=False)
     if len(plan.candidates) > len(shown):
         con.print(f"... {len(plan.candidates) - len(shown)} more adequate offers (--top to show them)")
     if plan.rejected:

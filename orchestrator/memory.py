@@ -1,18 +1,24 @@
 """Peak GPU memory per GPU for a fine-tuning job: full, LoRA and QLoRA, with or without FSDP sharding.
 
-The model follows ../shared/notes/memory.md (ZeRO model states, Korthikanti activations adapted to
-RMSNorm/SwiGLU/flash attention, fp32 logits at the loss, NF4 with double quantization) and takes the
-*peak over phases*, not the sum of things that never coexist:
+This is the fast, analytic twin of `ftorch estimate --trace` (trainer/memtrace.py, one real training step
+of ftorch's trainer on fake tensors). The planner sizes hundreds of offers with it. Its terms follow the
+trainer as it runs:
 
-- forward/backward: weights + optimizer states + saved activations + logits at the loss
-  (+ gradients already accumulated when grad_accum > 1; otherwise the largest of activations and grads,
-  since backward frees one as it fills the other),
-- optimizer step: weights + gradients + optimizer states + the step's temporaries (torch's foreach AdamW
-  builds one temporary copy of the trainable parameters),
+- weights as stored: a full fine-tune's weights in the trainable dtype (fp32 master under mixed
+  precision); LoRA's frozen base in the compute dtype and fp32 adapters; QLoRA's NF4 projections (packed
+  4 bit + absmax) with the rest of the base in the compute dtype;
+- gradients and optimizer states of the trainable parameters (exact sizes);
+- autocast's cached 16-bit copies of fp32 weights during the forward (full fine-tuning, mixed precision);
+- saved activations from an op-by-op count of one decoder layer (the layer layout of the architecture,
+  checkpointed or not), times a factor per regime; eager attention's s x s matrices at their exact size;
+- the loss: one chunk of logits (the trainer's chunked cross-entropy), times bytes per logit element;
+- the optimizer step's temporaries (single-tensor AdamW: about two copies of the largest trainable tensor);
 
-plus a fixed overhead (CUDA context, workspaces) and the caching allocator's slack. A handful of
-constants are fitted on ../shared/data/vram/calibration.csv by bench/calibrate_memory.py and stored in
-orchestrator/data/memory_calibration.json; `RAW` holds the textbook values they replace.
+taking the *peak over phases* (forward/backward, backward with gradients filled, optimizer step), then
+reserved = allocated x (1 + allocator slack) + the cuBLAS workspace, and the CUDA context on top
+(`peak_gib_per_gpu`, what the device must hold). The factors are fitted by bench/derive_memory_constants.py
+to traces over a grid of architectures and settings (orchestrator/data/memory_constants.json), never to a
+published benchmark; tests/test_memory_trace.py holds this estimate within 10% of those traces.
 """
 
 from __future__ import annotations
@@ -31,20 +37,32 @@ NF4_DQ_BYTES = 0.516  # 4 + 8/64 + 32/(64*256) bits (QLoRA paper, section 3)
 NF4_BYTES = 0.5625  # 4 + 32/64 bits without double quantization
 
 
+CONSTANTS_FILE = "memory_constants.json"
+
+
 @dataclass(frozen=True)
 class Constants:
-    """The estimator's tunable constants; RAW are textbook values, calibrated ones are fitted."""
+    """The estimator's constants; RAW holds first-principles values, the fitted ones come from traces."""
 
-    #: CUDA context and kernels: on the device, invisible to torch.cuda.max_memory_reserved
+    #: CUDA context and kernels: on the device, invisible to torch's counters (trainer/memtrace.py)
     cuda_context_gib: float = 0.5
-    #: workspaces (cuBLAS, NCCL) and the allocator's first blocks, seen by torch's reserved counter
-    fixed_overhead_gib: float = 0.0
-    #: caching-allocator slack (reserved above allocated), as a fraction of the dynamic peak
-    alloc_slack: float = 0.0
-    #: multiplier on the saved-activation bytes derived from the layer layout
-    act_factor: float = 1.0
-    #: bytes per logit element held at the loss (Korthikanti et al.: one fp32 copy = 4)
-    logits_bytes: float = 4.0
+    #: cuBLAS workspace (Hopper: 8 x 4 MiB, plus 1 MiB for cuBLASLt), taken through the allocator
+    workspace_gib: float = 33 / 1024
+    #: caching-allocator slack (reserved above allocated) with expandable segments
+    alloc_slack: float = 0.03
+    #: factors on the op-by-op activation count, per regime (adapters or full; checkpointed or not)
+    act_adapter_ckpt: float = 1.0
+    act_adapter: float = 1.0
+    act_full_ckpt: float = 1.0
+    act_full: float = 1.0
+    #: bytes per logit element of one loss chunk at the loss's peak (three fp32 copies: 12)
+    logits_bytes: float = 12.0
+    #: logit elements per chunk of the trainer's chunked cross-entropy (trainer/loss.py)
+    chunk_elements: float = float(1 << 26)
+    #: fraction of the 16-bit weight copies autocast keeps through a full fine-tune's forward
+    cast_factor: float = 1.0
+    #: optimizer-step temporaries, in units of the largest trainable tensor
+    step_temp: float = 2.0
 
 
 RAW = Constants()
@@ -52,9 +70,9 @@ RAW = Constants()
 
 @lru_cache(maxsize=1)
 def calibrated_constants() -> Constants:
-    """The constants fitted by bench/calibrate_memory.py (RAW if the file is missing)."""
+    """The constants bench/derive_memory_constants.py fitted to traces (RAW if the file is missing)."""
     try:
-        text = resources.files("orchestrator").joinpath("data/memory_calibration.json").read_text("utf-8")
+        text = resources.files("orchestrator").joinpath(f"data/{CONSTANTS_FILE}").read_text("utf-8")
     except (FileNotFoundError, OSError):
         return RAW
     fitted = json.loads(text).get("constants", {})
@@ -87,7 +105,7 @@ class MemoryEstimate:
     model: str
     method: str
     n_gpus: int
-    peak_gib_per_gpu: float
+    peak_gib_per_gpu: float  # reserved + CUDA context: what the device must hold
     breakdown_gib: dict[str, float]
     params: int
     trainable_params: int
@@ -98,6 +116,9 @@ class MemoryEstimate:
     sharding: str = "none"
     settings: dict[str, Any] = field(default_factory=dict)
     phases_gib: dict[str, float] = field(default_factory=dict)
+    #: torch.cuda.max_memory_allocated and max_memory_reserved as the estimate predicts them
+    peak_allocated_gib: float = 0.0
+    peak_reserved_gib: float = 0.0
 
     def fits(self, gpu_memory_gib: float, headroom: float) -> bool:
         return self.peak_gib_per_gpu <= gpu_memory_gib * (1.0 - headroom)
@@ -109,6 +130,8 @@ class MemoryEstimate:
             "n_gpus": self.n_gpus,
             "sharding": self.sharding,
             "peak_gib_per_gpu": round(self.peak_gib_per_gpu, 3),
+            "peak_allocated_gib": round(self.peak_allocated_gib, 3),
+            "peak_reserved_gib": round(self.peak_reserved_gib, 3),
             "peak_phase": self.peak_phase,
             "breakdown_gib": {k: round(v, 3) for k, v in self.breakdown_gib.items()},
             "phases_gib": {k: round(v, 3) for k, v in self.phases_gib.items()},
@@ -128,8 +151,7 @@ def trainable_params(shape: ModelShape, s: Settings) -> int:
 
 
 def _compute_bytes(s: Settings) -> int:
-    if s.method == "qlora":
-        return 4 if s.quant_compute == "fp32" else 2
+    """The dtype the forward computes in (QLoRA follows the precision too: it cannot be fp32)."""
     return 4 if s.precision == "fp32" else 2
 
 
@@ -138,19 +160,36 @@ def _state_bytes(s: Settings) -> int:
     return 2 if s.precision == "bf16" else 4
 
 
-def _optimizer_bytes(shape: ModelShape, s: Settings, trainable: int) -> tuple[float, float, bool]:
-    """(persistent state bytes, step temporaries, paged) for the trainable parameters."""
+def _residual_bytes(s: Settings) -> int:
+    """The residual stream's dtype: fp32 when the weights are (a full fine-tune's fp32 master weights)."""
+    return 4 if s.precision == "fp32" or (s.method == "full" and s.precision != "bf16") else 2
+
+
+def _targets(shape: ModelShape, s: Settings) -> list[Any]:
+    if s.method == "full":
+        return []
+    return shape.lora_targets(s.lora_targets if isinstance(s.lora_targets, str) else list(s.lora_targets))
+
+
+def _largest_trainable(shape: ModelShape, s: Settings) -> int:
+    if s.method == "full":
+        return max([shape.vocab * shape.hidden] + [lin.d_in * lin.d_out for lin in shape.linears])
+    return max(s.lora_r * lin.rank_mult * max(lin.d_in, lin.d_out) for lin in _targets(shape, s))
+
+
+def _optimizer_bytes(shape: ModelShape, s: Settings, trainable: int) -> tuple[float, bool]:
+    """(persistent state bytes, paged) for the trainable parameters."""
     sb = _state_bytes(s)
     if s.optimizer == "adamw":
-        return 2 * sb * trainable, sb * trainable, False  # exp_avg, exp_avg_sq; foreach temporary
+        return 2 * sb * trainable, False  # exp_avg, exp_avg_sq
     if s.optimizer == "adamw_8bit":
-        return 2.0 * trainable, 0.0, False
+        return 2.0 * trainable, False
     if s.optimizer == "paged_adamw_8bit":
-        return 2.0 * trainable, 0.0, True
+        return 2.0 * trainable, True
     if s.optimizer == "sgd":
-        return sb * trainable, 0.0, False  # momentum buffer
+        return sb * trainable, False  # momentum buffer
     if s.optimizer == "adafactor":
-        return _adafactor_bytes(shape, s), 0.0, False
+        return _adafactor_bytes(shape, s), False
     raise SpecError("train.optimizer", f"unknown optimizer {s.optimizer!r}")
 
 
@@ -162,35 +201,28 @@ def _adafactor_bytes(shape: ModelShape, s: Settings) -> float:
         if not shape.tie_embeddings:
             matrices += shape.vocab + shape.hidden
         return 4.0 * (matrices + shape.norm_params)
-    targets = s.lora_targets if isinstance(s.lora_targets, str) else list(s.lora_targets)
     per_layer = sum(
-        (2 * s.lora_r * lin.rank_mult + lin.d_in + lin.d_out) * lin.per_layer
-        for lin in shape.lora_targets(targets)
+        (2 * s.lora_r * lin.rank_mult + lin.d_in + lin.d_out) * lin.per_layer for lin in _targets(shape, s)
     )
     return 4.0 * per_layer * shape.layers
 
 
-def _layer_activation_bytes(shape: ModelShape, s: Settings, tokens: int) -> float:
-    """Bytes one decoder layer saves for backward (HF Llama-style code, read op by op)."""
-    c = _compute_bytes(s)
+def layer_activation_bytes(shape: ModelShape, s: Settings, tokens: int) -> float:
+    """Bytes one decoder layer saves for backward, counted op by op from its layout (before the factor)."""
+    c, r = _compute_bytes(s), _residual_bytes(s)
     h, q, kv, inter = shape.hidden, shape.q_dim, shape.kv_dim, shape.intermediate
-    norm = (4 + c) * h  # RMSNorm upcasts to fp32 and saves it, plus the 16-bit input of the weight multiply
-    attn = c * h + c * (2 * q + 2 * kv)  # qkv input; q, k, v after rope; attention output (o_proj input)
+    norm = (4 + r) * h  # the fp32 upcast and the input of the weight multiply
+    attn = c * h + c * (2 * q + 2 * kv) + 4 * shape.heads  # qkv input; q, k, v, output; log-sum-exp
+    two_matrix = shape.family in ("falcon", "gpt_neox", "phi")
     if shape.experts:
         k = shape.experts_per_token
         mlp = c * h + k * (c * h + 4 * c * inter) + 4 * shape.experts  # routed copies; router logits
     else:
-        mlp = c * h + 4 * c * inter  # mlp input; gate, act(gate), up, act*up (down_proj input)
+        mlp = c * h + (2 if two_matrix else 4) * c * inter  # input; gate/up/act/product or fc1/act
     per_token = shape.norms_per_layer * norm + attn + mlp
-    if s.method in ("lora", "qlora") and s.lora_dropout > 0:
-        targets = s.lora_targets if isinstance(s.lora_targets, str) else list(s.lora_targets)
-        for lin in shape.lora_targets(targets):  # each adapter keeps its dropout output and mask
-            per_token += ((c + 1) * lin.d_in + c * s.lora_r * lin.rank_mult) * lin.per_layer * lin.active
-    elif s.method in ("lora", "qlora"):
-        targets = s.lora_targets if isinstance(s.lora_targets, str) else list(s.lora_targets)
-        per_token += sum(
-            c * s.lora_r * lin.rank_mult * lin.per_layer * lin.active for lin in shape.lora_targets(targets)
-        )
+    for lin in _targets(shape, s):  # each adapter keeps its input (dropout output and mask) and A's output
+        drop = (c + 1) * lin.d_in if s.lora_dropout > 0 else 0
+        per_token += (drop + c * s.lora_r * lin.rank_mult) * lin.per_layer * lin.active
     return float(per_token * tokens)
 
 
@@ -201,28 +233,50 @@ def _attention_matrix_bytes(shape: ModelShape, s: Settings) -> float:
     return float((4 + _compute_bytes(s)) * shape.heads * s.seq_len * s.seq_len * s.micro_batch)
 
 
-def activation_bytes(shape: ModelShape, s: Settings, constants: Constants) -> float:
+def activation_bytes(shape: ModelShape, s: Settings, k: Constants) -> float:
     """Saved activations of one micro-batch (not sharded by FSDP: each GPU keeps its own)."""
-    c = _compute_bytes(s)
     tokens = s.micro_batch * s.seq_len
-    layer = _layer_activation_bytes(shape, s, tokens)
+    layer = layer_activation_bytes(shape, s, tokens)
     scores = _attention_matrix_bytes(shape, s)
-    if s.grad_ckpt:
-        # each layer keeps only its input; one layer is recomputed in full during backward
-        saved = shape.layers * c * shape.hidden * tokens + layer
-        matrices = scores
+    adapter = s.method != "full"
+    if s.grad_ckpt:  # each layer keeps its input; one layer is recomputed in full during backward
+        factor = k.act_adapter_ckpt if adapter else k.act_full_ckpt
+        saved = shape.layers * _residual_bytes(s) * shape.hidden * tokens + factor * layer + scores
     else:
-        saved = shape.layers * layer
-        matrices = shape.layers * scores
+        factor = k.act_adapter if adapter else k.act_full
+        saved = shape.layers * (factor * layer + scores)
     if s.attn == "eager":
-        matrices += c * s.seq_len * s.seq_len * s.micro_batch  # the 4-D causal mask
-    saved += ((4 + c) + c) * shape.hidden * tokens  # final norm and lm_head input
-    # the fitted factor covers what the op-by-op count misses; the s x s matrices are exact sizes
-    return saved * constants.act_factor + matrices
+        saved += _compute_bytes(s) * s.seq_len * s.seq_len * s.micro_batch  # the 4-D causal mask
+    return saved + (4 + 2 * _compute_bytes(s)) * shape.hidden * tokens  # final norm, head input
 
 
-def logits_bytes(shape: ModelShape, s: Settings, constants: Constants) -> float:
-    return constants.logits_bytes * s.micro_batch * s.seq_len * shape.vocab
+def logits_bytes(shape: ModelShape, s: Settings, k: Constants) -> float:
+    """One chunk of the chunked cross-entropy (its logits, upcast and gradient), at most the batch."""
+    tokens = s.micro_batch * s.seq_len
+    chunk = max(1, int(k.chunk_elements) // shape.vocab)
+    return k.logits_bytes * min(tokens, chunk) * shape.vocab
+
+
+def _weights(shape: ModelShape, s: Settings, trainable: int) -> tuple[float, float, float, float]:
+    """(stored bytes, one decoder layer as gathered, the root as gathered, QLoRA's dequantized buffers)."""
+    c, sb, psi = _compute_bytes(s), _state_bytes(s), shape.params
+    if s.method == "full":
+        stored = sb * psi
+        return stored, c * shape.layer_params, c * (psi - shape.layers * shape.layer_params), 0.0
+    adapter = sb * trainable
+    root = c * (psi - shape.layers * shape.layer_params)
+    if s.method == "lora":
+        return c * psi + adapter, c * shape.layer_params, root, 0.0
+    qb = NF4_DQ_BYTES if s.double_quant else NF4_BYTES
+    quant = shape.quantizable_params
+    layer_quant = quant / shape.layers
+    biggest = max(lin.d_in * lin.d_out for lin in shape.linears)
+    return (
+        qb * quant + c * (psi - quant) + adapter,
+        qb * layer_quant + c * (shape.layer_params - layer_quant),
+        root,
+        2.0 * c * biggest,  # one dequantized weight in flight, plus the next one
+    )
 
 
 # ---- the estimate ------------------------------------------------------------------------------------
@@ -232,47 +286,22 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
     if s.method not in ("full", "lora", "qlora"):
         raise SpecError("method", f"unknown method {s.method!r}")
     n = max(1, s.n_gpus)
-    c = _compute_bytes(s)
     sb = _state_bytes(s)
-    psi = shape.params
     trainable = trainable_params(shape, s)
-
-    # weights as stored (sharded by FSDP) and what a forward needs unsharded
-    cast_copy = 0.0  # autocast's 16-bit copies of fp32 weights, cached through the forward
-    if s.method == "full":
-        stored = {"fp32": 4.0, "bf16": 2.0}.get(s.precision, 4.0) * psi
-        if s.precision in ("bf16-mixed", "fp16-mixed"):
-            cast_copy = 2.0 * psi
-        layer_gathered = c * shape.layer_params
-        root_gathered = c * (psi - shape.layers * shape.layer_params)
-        dequant = 0.0
-    else:
-        adapter = sb * trainable
-        if s.method == "lora":
-            base_b = 4.0 if s.precision == "fp32" else 2.0
-            stored = base_b * psi + adapter
-            layer_gathered = base_b * shape.layer_params
-            root_gathered = base_b * (psi - shape.layers * shape.layer_params)
-            dequant = 0.0
-        else:
-            qb = NF4_DQ_BYTES if s.double_quant else NF4_BYTES
-            quant = shape.quantizable_params
-            stored = qb * quant + 2.0 * (psi - quant) + adapter
-            layer_quant = quant / shape.layers
-            layer_gathered = qb * layer_quant + 2.0 * (shape.layer_params - layer_quant)
-            root_gathered = 2.0 * (psi - shape.layers * shape.layer_params)
-            biggest = max(lin.d_in * lin.d_out for lin in shape.linears)
-            dequant = 2.0 * c * biggest  # one dequantized weight in flight, plus the next one
+    stored, layer_gathered, root_gathered, dequant = _weights(shape, s, trainable)
+    cast = 0.0  # autocast's 16-bit copies of fp32 weights, cached through the forward
+    if s.method == "full" and s.precision in ("bf16-mixed", "fp16-mixed"):
+        cast = k.cast_factor * 2.0 * (shape.linear_params + shape.vocab * shape.hidden)
     grads = float(sb * trainable)
-    optim, step_temp, paged = _optimizer_bytes(shape, s, trainable)
+    optim, paged = _optimizer_bytes(shape, s, trainable)
     resident_optim = 0.0 if paged else optim
-
+    step_temp = k.step_temp * sb * _largest_trainable(shape, s) if s.optimizer == "adamw" else 0.0
     if n > 1:
         stored, grads, resident_optim, step_temp = stored / n, grads / n, resident_optim / n, step_temp / n
         gather = 2.0 * layer_gathered + root_gathered  # current unit + prefetched unit; the root stays
         layer_trainable = trainable / shape.layers if s.method != "full" else shape.layer_params
-        reduce_buf = sb * layer_trainable
-        cast_copy = 0.0  # FSDP mixed precision casts inside the gathered units
+        reduce_buf = 4.0 * layer_trainable
+        cast = 0.0  # FSDP's mixed precision gathers 16-bit units instead
         sharding = f"fsdp-full-shard x{n}"
     else:
         gather = reduce_buf = 0.0
@@ -280,58 +309,57 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
 
     acts = activation_bytes(shape, s, k)
     logit = logits_bytes(shape, s, k)
-    weights_fb = stored + cast_copy + gather + dequant
+    weights_fb = stored + gather + dequant
     accumulated = grads if s.grad_accum > 1 else 0.0
-    phases = {
-        "forward_backward": weights_fb + resident_optim + accumulated + acts + logit,
-        "backward_grads": weights_fb + resident_optim + grads + reduce_buf + acts / 2,
-        "optimizer_step": stored + resident_optim + grads + step_temp,
-    }
-    phase = max(phases, key=lambda p: phases[p])
-    dynamic = phases[phase]
-    overhead = k.cuda_context_gib * GIB + k.fixed_overhead_gib * GIB + k.alloc_slack * dynamic
-    if phase == "forward_backward":
-        parts = {
-            "weights": weights_fb,
+    parts_by_phase = {
+        "forward_backward": {
+            "weights": weights_fb + cast,
             "gradients": accumulated,
             "optimizer": resident_optim,
             "activations": acts,
             "logits": logit,
-        }
-    elif phase == "backward_grads":
-        parts = {
+        },
+        "backward_grads": {
             "weights": weights_fb,
             "gradients": grads + reduce_buf,
             "optimizer": resident_optim,
             "activations": acts / 2,
             "logits": 0.0,
-        }
-    else:
-        parts = {
+        },
+        "optimizer_step": {
             "weights": stored,
             "gradients": grads,
             "optimizer": resident_optim + step_temp,
             "activations": 0.0,
             "logits": 0.0,
-        }
-    parts["overhead"] = overhead
-    breakdown = {key: val / GIB for key, val in parts.items()}
+        },
+    }
+    phases = {p: sum(parts.values()) for p, parts in parts_by_phase.items()}
+    phase = max(phases, key=lambda p: phases[p])
+    allocated = phases[phase]
+    reserved = allocated * (1.0 + k.alloc_slack) + k.workspace_gib * GIB
+    context = k.cuda_context_gib * GIB
+    parts = dict(parts_by_phase[phase])
+    parts["overhead"] = reserved - allocated + context
     settings = asdict(s)
     if isinstance(settings["lora_targets"], tuple):
         settings["lora_targets"] = list(settings["lora_targets"])
+    extra = reserved - allocated + context
     return MemoryEstimate(
         model=shape.name,
         method=s.method,
         n_gpus=n,
-        peak_gib_per_gpu=(dynamic + overhead) / GIB,
-        breakdown_gib=breakdown,
-        params=psi,
+        peak_gib_per_gpu=(reserved + context) / GIB,
+        breakdown_gib={key: val / GIB for key, val in parts.items()},
+        params=shape.params,
         trainable_params=trainable,
         peak_phase=phase,
         paged_optimizer_gib=(optim / n if paged else 0.0) / GIB,
         sharding=sharding,
         settings=settings,
-        phases_gib={p: (v + overhead) / GIB for p, v in phases.items()},
+        phases_gib={p: (v + extra) / GIB for p, v in phases.items()},
+        peak_allocated_gib=allocated / GIB,
+        peak_reserved_gib=reserved / GIB,
     )
 
 

@@ -22,10 +22,12 @@ from typing import Any
 from orchestrator.catalog import Catalog, Offer, load_catalog
 from orchestrator.memory import MemoryEstimate, estimate, settings_from_spec
 from orchestrator.shapes import ModelShape, resolve_shape
+from orchestrator.tracing import TraceConfirmation
 from orchestrator.throughput import Workload, accelerator, estimate_time, workload
 from trainer.layout import Layout, layout_for
 
 HEADROOM = 0.10  # fraction of each GPU's memory kept free (fragmentation, spikes, estimate error)
+TRACE_MARGIN = 0.15  # estimated fits this close to usable memory are confirmed by a trace
 SINGLE_GPU_TIE = 0.10  # "about the same cost": fewer GPUs win within this fraction of the cheapest
 
 #: expected spot interruptions per hour: a documented assumption per cloud (not measured here),
@@ -93,6 +95,8 @@ class Candidate:
     peak_gib_per_gpu: float
     regions: list[str] = field(default_factory=list)
     tokens_per_s: float = 0.0
+    #: how the memory fit was judged: "traced" (one step traced, trainer/memtrace.py) or "estimated"
+    fit: str = "estimated"
     nodes: int = 1  # instances of `instance_type`; prices and `count` are per instance
     layout: Layout | None = None  # ranks, micro-batch per rank, accumulation, sharding (trainer/layout.py)
 
@@ -214,8 +218,11 @@ def make_plan(
     offline: bool = True,
     shape: ModelShape | None = None,
     online_shapes: bool = False,
+    trace: bool = False,
 ) -> Plan:
-    """Rank every offer of the catalog for `spec` by expected cost; explain every rejection."""
+    """Rank every offer of the catalog for `spec` by expected cost; explain every rejection. With `trace`,
+    offers whose estimated fit is close (within TRACE_MARGIN of usable memory) are judged by a trace of
+    one training step instead (`ftorch estimate --trace`)."""
     if isinstance(catalog, list | tuple):
         catalog = Catalog(tuple(catalog), "given offers")
     catalog = catalog or load_catalog(offline=offline)
@@ -236,6 +243,10 @@ def make_plan(
         return estimates[n]
 
     memory_for(1)
+    confirm = None
+    if trace:
+        sizes = [(o.count * nodes, o.gpu_memory_gib) for o in catalog.offers]
+        confirm = TraceConfirmation(spec, shape, sizes, memory_for, HEADROOM, TRACE_MARGIN)
     candidates: list[Candidate] = []
     rejected: list[Rejection] = []
     wanted_acc = {a.lower() for a in res.accelerators or []}
@@ -290,13 +301,16 @@ def make_plan(
             continue
         ranks = layout.ranks
         mem = memory_for(ranks)
-        if not mem.fits(offer.gpu_memory_gib, HEADROOM):
+        need, fit = (
+            confirm.peak(ranks, offer.gpu_memory_gib) if confirm else (mem.peak_gib_per_gpu, "estimated")
+        )
+        if need > offer.gpu_memory_gib * (1 - HEADROOM):
             usable = offer.gpu_memory_gib * (1 - HEADROOM)
             where = "on 1 GPU" if ranks == 1 else f"per GPU sharded over {ranks}"
             rejected.append(
                 _reject(
                     offer,
-                    f"memory: needs {mem.peak_gib_per_gpu:.1f} GiB {where}, has "
+                    f"memory: needs {need:.1f} GiB {where} ({fit}), has "
                     f"{offer.gpu_memory_gib:g} GiB ({usable:.1f} usable with "
                     f"{HEADROOM:.0%} headroom)",
                 )
@@ -322,6 +336,8 @@ def make_plan(
             )
             continue
         cand = _candidate(spec, shape, offer, layout, mem, work, acc, is_spot, price, od, spot, regions)
+        if cand is not None and fit == "traced":
+            cand.peak_gib_per_gpu, cand.fit = need, fit
         if cand is None:
             rejected.append(_reject(offer, "preemption: interrupted too often to make progress"))
             continue
@@ -345,6 +361,8 @@ def make_plan(
     notes = [f"catalog: {catalog.source}", f"memory headroom {HEADROOM:.0%} per GPU"]
     if shape.approximate:
         notes.append(f"{shape.name}: architecture not modelled exactly; sized as llama-like")
+    if confirm:
+        notes.append(confirm.note())
     return Plan(
         chosen=chosen,
         candidates=candidates,

@@ -121,3 +121,47 @@ def _run(spec: Any, shape: ModelShape, gpus: list[int]) -> Traced:
     if "error" in out:
         return Traced({}, out["error"])
     return Traced({int(r["n_gpus"]): r for r in out["results"]})
+
+
+class TraceConfirmation:
+    """The planner's check: fits within `margin` of an offer's usable memory are confirmed by one trace
+    (all GPU counts that need it traced in one run, cached); any failure leaves the estimate in charge."""
+
+    def __init__(
+        self,
+        spec: Any,
+        shape: ModelShape,
+        sizes: list[tuple[int, float]],
+        memory_for: Any,
+        headroom: float,
+        margin: float,
+    ) -> None:
+        self.memory_for, self.headroom, self.margin = memory_for, headroom, margin
+        close = {ranks for ranks, gib in sizes if self._close(ranks, gib)}
+        self.traced: dict[int, dict[str, Any]] = {}
+        self.error: str | None = None
+        self.asked = sorted(close)
+        if close:
+            result = trace_job(spec, shape, self.asked)
+            self.traced, self.error = result.results, result.error
+
+    def _close(self, ranks: int, gpu_memory_gib: float) -> bool:
+        usable = gpu_memory_gib * (1 - self.headroom)
+        return abs(self.memory_for(ranks).peak_gib_per_gpu - usable) <= self.margin * usable
+
+    def peak(self, ranks: int, gpu_memory_gib: float) -> tuple[float, str]:
+        traced = self.traced.get(ranks)
+        if traced is not None and self._close(ranks, gpu_memory_gib):
+            return float(traced["total_gib"]), "traced"
+        return self.memory_for(ranks).peak_gib_per_gpu, "estimated"
+
+    def note(self) -> str:
+        if not self.asked:
+            return f"memory: no fit within {self.margin:.0%} of an offer's usable memory; all fits estimated"
+        if self.error:
+            return f"memory: not traced ({self.error}); all fits estimated"
+        seconds = max(float(t.get("seconds", 0.0)) for t in self.traced.values())
+        return (
+            f"memory: close fits traced on {', '.join(map(str, self.asked))} GPU(s) "
+            f"(one step on fake tensors, {seconds:.0f} s); the others estimated"
+        )

@@ -70,16 +70,19 @@ def test_estimate_text_on_a_config_only_model_folder(tmp_path: Path):
     out = ftorch("estimate", str(tmp_path / "job.yaml"))
     assert out.returncode == 0, out.stderr
     assert "my-model" in out.stdout and "peak" in out.stdout and "activations" in out.stdout
-    plan = json.loads(ftorch("plan", str(tmp_path / "job.yaml"), "--json", "--offline").stdout)
+    plan = json.loads(ftorch("plan", str(tmp_path / "job.yaml"), "--json", "--offline", "--no-trace").stdout)
     assert plan["chosen"] is not None and plan["workload"]["tokens_per_epoch"] == 10 * 150
 
 
 def test_plan_table_and_json_on_examples():
-    out = ftorch("plan", str(EXAMPLES / "llama3-8b-qlora.yaml"), "--offline")
+    out = ftorch("plan", str(EXAMPLES / "llama3-8b-qlora.yaml"), "--offline", "--no-trace")
     assert out.returncode == 0, out.stderr
+    assert "estimated" in out.stdout and "traced" not in out.stdout.split("rejected")[0]
     assert "chosen:" in out.stdout and "►" in out.stdout and "rejected" in out.stdout
     assert "bundled snapshot" in out.stdout
-    data = json.loads(ftorch("plan", str(EXAMPLES / "llama3-70b-qlora.yaml"), "--json", "--offline").stdout)
+    data = json.loads(
+        ftorch("plan", str(EXAMPLES / "llama3-70b-qlora.yaml"), "--json", "--offline", "--no-trace").stdout
+    )
     chosen = data["chosen"]
     for key in (
         "cloud",
@@ -99,7 +102,12 @@ def test_plan_table_and_json_on_examples():
 
 def test_an_impossible_job_exits_2_with_one_line(tmp_path: Path):
     out = ftorch(
-        "plan", str(EXAMPLES / "llama3-8b-full.yaml"), "--offline", "--set", "resources.clouds=[runpod]"
+        "plan",
+        str(EXAMPLES / "llama3-8b-full.yaml"),
+        "--offline",
+        "--no-trace",
+        "--set",
+        "resources.clouds=[runpod]",
     )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
@@ -110,7 +118,9 @@ def test_bad_input_exits_2():
     assert ftorch("estimate", str(EXAMPLES / "llama3-8b-qlora.yaml"), "--gpus", "0").returncode == 2
     out = ftorch("estimate", str(EXAMPLES / "llama3-8b-qlora.yaml"), "--set", "model=acme/unknown")
     assert out.returncode == 2 and out.stderr.startswith("error: model:") and "--online" in out.stderr
-    out = ftorch("plan", str(EXAMPLES / "llama3-8b-qlora.yaml"), "--offline", "--set", "data.tokens=null")
+    out = ftorch(
+        "plan", str(EXAMPLES / "llama3-8b-qlora.yaml"), "--offline", "--no-trace", "--set", "data.tokens=null"
+    )
     assert out.returncode == 2 and "data.tokens" in out.stderr
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import statistics
 import subprocess
 import sys
 from dataclasses import replace
@@ -11,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.memory import RAW, Settings, calibrated_constants, estimate, estimate_memory
+from orchestrator.memory import Settings, estimate, estimate_memory
 from orchestrator.shapes import bundled_shape
 from orchestrator.spec import validate_job
 
@@ -55,12 +53,11 @@ def test_sharding_divides_model_states_not_activations():
     eight = estimate(shape, replace(full, n_gpus=8))
     assert eight.sharding.startswith("fsdp") and eight.n_gpus == 8
     # model states shard 1/N; the all-gather buffers and activations do not shrink
-    states_one = one.breakdown_gib["optimizer"]
-    eight_step = estimate(shape, replace(full, n_gpus=8, micro_batch=1, seq_len=8))
-    assert eight_step.peak_phase == "optimizer_step"
-    assert eight_step.breakdown_gib["optimizer"] == pytest.approx(states_one / 8, rel=1e-6)
+    adam_states = 8 * shape.params / 2**30  # fp32 exp_avg and exp_avg_sq
+    assert one.peak_phase == "optimizer_step" and one.breakdown_gib["optimizer"] > adam_states
     fwd = [estimate(shape, replace(full, n_gpus=n, micro_batch=8)) for n in (8, 32)]
     assert all(e.peak_phase == "forward_backward" for e in fwd)
+    assert fwd[0].breakdown_gib["optimizer"] == pytest.approx(adam_states / 8, rel=1e-6)
     assert fwd[0].breakdown_gib["activations"] == pytest.approx(fwd[1].breakdown_gib["activations"])
     assert eight.breakdown_gib["weights"] > one.breakdown_gib["weights"] / 8  # gathered units on top
 
@@ -137,24 +134,6 @@ def test_estimate_memory_from_a_job_spec_and_json_fields():
     }
     assert sum(out["breakdown_gib"].values()) == pytest.approx(out["peak_gib_per_gpu"], abs=0.01)
     assert estimate_memory(spec, 4).n_gpus == 4
-
-
-def test_calibration_constants_are_loaded_and_beat_the_raw_formulas():
-    if not CALIBRATION_CSV.exists():
-        pytest.skip("shared calibration data not present")
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import calibrate_memory as cal
-    finally:
-        sys.path.pop(0)
-    k = calibrated_constants()
-    assert k != RAW
-    rows, _ = cal.load_rows(CALIBRATION_CSV)
-    before, after = cal.errors(rows, RAW), cal.errors(rows, k)
-    assert statistics.median(after) < statistics.median(before)
-    assert cal.p90(after) < cal.p90(before)
-    stored = json.loads((REPO / "orchestrator" / "data" / "memory_calibration.json").read_text())
-    assert stored["error_after"]["median"] == pytest.approx(statistics.median(after), abs=1e-3)
 
 
 def test_estimator_imports_no_torch():

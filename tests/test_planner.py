@@ -79,7 +79,8 @@ def test_the_cheapest_adequate_offer_wins():
 
 
 def test_a_too_small_gpu_is_rejected_for_memory():
-    plan = make_plan(job(model="llama-3.1-8b", method="lora", data__max_seq_len=4096), catalog=catalog())
+    spec = job(model="llama-3.1-8b", method="lora", data__max_seq_len=4096, train__micro_batch_size=8)
+    plan = make_plan(spec, catalog=catalog())
     reasons = {r.instance_type: r.reason for r in plan.rejected}
     assert reasons["l4.small"].startswith("memory: needs")
     assert plan.chosen and plan.chosen.gpu_memory_gib * 0.9 >= plan.chosen.peak_gib_per_gpu

@@ -128,6 +128,8 @@ class _LiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
         return self.handles.get(id(tensor.untyped_storage()))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.phase == "forward" and torch._C._current_graph_task_id() != -1:
+            self.phase = "backward"
         out = func(*args, **(kwargs or {}))
         cast = (
             func is torch.ops.aten._to_copy.default
@@ -256,7 +258,8 @@ def _build(spec: JobSpec, config: dict[str, Any], attn: str) -> torch.nn.Module:
     return prepare_model(model, spec, torch.device("cpu"))
 
 
-def _run_step(spec: JobSpec, model: torch.nn.Module, live: _LiveBytes) -> tuple[int, int]:
+def _run_step(spec: JobSpec, model: torch.nn.Module, live: _LiveBytes, hf_loss: bool) -> tuple[int, int]:
+    from trainer.data import Example
     from trainer.distributed import Parallel
     from trainer.loop import make_optimizer
     from trainer.model import autocast_dtype, count_parameters
@@ -279,33 +282,71 @@ def _run_step(spec: JobSpec, model: torch.nn.Module, live: _LiveBytes) -> tuple[
     optimizer.zero_grad(set_to_none=True)
     _tag_states(optimizer, live)
     model.train()
-    par = Parallel()
-    amp = autocast_dtype(spec)
-    b, s = spec.train.micro_batch_size, spec.data.max_seq_len
+    _drop_attention_mask(model)
     if spec.train.grad_accum > 1:  # a later micro-batch: the earlier ones' gradients are live
         for p in train:
             p.grad = torch.zeros_like(p)
     vocab = model.get_input_embeddings().weight.shape[0]
-    live.phase = "forward"
-    ids = torch.randint(0, vocab, (b, s))
-    batch = {"input_ids": ids, "labels": ids.clone()}
-    with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
-        loss = par.loss(model, batch) / spec.train.grad_accum
-    del batch, ids
-    live.phase = "backward"
-    loss.backward()
-    del loss
+    b, s = spec.train.micro_batch_size, spec.data.max_seq_len
+    live.phase = "forward"  # the first op autograd's engine runs switches it to "backward"
+    amp = autocast_dtype(spec)
+    if hf_loss or _step_functions() is None:  # the model's own loss over full logits
+        ids = torch.randint(0, vocab, (b, s))
+        batch = {"input_ids": ids, "labels": ids.clone()}
+        with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
+            loss = Parallel().loss(model, batch) / spec.train.grad_accum
+        del batch, ids
+        live.phase = "backward"
+        loss.backward()
+        del loss
+        live.phase = "optimizer"
+        if spec.train.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(train, spec.train.max_grad_norm)
+        optimizer.step()
+    else:
+        accumulate, update = _step_functions()
+        example = Example(input_ids=[1] * s, labels=[1] * s)  # full length: no padding
+        accumulate(model, [[example] * b], spec=spec, device=torch.device("cpu"), pad_id=0)
+        live.phase = "optimizer"
+        update(model, optimizer, spec.train.max_grad_norm)  # no loss scaler: its memory is one scalar
     for p in train:
         handle = live.handle_of(p.grad) if p.grad is not None else None
         if handle is not None:
             live.events[handle].tag = "grad"
-    live.phase = "optimizer"
-    if spec.train.max_grad_norm:
-        torch.nn.utils.clip_grad_norm_(train, spec.train.max_grad_norm)
-    optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     _tag_states(optimizer, live)
     return params, trainable
+
+
+def _step_functions() -> Any:
+    """The trainer's step (trainer/step.py: token-normalised accumulation and the update), if present."""
+    try:
+        from trainer.step import accumulate, update
+    except ImportError:
+        return None
+    return accumulate, update
+
+
+def _drop_attention_mask(model: torch.nn.Module) -> None:
+    """transformers drops an all-ones attention mask on a GPU (SDPA runs causal, no mask); on fake
+    tensors it cannot read the values and would build a 4-D mask, so the trace drops it first."""
+    from trainer.distributed import decoder_layers
+
+    def hook(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        kwargs.pop("attention_mask", None)
+        return args, kwargs
+
+    layers = {id(layer) for layer in decoder_layers(model)}
+    for module in model.modules():
+        if (
+            id(module) not in layers
+            and "attention_mask" in getattr(module.forward, "__code__", _NO).co_varnames
+        ):
+            module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+class _NO:
+    co_varnames: tuple[str, ...] = ()
 
 
 def _tag_states(optimizer: torch.optim.Optimizer, live: _LiveBytes) -> None:
@@ -394,9 +435,15 @@ def _enter(alloc: CachingAllocator, old: str, new: str, gather: int, grads: int,
 
 
 def trace(
-    spec: JobSpec, config: dict[str, Any], n_gpus: list[int] | None = None, expandable_segments: bool = True
+    spec: JobSpec,
+    config: dict[str, Any],
+    n_gpus: list[int] | None = None,
+    expandable_segments: bool = True,
+    hf_loss: bool = False,
 ) -> list[TraceResult]:
-    """Trace one training step of `spec` on a model built from `config` (an HF config.json mapping)."""
+    """Trace one training step of `spec` on a model built from `config` (an HF config.json mapping).
+    `hf_loss` swaps the trainer's loss for the model's own (full logits), the HF Trainer's stack that
+    published measurements ran (bench/calibrate_memory.py)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from trainer.model import hide_bitsandbytes, needs_bitsandbytes
@@ -416,7 +463,7 @@ def trace(
         with _cuda_like(), FakeTensorMode(allow_non_fake_inputs=True), live:
             torch.manual_seed(spec.train.seed)
             model = _build(spec, config, attn)
-            params, trainable = _run_step(spec, model, live)
+            params, trainable = _run_step(spec, model, live, hf_loss)
             overlay = _fsdp_overlay(spec, model) if any(n > 1 for n in n_gpus or [1]) else (0, 0)
     except TraceUnsupported:
         raise
