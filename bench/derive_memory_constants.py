@@ -131,6 +131,8 @@ def trace_one(args: tuple[str, int | None, tuple]) -> dict:
 
     torch.set_num_threads(1)
     name, layers, row = args
+    if bundled_configs()[name]["model_type"] == "gemma2" and row[2] == "sdpa":
+        row = (*row[:2], "eager", *row[3:])  # transformers runs Gemma 2 with eager attention only
     s = settings_for(row)
     config = {k: v for k, v in bundled_configs()[name].items() if k != "aliases"}
     if layers:

@@ -9,7 +9,8 @@ built from its `config.json` (`AutoModelForCausalLM.from_config`, in `trainer.mo
 release (weakref finalizers), rounded like the CUDA caching allocator; `trainer.cuda_allocator` replays
 that stream to get "reserved".
 
-What is measured is the steady state: optimizer states exist before the step (as after step 1), then
+Storages created and freed while the model is built are left out (initialising from a config makes
+temporaries that loading a checkpoint does not). What is measured is the steady state: optimizer states exist before the step (as after step 1), then
 one micro-batch of full-length sequences (no padding: transformers drops an all-ones
 attention mask) runs forward and backward (with the gradients of earlier micro-batches already
 accumulated when grad_accum > 1), then the optimizer step.
@@ -329,24 +330,18 @@ def _step_functions() -> Any:
 
 def _drop_attention_mask(model: torch.nn.Module) -> None:
     """transformers drops an all-ones attention mask on a GPU (SDPA runs causal, no mask); on fake
-    tensors it cannot read the values and would build a 4-D mask, so the trace drops it first."""
-    from trainer.distributed import decoder_layers
+    tensors it cannot read the values and would build a 4-D mask, so the trace drops it first (at the
+    transformers models: the causal LM and its body; their layers take the mask the body builds)."""
+    from transformers import PreTrainedModel
 
     def hook(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        kwargs.pop("attention_mask", None)
+        if kwargs.get("attention_mask") is not None:
+            kwargs["attention_mask"] = None
         return args, kwargs
 
-    layers = {id(layer) for layer in decoder_layers(model)}
     for module in model.modules():
-        if (
-            id(module) not in layers
-            and "attention_mask" in getattr(module.forward, "__code__", _NO).co_varnames
-        ):
+        if isinstance(module, PreTrainedModel):
             module.register_forward_pre_hook(hook, with_kwargs=True)
-
-
-class _NO:
-    co_varnames: tuple[str, ...] = ()
 
 
 def _tag_states(optimizer: torch.optim.Optimizer, live: _LiveBytes) -> None:
@@ -389,6 +384,8 @@ def _replay(
             nbytes = math.ceil(nbytes / n)
         elif n > 1 and ev.tag == "cast":
             nbytes = 0
+        if ev.phase == "load" and ev.freed_phase == "load":
+            nbytes = 0  # building from a config allocates temporaries loading a checkpoint does not
         size[ev.handle] = nbytes
     phase_peaks = dict.fromkeys(PHASES, 0)
     by_tag = dict.fromkeys(("param", "grad", "optim", "cast", "other"), 0)
