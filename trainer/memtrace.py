@@ -19,7 +19,8 @@ Substitutions, each because the CPU path differs from the CUDA one (see ../share
 - dropout goes through `torch.native_dropout` (a 1-byte mask, as on CUDA; CPU's F.dropout keeps a float
   noise tensor);
 - transformers' packed-sequence detection is switched off (it only runs on fake tensors);
-- a value read back to Python (`.item()`, e.g. the logged loss) is 0: fake tensors hold no values;
+- a value read back to Python (`.item()`: the logged loss, the optimizer step count) is 1: fake
+  tensors hold no values;
 - `flash_attention_2` cannot run on a CPU: SDPA's flash path stands in (it saves the same output and
   log-sum-exp);
 - QLoRA: bitsandbytes' `Params4bit` cannot wrap a fake tensor, so every linear layer bitsandbytes would
@@ -133,7 +134,7 @@ class _LiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
         if self.phase == "forward" and torch._C._current_graph_task_id() != -1:
             self.phase = "backward"
         if func is torch.ops.aten._local_scalar_dense.default:  # .item(): a logged number, no memory
-            return False if args[0].dtype == torch.bool else 0
+            return False if args[0].dtype == torch.bool else 1
         out = func(*args, **(kwargs or {}))
         cast = (
             func is torch.ops.aten._to_copy.default
