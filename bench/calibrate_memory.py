@@ -10,7 +10,7 @@ Rows left out, and why: multi-GPU rows (device_map layer splitting, not FSDP: ft
 GPTQ int4/int8 bases (ftorch's QLoRA is bitsandbytes NF4), and the GaLore row (not a method of ftorch).
 The sources measured torch's reserved memory (ms-swift's 'memory' log), so reserved is compared.
 
-Usage: python bench/calibrate_memory.py [CSV] [--trace] [--jobs 2] [--markdown]
+Usage: python bench/calibrate_memory.py [CSV] [--trace [--every N]] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -141,7 +141,8 @@ def _trace_row(args: tuple) -> float | None:
         "checkpoint": {"uri": "/tmp/unused"},
     }
     try:
-        return trace(JobSpec.model_validate(job), config, [1], expandable_segments=False)[0].peak_reserved_gib
+        spec = JobSpec.model_validate(job)
+        return trace(spec, config, [1], expandable_segments=False, hf_loss=True)[0].peak_reserved_gib
     except TraceUnsupported:
         return None
 
@@ -163,12 +164,16 @@ def main() -> None:
     parser.add_argument("csv", nargs="?", type=Path, default=DEFAULT_CSV)
     parser.add_argument("--trace", action="store_true", help="also trace every row (minutes)")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--markdown", action="store_true", help="print the per-row table as Markdown")
+    parser.add_argument("--every", type=int, default=1, help="trace every N-th row only (speed)")
     args = parser.parse_args()
     rows, skipped = load_rows(args.csv)
     print(f"{len(rows)} rows used, {len(skipped)} left out ({args.csv})")
     analytic = predict(rows)
-    traced = trace_rows(rows, args.jobs) if args.trace else [None] * len(rows)
+    traced: list[float | None] = [None] * len(rows)
+    if args.trace:
+        picked = list(range(0, len(rows), args.every))
+        for i, value in zip(picked, trace_rows([rows[i] for i in picked], args.jobs), strict=True):
+            traced[i] = value
     print("| row | measured GiB | analytic | error | traced | error |")
     print("|---|---:|---:|---:|---:|---:|")
     for (_shape, _s, measured, label), a, t in zip(rows, analytic, traced, strict=True):
