@@ -44,7 +44,6 @@ ARCHS = [
     "phi-3-mini",
     "llama-3.1-8b",
     "mistral-7b",
-    "falcon-7b",
     "pythia-6.9b",
 ]
 LAYERS = 2
@@ -60,7 +59,7 @@ GRID = [
     ("full", "bf16", "sdpa", True, 4096, 1),
     ("lora", "bf16", "eager", False, 512, 2),
 ]
-QUICK = ["smollm2-135m", "falcon-7b"]
+QUICK = ["smollm2-135m", "pythia-6.9b"]
 
 
 def work_items(archs: list[str]) -> list[tuple[str, int, tuple]]:
@@ -78,6 +77,7 @@ FITTED = (
     "act_adapter",
     "act_full_ckpt",
     "act_full",
+    "eager_factor",
     "logits_bytes",
     "cast_factor",
     "step_temp",
@@ -201,11 +201,16 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="three architectures (a smoke run)")
     parser.add_argument("--out", default=str(REPO / "orchestrator" / "data" / CONSTANTS_FILE))
+    parser.add_argument("--refit", action="store_true", help="fit again on the rows already in --out")
     args = parser.parse_args()
     work = work_items(QUICK if args.quick else ARCHS)
     started = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        records = list(pool.map(trace_one, work))
+    if args.refit:
+        stored = json.loads(Path(args.out).read_text(encoding="utf-8"))["rows"]
+        records = [r for r in stored if r["model"] in ARCHS]
+    else:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            records = list(pool.map(trace_one, work))
     failed = [r for r in records if "error" in r]
     for r in failed:
         print(f"not traced: {r['model']} {r['settings']}: {r['error']}")

@@ -55,6 +55,8 @@ class Constants:
     act_adapter: float = 1.0
     act_full_ckpt: float = 1.0
     act_full: float = 1.0
+    #: factor on eager attention's s x s matrices (fp32 softmax + 16-bit copy per layer)
+    eager_factor: float = 1.0
     #: bytes per logit element of one loss chunk at the loss's peak (three fp32 copies: 12)
     logits_bytes: float = 12.0
     #: logit elements per chunk of the trainer's chunked cross-entropy (trainer/loss.py)
@@ -226,18 +228,20 @@ def layer_activation_bytes(shape: ModelShape, s: Settings, tokens: int) -> float
     return float(per_token * tokens)
 
 
-def _attention_matrix_bytes(shape: ModelShape, s: Settings) -> float:
+def _attention_matrix_bytes(shape: ModelShape, s: Settings, k: Constants) -> float:
     """Eager attention keeps the softmax output in fp32 (for its backward) and in 16 bit (for A @ V)."""
     if s.attn != "eager":
         return 0.0  # flash / memory-efficient SDPA keep no s x s matrices
-    return float((4 + _compute_bytes(s)) * shape.heads * s.seq_len * s.seq_len * s.micro_batch)
+    return (
+        float((4 + _compute_bytes(s)) * shape.heads * s.seq_len * s.seq_len * s.micro_batch) * k.eager_factor
+    )
 
 
 def activation_bytes(shape: ModelShape, s: Settings, k: Constants) -> float:
     """Saved activations of one micro-batch (not sharded by FSDP: each GPU keeps its own)."""
     tokens = s.micro_batch * s.seq_len
     layer = layer_activation_bytes(shape, s, tokens)
-    scores = _attention_matrix_bytes(shape, s)
+    scores = _attention_matrix_bytes(shape, s, k)
     adapter = s.method != "full"
     if s.grad_ckpt:  # each layer keeps its input; one layer is recomputed in full during backward
         factor = k.act_adapter_ckpt if adapter else k.act_full_ckpt
