@@ -22,8 +22,8 @@ from typing import Any
 from orchestrator.catalog import Catalog, Offer, load_catalog
 from orchestrator.memory import MemoryEstimate, estimate, settings_from_spec
 from orchestrator.shapes import ModelShape, resolve_shape
-from orchestrator.tracing import TraceConfirmation
 from orchestrator.throughput import Workload, accelerator, estimate_time, workload
+from orchestrator.tracing import TraceConfirmation
 from trainer.layout import Layout, layout_for
 
 HEADROOM = 0.10  # fraction of each GPU's memory kept free (fragmentation, spikes, estimate error)
