@@ -54,6 +54,7 @@ import torch
 
 from trainer.config import JobSpec
 from trainer.cuda_allocator import CachingAllocator, round_size
+from trainer.model import hide_bitsandbytes, needs_bitsandbytes
 
 GIB = 1024**3
 #: CUDA context and kernels (NVML sees it, torch's counters do not); recent drivers with lazy module
@@ -447,11 +448,7 @@ def trace(
     published measurements ran (bench/calibrate_memory.py)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from trainer.model import hide_bitsandbytes, needs_bitsandbytes
-
     started, cpu = time.perf_counter(), time.process_time()
-    if not needs_bitsandbytes(spec):
-        hide_bitsandbytes()
     notes = []
     attn = spec.train.attn_implementation
     if attn == "flash_attention_2":
@@ -502,6 +499,8 @@ def main(argv: list[str]) -> int:
     if "--gpus" in argv:
         gpus = [int(x) for x in argv[argv.index("--gpus") + 1].split(",")]
     torch.set_num_threads(1)
+    if not needs_bitsandbytes(spec):  # peft imports it when installed: a second for nothing
+        hide_bitsandbytes()
     try:
         results = trace(spec, config, gpus, expandable_segments="--classic-allocator" not in argv)
     except TraceUnsupported as exc:
