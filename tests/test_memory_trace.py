@@ -47,8 +47,10 @@ def test_analytic_estimate_within_10pct_of_the_traces():
 
 
 def test_stored_traces_are_current():
-    """Re-trace one stored row with today's trainer: the constants were derived from this code."""
+    """Re-trace one stored row with today's trainer: the constants were derived from this code (the lean
+    trainer's step, trainer/step.py)."""
     pytest.importorskip("transformers")
+    pytest.importorskip("trainer.step")
     from trainer.config import JobSpec
     from trainer.memtrace import trace
 
