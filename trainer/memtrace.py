@@ -266,7 +266,6 @@ def _build(spec: JobSpec, config: dict[str, Any], attn: str) -> torch.nn.Module:
 
 def _run_step(spec: JobSpec, model: torch.nn.Module, live: _LiveBytes, hf_loss: bool) -> tuple[int, int]:
     from trainer.data import Example
-    from trainer.distributed import Parallel
     from trainer.loop import make_optimizer
     from trainer.model import autocast_dtype, count_parameters
 
@@ -300,7 +299,7 @@ def _run_step(spec: JobSpec, model: torch.nn.Module, live: _LiveBytes, hf_loss: 
         ids = torch.randint(0, vocab, (b, s))
         batch = {"input_ids": ids, "labels": ids.clone()}
         with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
-            loss = Parallel().loss(model, batch) / spec.train.grad_accum
+            loss = model(**batch).loss / spec.train.grad_accum
         del batch, ids
         live.phase = "backward"
         loss.backward()
