@@ -24,7 +24,8 @@ Substitutions, each because the CPU path differs from the CUDA one (see ../share
 - `flash_attention_2` cannot run on a CPU: SDPA's flash path stands in (it saves the same output and
   log-sum-exp);
 - QLoRA: bitsandbytes' `Params4bit` cannot wrap a fake tensor, so every linear layer bitsandbytes would
-  quantize becomes `_Linear4bitStandIn`: the same packed uint8 weight (numel / 2 bytes), absmax (fp32 per
+  quantize becomes `_Linear4bitStandIn`: the same packed weight (numel / 2 bytes, stored in the compute
+  dtype as `bnb_4bit_quant_storage` asks), absmax (fp32 per
   64 values, or uint8 plus fp32 per 256 blocks with double quantization) and the 16-bit weight
   dequantized in forward and again in backward, as bitsandbytes' `MatMul4Bit` does.
 - FSDP (N GPUs): sharding arithmetic on the one-process trace, not a fake process group: parameter,
@@ -173,8 +174,10 @@ class _Linear4bitStandIn(torch.nn.Linear):
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = lin.in_features, lin.out_features
         numel = lin.in_features * lin.out_features
+        # packed 4-bit values in the quant storage dtype (trainer/quant.py: the compute dtype, for FSDP)
+        per_element = 2 * compute.itemsize
         self.weight = torch.nn.Parameter(
-            torch.empty((numel + 1) // 2, 1, dtype=torch.uint8), requires_grad=False
+            torch.empty(-(-numel // per_element), 1, dtype=compute), requires_grad=False
         )
         blocks = math.ceil(numel / 64)
         if double_quant:
