@@ -10,7 +10,7 @@ Rows left out, and why: multi-GPU rows (device_map layer splitting, not FSDP: ft
 GPTQ int4/int8 bases (ftorch's QLoRA is bitsandbytes NF4), and the GaLore row (not a method of ftorch).
 The sources measured torch's reserved memory (ms-swift's 'memory' log), so reserved is compared.
 
-Usage: python bench/calibrate_memory.py [CSV] [--trace [--every N]] [--jobs 2]
+Usage: python bench/calibrate_memory.py [CSV] [--trace [--every N] [--models a,b]] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -165,13 +165,15 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help="also trace every row (minutes)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--every", type=int, default=1, help="trace every N-th row only (speed)")
+    parser.add_argument("--models", help="trace only these models (comma-separated; speed)")
     args = parser.parse_args()
     rows, skipped = load_rows(args.csv)
     print(f"{len(rows)} rows used, {len(skipped)} left out ({args.csv})")
     analytic = predict(rows)
     traced: list[float | None] = [None] * len(rows)
     if args.trace:
-        picked = list(range(0, len(rows), args.every))
+        wanted = set(args.models.split(",")) if args.models else None
+        picked = [i for i in range(0, len(rows), args.every) if wanted is None or rows[i][0].name in wanted]
         for i, value in zip(picked, trace_rows([rows[i] for i in picked], args.jobs), strict=True):
             traced[i] = value
     print("| row | measured GiB | analytic | error | traced | error |")
