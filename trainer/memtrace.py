@@ -24,8 +24,7 @@ Substitutions, each because the CPU path differs from the CUDA one (see ../share
 - `flash_attention_2` cannot run on a CPU: SDPA's flash path stands in (it saves the same output and
   log-sum-exp);
 - QLoRA: bitsandbytes' `Params4bit` cannot wrap a fake tensor, so every linear layer bitsandbytes would
-  quantize becomes `_Linear4bitStandIn`: the same packed weight (numel / 2 bytes, stored in the compute
-  dtype as `bnb_4bit_quant_storage` asks), absmax (fp32 per
+  quantize becomes `_Linear4bitStandIn`: the same packed weight (numel / 2 bytes), absmax (fp32 per
   64 values, or uint8 plus fp32 per 256 blocks with double quantization) and the 16-bit weight
   dequantized in forward and again in backward, as bitsandbytes' `MatMul4Bit` does.
 - FSDP (N GPUs): sharding arithmetic on the one-process trace, not a fake process group: parameter,
@@ -174,10 +173,10 @@ class _Linear4bitStandIn(torch.nn.Linear):
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = lin.in_features, lin.out_features
         numel = lin.in_features * lin.out_features
-        # packed 4-bit values in the quant storage dtype (trainer/quant.py: the compute dtype, for FSDP)
-        per_element = 2 * compute.itemsize
+        # packed 4-bit values: uint8 here (bitsandbytes may store them in the compute dtype for FSDP: the
+        # same bytes; a float stand-in would be upcast by code that spares only bitsandbytes' Params4bit)
         self.weight = torch.nn.Parameter(
-            torch.empty(-(-numel // per_element), 1, dtype=compute), requires_grad=False
+            torch.empty((numel + 1) // 2, 1, dtype=torch.uint8), requires_grad=False
         )
         blocks = math.ceil(numel / 64)
         if double_quant:
@@ -368,8 +367,9 @@ def _fsdp_overlay(spec: JobSpec, model: torch.nn.Module) -> tuple[int, int]:
     layers = decoder_layers(model)
 
     def size(params: Any, only_trainable: bool = False) -> tuple[int, int]:
-        n = sum(p.numel() for p in params if not only_trainable or p.requires_grad)
-        return n, compute * n
+        chosen = [p for p in params if not only_trainable or p.requires_grad]
+        n = sum(p.numel() for p in chosen)  # floating weights gather in the compute dtype, packed as they are
+        return n, sum(p.numel() * (compute if p.is_floating_point() else p.element_size()) for p in chosen)
 
     layer_n, layer_b = max(size(layer.parameters()) for layer in layers)
     in_layers = {id(p) for layer in layers for p in layer.parameters()}
