@@ -249,7 +249,9 @@ def make_plan(
         confirm = TraceConfirmation(spec, shape, sizes, memory_for, HEADROOM, TRACE_MARGIN)
     candidates: list[Candidate] = []
     rejected: list[Rejection] = []
-    wanted_acc = {a.lower() for a in res.accelerators or []}
+    from orchestrator.sky_names import ftorch_name
+
+    wanted_acc = {ftorch_name(a).lower() for a in res.accelerators or []}
     for offer in catalog.offers:
         if res.clouds and offer.cloud not in res.clouds:
             rejected.append(_reject(offer, f"cloud: {offer.cloud} is not in resources.clouds"))

@@ -355,3 +355,26 @@ def test_launch_refuses_what_the_cloud_backend_cannot_enforce_or_run() -> None:
         assert caught.value.field == "resources.gpus"
     else:  # the trainer shards: multi-GPU plans launch
         skypilot_checks.check_multi_gpu(task)
+
+
+def test_accelerator_names_are_skypilots_catalog_names(sky: Any) -> None:
+    """AWS g7e's GPU: the offer table says "RTX PRO Server 6000", SkyPilot's catalog `RTXPRO6000`
+    (its own AWS catalog fetcher renames it); either name in the job file plans the same offers."""
+    import inspect
+
+    from sky.catalog.data_fetchers import fetch_aws
+
+    from orchestrator.sky_names import check_sky_name
+
+    assert "acc_name = 'RTXPRO6000'" in inspect.getsource(fetch_aws)  # SkyPilot's own name for it
+    path = REPO / "examples/mistral-7b-lora.yaml"
+    tasks = []
+    for name in ("RTX PRO Server 6000", "RTXPRO6000"):
+        spec = load_job(path, [f"resources.accelerators=[{name}]", "resources.clouds=[aws]"])
+        _p, task = render_job(spec, "j", "s3://b/j", environ={})
+        tasks.append(task["resources"]["ordered"])
+    assert tasks[0] == tasks[1] and tasks[0]
+    assert {n for e in tasks[0] for n in e["accelerators"]} == {"RTXPRO6000"}
+    sky_accepts(sky, {**task, "resources": {**task["resources"], "ordered": tasks[0]}})
+    with pytest.raises(SpecError, match="resources.accelerators: 'Some GPU 9000' is not a SkyPilot"):
+        check_sky_name("Some GPU 9000")

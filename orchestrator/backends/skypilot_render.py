@@ -27,6 +27,7 @@ import yaml
 
 from orchestrator import ship
 from orchestrator.errors import SpecError
+from orchestrator.sky_names import check_sky_name
 from trainer import exitcodes
 from trainer.config import JobSpec
 
@@ -102,7 +103,7 @@ def _entry(c: Any, spot: bool, region: str | None) -> dict[str, Any]:
     infra = SKY_INFRA.get(c.cloud, c.cloud)
     return {
         "infra": f"{infra}/{region}" if region else infra,
-        "accelerators": {c.accelerator: c.count},
+        "accelerators": {check_sky_name(c.accelerator): c.count},
         "use_spot": spot,
     }
 
