@@ -119,3 +119,31 @@ def trainer_command(nproc: int, run_uri: str, attempt: int) -> list[str]:
     if nproc <= 1:
         return [sys.executable, *args]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+
+
+def policy_inputs(progress: dict[str, Any], step: int | None) -> tuple[int, int, int, float]:
+    """(step, total steps, last checkpoint step, wall seconds per step) from the run's progress."""
+    rate = progress.get("steps_per_s") or 0.0
+    total = progress.get("total_steps") or max(step or 0, 1)
+    return (
+        step or progress.get("step") or 0,
+        total,
+        progress.get("last_checkpoint_step") or 0,
+        1.0 / rate if rate > 0 else 0.05,
+    )
+
+
+def record_run_facts(registry: Registry, job_id: str, spent_usd: float) -> None:
+    """Cost and preemptions into the output's model card and training_summary.json (the trainer
+    wrote them without: only the supervisor knows)."""
+    from orchestrator.overview import preempted
+    from trainer import model_card
+    from trainer.store import RunStore
+
+    job = registry.get(job_id)
+    preemptions = sum(1 for a in registry.attempts(job_id) if preempted(a))
+    try:
+        output = RunStore(job.output_uri, job.storage_options)
+        model_card.add_run_facts(output, cost_usd=round(spent_usd, 4), preemptions=preemptions)
+    except Exception as exc:  # noqa: BLE001 - the card is a record; the job still succeeded
+        registry.event(job_id, "card", f"model card not completed: {exc.__class__.__name__}: {exc}")

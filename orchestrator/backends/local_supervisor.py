@@ -27,13 +27,15 @@ from orchestrator.backends.local_parts import (
     Chaos,
     PatientRegistry,
     ProgressTail,
+    policy_inputs,
+    record_run_facts,
     store_failure_reason,
     trainer_command,
 )
 from orchestrator.budget import BudgetGuard
 from orchestrator.logtail import LogTail
 from orchestrator.notify import notify_job
-from orchestrator.overview import cost_usd, preempted
+from orchestrator.overview import cost_usd
 from orchestrator.policy import Mode
 from orchestrator.registry import Registry
 from orchestrator.states import AttemptEnd, JobState, Outcome
@@ -89,20 +91,7 @@ class Supervisor:
         self.notify(event or state.lower())
 
     def record_run_facts(self) -> None:
-        """Cost and preemptions into the output's model card and training_summary.json (the trainer
-        wrote them without: only the supervisor knows)."""
-        from trainer import model_card
-
-        job = self.registry.get(self.job_id)
-        attempts = self.registry.attempts(self.job_id)
-        preemptions = sum(1 for a in attempts if preempted(a))
-        try:
-            output = RunStore(job.output_uri, self.spec.checkpoint.storage_options)
-            model_card.add_run_facts(output, cost_usd=round(self.spent(), 4), preemptions=preemptions)
-        except Exception as exc:  # noqa: BLE001 - the card is a record; the job still succeeded
-            self.registry.event(
-                self.job_id, "card", f"model card not completed: {exc.__class__.__name__}: {exc}"
-            )
+        record_run_facts(self.registry, self.job_id, self.spent())
 
     def budget_guard(self) -> BudgetGuard:
         progress = self.store.read_progress() or {}
@@ -305,16 +294,7 @@ class Supervisor:
         return AttemptEnd(Outcome.CRASHED, f"crashed (exit code {code}); restart {self.crashes} of {limit}")
 
     def policy_inputs(self, step: int | None) -> tuple[int, int, int, float]:
-        """(step, total steps, last checkpoint step, wall seconds per step) from the run store."""
-        progress = self.store.read_progress() or {}
-        rate = progress.get("steps_per_s") or 0.0
-        total = progress.get("total_steps") or max(step or 0, 1)
-        return (
-            step or progress.get("step") or 0,
-            total,
-            progress.get("last_checkpoint_step") or 0,
-            1.0 / rate if rate > 0 else 0.05,
-        )
+        return policy_inputs(self.store.read_progress() or {}, step)
 
     def wait_for_capacity(self) -> Mode:
         """Before an attempt: ask the policy until it says spot or on demand (or the job is cancelled)."""
