@@ -136,6 +136,52 @@ def test_prices_match_cloud_gpus_and_spot() -> None:
     assert skypilot_cost.price_for(offers, {"cloud": "gcp", "accelerators": {"L4": 1}}) is None
 
 
+def test_spot_and_nodes_come_from_the_launched_cluster() -> None:
+    """A task mixing spot and on-demand reads `[On-demand|Spot]` in `resources`; SkyPilot's
+    `cluster_resources` says what it launched: f"{nodes}x" + "[spot]" for spot only (its own format)."""
+    import inspect
+
+    from sky.utils import resources_utils
+
+    source = inspect.getsource(resources_utils)
+    assert "spot = '[spot]' if resource.use_spot else ''" in source
+    assert "f'{handle.launched_nodes}x{resource_str_simple}'" in source
+
+    class Plan:  # the planner's prices are for the whole job: 2 nodes
+        candidates = [
+            type(
+                "C",
+                (),
+                {
+                    "cloud": "aws",
+                    "accelerator": "RTX PRO Server 6000",
+                    "count": 8,
+                    "nodes": 2,
+                    "spot_hourly_usd": 28.8,
+                    "ondemand_hourly_usd": 66.2,
+                },
+            )()  # fmt: skip
+        ]
+
+    offers = skypilot_cost.offer_prices(Plan())
+    mixed = "2x[RTXPRO6000:8][On-demand|Spot]"
+    base = {"cloud": "aws", "accelerators": {"RTXPRO6000": 8}, "resources": mixed}
+    fallback = {**base, "cluster_resources": "2x(gpus=RTXPRO6000:8, g7e.48xlarge, ...)"}
+    spot = {**base, "cluster_resources": "2x[spot](gpus=RTXPRO6000:8, g7e.48xlarge, ...)"}
+    assert skypilot_cost.is_spot(fallback) is False and skypilot_cost.is_spot(spot) is True
+    assert skypilot_cost.is_spot(base) is None  # not placed yet: unknown, not "spot"
+    assert skypilot_cost.price_for(offers, fallback) == pytest.approx(66.2)  # 2 nodes x 33.1
+    assert skypilot_cost.price_for(offers, spot) == pytest.approx(28.8)
+    assert skypilot_cost.where({**fallback, "region": "us-east-1"}) == (
+        "aws/us-east-1 2 nodes x 8x RTXPRO6000 on-demand"
+    )
+    now = time.time()
+    record = {**fallback, "job_duration": 1800.0, "last_recovered_at": now - 1800.0}
+    state: dict[str, Any] = {"offers": offers, "record": record}
+    skypilot_cost.update_segments(state, {**record, "status": "RUNNING"}, now)
+    assert skypilot_cost.cost_usd(state) == pytest.approx(33.1)  # half an hour on 2 on-demand nodes
+
+
 # ---- the real SDK against SkyPilot's local API server ---------------------------------------------
 def _free_port(rng: random.Random, pair: bool = False) -> int:
     for _ in range(500):

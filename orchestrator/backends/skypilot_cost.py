@@ -8,41 +8,69 @@ share of SkyPilot's running time at its price.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.sky_names import sky_name
+
 
 def offer_prices(plan: Any) -> list[dict[str, Any]]:
-    """(cloud, accelerator, count, spot) -> the cheapest hourly price among the plan's offers."""
+    """(cloud, accelerator, count, spot) -> the cheapest hourly price of one node among the plan's offers
+    (the planner's prices are for all the job's nodes)."""
     best: dict[tuple[Any, ...], float] = {}
     for c in plan.candidates:
+        nodes = max(1, int(getattr(c, "nodes", 1) or 1))
         for spot, price in ((True, c.spot_hourly_usd), (False, c.ondemand_hourly_usd)):
             if price is not None:
                 key = (c.cloud, c.accelerator, c.count, spot)
-                best[key] = min(price, best.get(key, math.inf))
+                best[key] = min(price / nodes, best.get(key, math.inf))
     return [
-        {"cloud": k[0], "accelerator": k[1], "count": k[2], "spot": k[3], "hourly_usd": v}
+        {"cloud": k[0], "accelerator": k[1], "count": k[2], "spot": k[3], "hourly_usd": v, "per": "node"}
         for k, v in sorted(best.items(), key=lambda kv: kv[1])
     ]
 
 
+#: SkyPilot's `cluster_resources`: f"{launched_nodes}x" + ("[spot]" if use_spot) + "(...)"
+#: (sky/utils/resources_utils.py get_readable_resources_repr / format_resource, 0.14.1)
+_CLUSTER = re.compile(r"^\s*(\d+)x(\[spot\])?\(")
+
+
 def is_spot(record: Mapping[str, Any]) -> bool | None:
-    text = f"{record.get('resources') or ''} {record.get('cluster_resources') or ''}".lower()
-    if "spot" in text:
+    """Spot or on-demand, from the cluster SkyPilot launched (`cluster_resources`). The requested
+    `resources` string reads `[On-demand|Spot]` for a task that mixes them, so it decides only when
+    it names one kind; None when unknown (not placed yet)."""
+    placed_on = _CLUSTER.match(str(record.get("cluster_resources") or ""))
+    if placed_on:
+        return placed_on.group(2) is not None
+    asked = str(record.get("resources") or "").lower()
+    if "spot" in asked and "on-demand" not in asked:
         return True
-    return False if text.strip() else None
+    return False if asked.strip() and "spot" not in asked else None
+
+
+def nodes(record: Mapping[str, Any]) -> int | None:
+    """How many nodes SkyPilot launched (from `cluster_resources`); None when not placed yet."""
+    placed_on = _CLUSTER.match(str(record.get("cluster_resources") or ""))
+    return int(placed_on.group(1)) if placed_on else None
 
 
 def price_for(offers: list[dict[str, Any]], record: Mapping[str, Any]) -> float | None:
-    """The hourly price of the offer a record runs on, matched by cloud, GPUs and spot."""
+    """The hourly price of the cluster a record runs on: the offer matched by cloud, GPUs (SkyPilot's
+    catalog names) and spot, times the node count."""
     cloud = str(record.get("cloud") or "").lower()
     accelerators = record.get("accelerators") or {}
     spot = is_spot(record)
     for offer in offers:
-        if offer["cloud"] != cloud or accelerators.get(offer["accelerator"]) != offer["count"]:
+        name = sky_name(offer["accelerator"])
+        if (
+            offer["cloud"] != cloud
+            or accelerators.get(name, accelerators.get(offer["accelerator"])) != offer["count"]
+        ):
             continue
         if spot is None or offer["spot"] == spot:
-            return float(offer["hourly_usd"])
+            per_node = offer.get("per") == "node"
+            return float(offer["hourly_usd"]) * ((nodes(record) or 1) if per_node else 1)
     return None
 
 
@@ -51,6 +79,8 @@ def where(record: Mapping[str, Any]) -> str | None:
         return None
     place = "/".join(str(p) for p in (record.get("cloud"), record.get("region")) if p)
     gpus = ", ".join(f"{n}x {a}" for a, n in (record.get("accelerators") or {}).items())
+    if (nodes(record) or 1) > 1:
+        gpus = f"{nodes(record)} nodes x {gpus}"
     kind = {True: "spot", False: "on-demand", None: ""}[is_spot(record)]
     return " ".join(p for p in (place.lower(), gpus, kind) if p)
 
@@ -76,6 +106,7 @@ def update_segments(state: dict[str, Any], record: Mapping[str, Any], now: float
             "offset_s": max(0.0, total - current),
             "hourly_usd": price_for(state.get("offers") or [], record),
             "where": where(record),
+            "nodes": nodes(record) or 1,
         }
     )
 
@@ -93,6 +124,7 @@ def cost_usd(state: Mapping[str, Any]) -> float | None:
         end = segments[i + 1]["offset_s"] if i + 1 < len(segments) else total
         price = seg.get("hourly_usd")
         if price is None:  # an offer outside the plan: the dearest known price, to stay on the safe side
-            price = max((o["hourly_usd"] for o in state.get("offers") or []), default=0.0)
+            dearest = max((o["hourly_usd"] for o in state.get("offers") or []), default=0.0)
+            price = dearest * int(seg.get("nodes") or 1)
         cost += max(0.0, end - seg["offset_s"]) / 3600.0 * price
     return round(cost, 6)
