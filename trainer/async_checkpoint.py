@@ -21,30 +21,17 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from trainer.checkpoint import Snapshot, TrainerState, serialize, snapshot
+from trainer.checkpointer import SaveResult, StagingError
 from trainer.faults import maybe_crash
 from trainer.progress import debug
 from trainer.store import Fenced, RunStore, StoreUnavailable, checkpoint_name
 
 
-class StagingError(RuntimeError):
-    """The local staging disk could not take the checkpoint (full, read-only)."""
-
-
-@dataclass
-class SaveResult:
-    step: int
-    blocking_s: float
-    upload_s: float = 0.0
-    nbytes: int = 0
-    error: BaseException | None = None
-
-
 class AsyncCheckpointer:
-    """Snapshot on the training thread, upload in one background thread."""
+    """Snapshot on the training thread, upload in one background thread (a `CheckpointWriter`)."""
 
     def __init__(
         self,
@@ -88,7 +75,7 @@ class AsyncCheckpointer:
             raise StoreUnavailable(
                 f"the run store {self.store.run_uri} has failed every checkpoint for "
                 f"{time.time() - self.failing_since:.0f}s (bound: FTORCH_STORE_OUTAGE_S={self.outage_s:.0f}); "
-                f"the last good checkpoint is {self._last_good()}"
+                f"the last good checkpoint is {self.last_good()}"
             )
 
     def save(
@@ -154,7 +141,7 @@ class AsyncCheckpointer:
             self.log(
                 f"checkpoint {name} NOT saved ({exc.__class__.__name__}: {' '.join(str(exc).split())[:300]}); "
                 f"training goes on and the next checkpoint retries; the last good checkpoint is "
-                f"{self._last_good()}"
+                f"{self.last_good()}"
             )
         finally:
             self.last = result
@@ -182,13 +169,13 @@ class AsyncCheckpointer:
                 raise StagingError(
                     f"cannot stage checkpoint {checkpoint_name(snap.step)} in {self.staging_dir}: "
                     f"{os.strerror(exc.errno)} (it needs about {snap.nbytes / 2**20:.1f} MiB); "
-                    f"the last good checkpoint {self._last_good()} is intact"
+                    f"the last good checkpoint {self.last_good()} is intact"
                 ) from None
             raise
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def _last_good(self) -> str:
+    def last_good(self) -> str:
         if self.durable_step is not None:
             return checkpoint_name(self.durable_step)
         return "the newest one in the store (none from this attempt)"

@@ -70,9 +70,6 @@ class Parallel:
     def write_output(self, write: Callable[..., None], model: torch.nn.Module, *args: Any) -> None:
         write(model, *args)
 
-    def checkpointer(self, policy: Any) -> Any:
-        return policy
-
 
 class Sharded(Parallel):
     """FSDP2 over a 1-D device mesh of all ranks (gloo on CPU, nccl on CUDA)."""
@@ -106,18 +103,6 @@ class Sharded(Parallel):
         box = [int(getattr(store, "epoch", 0) or 0)]
         self.dist.broadcast_object_list(box, src=0)
         self.epoch = int(box[0])
-
-    def checkpointer(self, policy: Any) -> Any:
-        """The loop's Checkpointer (policy) wrapped for sharded DCP saves."""
-        from trainer.sharded_checkpoint import ShardedCheckpointer
-
-        return ShardedCheckpointer(policy, self)
-
-    def load_newest(self, store: Any, spec: JobSpec, *objects: Any, on_skip: Any = None) -> Any:
-        """(info, TrainerState) of the newest checkpoint every rank could load, or None."""
-        from trainer.sharded_checkpoint import load_newest
-
-        return load_newest(store, spec, self, *objects, on_skip=on_skip)
 
     # ---- model ---------------------------------------------------------------------------------
     def wrap(self, model: torch.nn.Module, spec: JobSpec) -> torch.nn.Module:
@@ -201,12 +186,11 @@ def _is_trainable_key(key: str) -> bool:
     return "lora_" in key
 
 
-def setup(spec: JobSpec, device: torch.device, store: Any) -> Parallel:
-    """The `Parallel` for this process (see the module docstring for when it is sharded)."""
-    from trainer.sharded_checkpoint import newest_is_sharded
-
+def setup(spec: JobSpec, device: torch.device, store: Any, resume_sharded: bool = False) -> Parallel:
+    """The `Parallel` for this process (see the module docstring for when it is sharded);
+    `resume_sharded`: the run's newest checkpoint is sharded."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1 and spec.local.nproc <= 1 and not newest_is_sharded(store):
+    if world <= 1 and spec.local.nproc <= 1 and not resume_sharded:
         return Parallel()
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         _die_with_parent()  # torchrun's workers sit in their own sessions: go when the agent goes

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import platform
@@ -13,11 +12,12 @@ from typing import Any
 import torch
 
 from trainer import exitcodes
-from trainer.async_checkpoint import AsyncCheckpointer, StagingError
+from trainer.async_checkpoint import AsyncCheckpointer
 from trainer.checkpoint import Decoded, TrainerState, UnloadableCheckpoint, decode, restore
-from trainer.checkpoint_interval import AutoInterval, History
+from trainer.checkpointer import Checkpointer, CheckpointWriter
 from trainer.config import JobSpec
 from trainer.data import Dataset, collate, load_dataset
+from trainer.distributed import Parallel, Sharded
 from trainer.distributed import setup as setup_parallel
 from trainer.faults import maybe_crash
 from trainer.interruptions import how_it_ended
@@ -25,9 +25,10 @@ from trainer.layout import check as check_layout
 from trainer.model import autocast_dtype, count_parameters, load_model, load_tokenizer, pick_device
 from trainer.notices import start_watcher
 from trainer.preemption import PreemptionFlag, install_signal_handlers
-from trainer.progress import ProgressReporter, debug, log
+from trainer.progress import ProgressReporter, log
+from trainer.sharded_checkpoint import ShardedWriter, load_newest, newest_is_sharded
 from trainer.stop_request import start_stop_watcher
-from trainer.store import CorruptCheckpoint, Fenced, RunStore, StoreUnavailable, checkpoint_name
+from trainer.store import CorruptCheckpoint, RunStore
 from trainer.trackers import Trackers
 
 
@@ -104,99 +105,6 @@ def evaluate(
     }
 
 
-class Checkpointer:
-    """Decides when to checkpoint (every N steps, a duration, or auto = Young/Daly), and saves through
-    the asynchronous writer. Store failures that must end the attempt become their exit codes."""
-
-    def __init__(self, store: RunStore, spec: JobSpec, last_step: int, attempt: int) -> None:
-        self.store = store
-        self.spec = spec
-        self.last_step = last_step
-        self.last_time = time.time()
-        self.writer = AsyncCheckpointer(store, spec.checkpoint.keep, log, meta={"attempt": attempt})
-        self.writer.durable_step = last_step if last_step > 0 else None
-        self.auto = AutoInterval(history=History.from_epochs(store.epoch_records(), store.epoch, time.time()))
-        self.interval_s: float | None = None
-
-    def due(self, step: int, now: float) -> bool:
-        self.poll()
-        every_steps = self.spec.checkpoint.every_steps()
-        if every_steps is not None:
-            return step % every_steps == 0
-        interval = self.spec.checkpoint.every_seconds()
-        if interval is None:
-            interval = self._auto_interval()
-        return now - self.last_time >= interval
-
-    def _auto_interval(self) -> float:
-        interval, why = self.auto.choose()
-        if self.interval_s is None:  # the first choice; later re-estimates only at debug level
-            log(f"checkpoint every {interval:.0f} s (auto; FTORCH_LOG_LEVEL=debug says why)")
-        if self.interval_s is None or abs(interval - self.interval_s) > 0.2 * self.interval_s:
-            debug(f"checkpoint interval (auto) {why}")
-        self.interval_s = interval
-        return interval
-
-    def poll(self) -> None:
-        try:
-            self.writer.poll()
-        except BaseException as exc:  # noqa: BLE001 - mapped to an exit code
-            _stop_for(exc)
-
-    def save(
-        self, model: torch.nn.Module, optimizer: Any, scheduler: Any, state: TrainerState, wait: bool = False
-    ) -> None:
-        try:
-            previous = self.writer.last
-            result = self.writer.save(model, optimizer, scheduler, state, wait=wait)
-            if wait:
-                self.writer.wait()
-        except BaseException as exc:  # noqa: BLE001 - mapped to an exit code
-            _stop_for(exc)
-        if result is None:
-            return
-        self.last_step = state.step
-        self.last_time = time.time()
-        done = self.writer.last if self.writer.last is not previous else None
-        self.auto.observe(result.blocking_s, done.upload_s if done else self.auto.upload_s)
-
-    def finish(self) -> None:
-        """Wait for the upload in flight; fail the attempt if its checkpoint is not durable."""
-        try:
-            self.writer.wait()
-            if self.writer.durable_step != self.last_step and self.last_step > 0:
-                error = self.writer.last.error if self.writer.last is not None else None
-                raise StoreUnavailable(
-                    f"checkpoint {checkpoint_name(self.last_step)} could not be saved{_cause(error)}; "
-                    f"the last good checkpoint is {self.writer._last_good()}"
-                )
-        except BaseException as exc:  # noqa: BLE001 - mapped to an exit code
-            _stop_for(exc)
-
-
-def _cause(error: BaseException | None) -> str:
-    """Why a save failed, for the one line the supervisor shows: a full disk is named as such."""
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f": the run store's disk is full ({errno.errorcode[error.errno]}); free space, then resume"
-    if error is not None:
-        return f" ({error.__class__.__name__}: {' '.join(str(error).split())[:200]})"
-    return ""
-
-
-def _stop_for(exc: BaseException) -> None:
-    """Fenced -> FENCED, store outage -> STORE_UNAVAILABLE, full staging disk -> ERROR; else re-raise."""
-    if isinstance(exc, Fenced):
-        log(f"fenced: {exc}")
-        raise SystemExit(exitcodes.FENCED) from None
-    if isinstance(exc, StoreUnavailable):
-        log(f"error: {exc}" if "disk is full" in str(exc) else f"error: store unavailable: {exc}")
-        raise SystemExit(exitcodes.STORE_UNAVAILABLE) from None
-    if isinstance(exc, StagingError):
-        log(f"error: {exc}")
-        raise SystemExit(exitcodes.ERROR) from None
-    raise exc
-
-
 def write_output(model: torch.nn.Module, tokenizer: Any, spec: JobSpec, output_uri: str) -> None:
     """The final PEFT adapter (LoRA) or HF model folder (full), uploaded to output_uri."""
     output = RunStore(output_uri, spec.checkpoint.storage_options)
@@ -265,7 +173,8 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     # the same rules as the planner's: refuse a layout the job cannot run on before any work (exit 2)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     layout = check_layout(spec, world, int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None)
-    par = setup_parallel(spec, device, store)  # FSDP across ranks (torchrun), or the identity
+    # FSDP across ranks (torchrun, or a sharded run resumed by one process), or the identity
+    par = setup_parallel(spec, device, store, resume_sharded=newest_is_sharded(store))
     log(f"attempt {attempt} of run {resolved['run_id']} on {device} (torch {torch.__version__})")
     log(f"layout: {layout.describe()}")
 
@@ -292,22 +201,9 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         f"({spec.method}); {len(dataset.train)} examples, {dataset.tokens:,} tokens; {steps} steps"
     )
 
-    def skipped(what: Any, why: str) -> None:
-        name = what if isinstance(what, str) else what.path
-        log(f"not using checkpoint {name}: {why}")
-
-    if par.sharded:  # sharded (DCP) or single-process checkpoints, resharded onto these ranks
-        found = par.load_newest(store, spec, model, optimizer, scheduler, on_skip=skipped)
-    else:
-        found = store.newest_valid_checkpoint(on_skip=skipped, decode=_decode_or_skip)
-    if found is not None and par.sharded:
-        info, state = found
-        log(f"resumed from {info.path} (step {state.step}/{steps})")
-    elif found is not None:
-        info, blobs = found
-        state = restore(blobs, model, optimizer, scheduler)
-        log(f"resumed from {info.path} (step {state.step}/{steps})")
-    else:
+    state = _resume(store, spec, par, model, optimizer, scheduler, steps)
+    resumed = state is not None
+    if state is None:
         state = TrainerState(step=0, micro_batches=0, tokens_seen=0, extra={})
         if dataset.held_out:
             state.extra["eval_before"] = evaluate(model, dataset, device, spec)
@@ -319,9 +215,9 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
             log(f"removed incomplete checkpoint(s) left by earlier attempts: {', '.join(partial)}")
         store.prune_checkpoints(spec.checkpoint.keep)
 
-    checkpointer = par.checkpointer(Checkpointer(store, spec, last_step=state.step, attempt=attempt))
+    checkpointer = Checkpointer(store, spec, _writer(store, spec, par, attempt), state.step, agree=par.any)
     reporter = par.reporter(ProgressReporter(store, resolved["run_id"], attempt, steps, output_uri))
-    reporter.last_checkpoint(checkpointer.last_step if found else None)
+    reporter.last_checkpoint(checkpointer.last_step if resumed else None)
     reporter.start(state.step)
     trackers = Trackers(store, spec.train.report_to if par.is_main else [], attempt, state.step)
     if state.step == 0 and state.extra.get("eval_before"):
@@ -376,7 +272,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         if state.step < steps and checkpointer.due(state.step, time.time()):
             reporter.set_state("checkpointing")
             checkpointer.save(model, optimizer, scheduler, state)
-            reporter.last_checkpoint(checkpointer.writer.durable_step)
+            reporter.last_checkpoint(checkpointer.durable_step)
             trackers.flush()
             reporter.set_state("running")
 
@@ -397,6 +293,37 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     store.update_epoch_record(ended="finished", step=state.step)
     log(f"done: {steps} steps; output at {output_uri}")
     return exitcodes.OK
+
+
+def _resume(
+    store: RunStore, spec: JobSpec, par: Parallel, model: Any, optimizer: Any, scheduler: Any, steps: int
+) -> TrainerState | None:
+    """Load the newest checkpoint this world can read into model, optimizer and scheduler; None if none."""
+
+    def skipped(what: Any, why: str) -> None:
+        name = what if isinstance(what, str) else what.path
+        log(f"not using checkpoint {name}: {why}")
+
+    if isinstance(par, Sharded):  # sharded (DCP) or single-process checkpoints, resharded onto these ranks
+        loaded = load_newest(store, spec, par, model, optimizer, scheduler, on_skip=skipped)
+        if loaded is None:
+            return None
+        info, state = loaded
+    else:
+        found = store.newest_valid_checkpoint(on_skip=skipped, decode=_decode_or_skip)
+        if found is None:
+            return None
+        info, decoded = found
+        state = restore(decoded, model, optimizer, scheduler)
+    log(f"resumed from {info.path} (step {state.step}/{steps})")
+    return state
+
+
+def _writer(store: RunStore, spec: JobSpec, par: Parallel, attempt: int) -> CheckpointWriter:
+    """DCP shards from every rank, or one process's files (snapshot, then a background upload)."""
+    if isinstance(par, Sharded):
+        return ShardedWriter(store, spec, par)
+    return AsyncCheckpointer(store, spec.checkpoint.keep, log, meta={"attempt": attempt})
 
 
 def _decode_or_skip(blobs: dict[str, bytes]) -> Decoded:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import random
 import time
 from concurrent.futures import Future
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 
 from trainer.checkpoint import OPTIMIZER, STATE, WEIGHTS, TrainerState
+from trainer.checkpointer import SaveResult
 from trainer.config import JobSpec
 from trainer.distributed import Sharded, seed_rank
 from trainer.progress import debug, log
@@ -108,72 +110,45 @@ class _Pending:
     meta: dict[str, Any]
     started: float
     stager: Any
+    result: SaveResult
     committed: bool = False
 
 
-class ShardedCheckpointer:
-    """The loop's Checkpointer for sharded runs: same `due`/`save`, DCP underneath.
+class ShardedWriter:
+    """The `CheckpointWriter` of sharded runs: every rank writes its DCP shards, rank 0 commits.
 
-    `policy` is the loop's single-process Checkpointer: it decides when a checkpoint is due and keeps
-    last_step/last_time/last_seconds; this class adds the rank agreement and the sharded writes.
+    All ranks call `save`/`wait`/`poll` at the same step boundaries (the policy's decision is agreed).
     """
 
-    def __init__(self, policy: Any, par: Sharded, async_saves: bool | None = None) -> None:
-        import os
-
-        self.policy = policy
+    def __init__(self, store: RunStore, spec: JobSpec, par: Sharded, async_saves: bool | None = None) -> None:
+        self.store = store
+        self.spec = spec
         self.par = par
-        self.store: RunStore = policy.store
-        self.spec: JobSpec = policy.spec
         if async_saves is None:
             async_saves = os.environ.get("FTORCH_ASYNC_CHECKPOINT", "1") != "0"
         self.async_saves = async_saves
         self.pending: _Pending | None = None
         #: the newest committed step (rank 0 knows it first; the others after `wait`)
-        self.durable_step: int | None = policy.last_step if policy.last_step > 0 else None
-
-    def __getattr__(self, name: str) -> Any:  # last_step, last_time, auto, ... live on the policy
-        return getattr(self.policy, name)
-
-    @property
-    def writer(self) -> ShardedCheckpointer:
-        """The loop reads `checkpointer.writer.durable_step`; this class is its own writer."""
-        return self
-
-    def finish(self) -> None:
-        """Wait for the save in flight and commit it (the loop's end and notice paths)."""
-        self._guard(self.wait)
+        self.durable_step: int | None = None
+        #: the newest committed save (rank 0), with its measured upload time
+        self.last: SaveResult | None = None
 
     def poll(self) -> None:
-        self._guard(self._commit_if_done)
+        """Rank 0 commits a finished background save at the next step boundary."""
+        pending = self.pending
+        if pending is not None and pending.future.done() and pending.future.exception() is None:
+            self._commit(pending)
 
-    def _guard(self, fn: Any) -> None:
-        try:
-            fn()
-        except BaseException as exc:  # noqa: BLE001 - fenced / store outage become the loop's exit codes
-            from trainer.loop import _stop_for
-
-            _stop_for(exc)
+    def last_good(self) -> str:
+        if self.durable_step is not None:
+            return checkpoint_name(self.durable_step)
+        return "the newest one in the store (none from this attempt)"
 
     # ---- saving --------------------------------------------------------------------------------
-    def due(self, step: int, now: float) -> bool:
-        """The policy's answer, agreed by all ranks (any rank due -> all save). Commits a finished save."""
-        self.poll()
-        return self.par.any(self.policy.due(step, now))
-
     def save(
         self, model: torch.nn.Module, optimizer: Any, scheduler: Any, state: TrainerState, wait: bool = False
-    ) -> float:
-        """Start writing a checkpoint of this step (all ranks); returns the blocking time in seconds."""
-        try:
-            return self._save(model, optimizer, scheduler, state, wait)
-        except BaseException as exc:  # noqa: BLE001 - mapped to the loop's exit codes
-            from trainer.loop import _stop_for
-
-            _stop_for(exc)
-            raise
-
-    def _save(self, model: Any, optimizer: Any, scheduler: Any, state: TrainerState, wait: bool) -> float:
+    ) -> SaveResult:
+        """Start writing a checkpoint of this step (all ranks); the result says how long it blocked."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -182,6 +157,7 @@ class ShardedCheckpointer:
         started = time.time()
         self.wait()  # at most one save in flight
         step = state.step
+        result = SaveResult(step=step, blocking_s=0.0)
         folder = _join("checkpoints", checkpoint_name(step), _epoch_dir(self.par.epoch))
         rngs = self._gather(rng_state())
         blobs: dict[str, bytes] = {}
@@ -207,17 +183,13 @@ class ShardedCheckpointer:
             future = dcp.async_save(
                 payload, storage_writer=writer, process_group=self.par.io_group, async_stager=stager
             )
-            self.pending = _Pending(step, future, blobs, meta, started, stager)
+            self.pending = _Pending(step, future, blobs, meta, started, stager, result)
         else:
             dcp.save(payload, storage_writer=writer, process_group=self.par.io_group)
-            self.pending = _Pending(step, _done(), blobs, meta, started, None)
+            self.pending = _Pending(step, _done(), blobs, meta, started, None, result)
             self.wait()
-        blocking = time.time() - started
-        self.policy.last_step = step
-        self.policy.last_time = time.time()
-        if hasattr(self.policy, "auto"):
-            self.policy.auto.observe(blocking, self.policy.auto.upload_s)
-        return blocking
+        result.blocking_s = time.time() - started
+        return result
 
     def wait(self) -> None:
         """Finish the save in flight (all ranks) and commit it (rank 0)."""
@@ -239,15 +211,6 @@ class ShardedCheckpointer:
         self.par.barrier()  # the manifest is there before any rank goes on (or exits)
         self.durable_step = pending.step
 
-    def close(self) -> None:
-        self.wait()
-
-    def _commit_if_done(self) -> None:
-        """Rank 0 commits a finished background save at the next step boundary."""
-        pending = self.pending
-        if pending is not None and pending.future.done() and pending.future.exception() is None:
-            self._commit(pending)
-
     def _commit(self, pending: _Pending) -> None:
         if not self.par.is_main or pending.committed:
             return
@@ -257,8 +220,8 @@ class ShardedCheckpointer:
         self.store.prune_checkpoints(self.spec.checkpoint.keep)
         elapsed = time.time() - pending.started
         self.durable_step = pending.step
-        if hasattr(self.policy, "auto"):
-            self.policy.auto.observe(self.policy.auto.cost_s or 0.0, elapsed)
+        pending.result.upload_s = elapsed
+        self.last = pending.result
         size = sum(meta["dcp_files"].values()) + sum(len(b) for b in pending.blobs.values())
         log(f"checkpoint {pending.step} saved ({size / 1024:.0f} KiB, sharded over {self.par.world} ranks)")
         debug(f"checkpoint {checkpoint_name(pending.step)}: {elapsed * 1000:.0f} ms from save to commit")
