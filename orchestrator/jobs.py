@@ -40,7 +40,8 @@ def _resolved_spec(spec: JobSpec, run_id: str, output_uri: str) -> dict[str, Any
 def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[str, Any]:
     """Validate, record and start a job. Nothing is recorded or started when the input is wrong."""
     from orchestrator.spec import load_job
-    from trainer.store import RunStore, StoreError, join_uri, preflight
+    from trainer.storage import StoreError, join_uri, preflight
+    from trainer.store import RunStore
 
     spec = load_job(job_file, overrides)
     check_data(spec)

@@ -139,7 +139,8 @@ def job_dict(model: Path, data_path: Path, ckpt: Path, **sections: Any) -> dict[
 def prepare_run(job: dict[str, Any], run_id: str = "run") -> str:
     """Write a run store by hand (what `ftorch launch` does), for running the trainer directly."""
     from orchestrator.spec import validate_job
-    from trainer.store import RunStore, join_uri
+    from trainer.storage import join_uri
+    from trainer.store import RunStore
 
     spec = validate_job(job)
     run_uri = join_uri(spec.checkpoint.uri, run_id)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.store import CorruptCheckpoint, RunStore, is_transient
+from trainer.storage import is_transient
+from trainer.store import CorruptCheckpoint, RunStore
 
 
 def _store(tmp_path: Path) -> RunStore:

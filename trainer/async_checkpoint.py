@@ -27,7 +27,8 @@ from trainer.checkpoint import Snapshot, TrainerState, serialize, snapshot
 from trainer.checkpointer import SaveResult, StagingError
 from trainer.faults import maybe_crash
 from trainer.progress import debug
-from trainer.store import Fenced, RunStore, StoreUnavailable, checkpoint_name
+from trainer.storage import StoreUnavailable
+from trainer.store import Fenced, RunStore, checkpoint_name
 
 
 class AsyncCheckpointer:

@@ -24,7 +24,8 @@ from trainer import exitcodes
 from trainer.checkpoint_interval import AutoInterval, History
 from trainer.config import JobSpec
 from trainer.progress import debug, log
-from trainer.store import Fenced, RunStore, StoreUnavailable, checkpoint_name
+from trainer.storage import StoreUnavailable
+from trainer.store import Fenced, RunStore, checkpoint_name
 
 
 class StagingError(RuntimeError):
