@@ -32,13 +32,9 @@ class BudgetGuard:
 
     @classmethod
     def for_spec(cls, spec: dict[str, Any], hourly_usd: float, progress: dict[str, Any]) -> BudgetGuard:
-        every = (spec.get("checkpoint") or {}).get("every", "auto")
-        steps = every if isinstance(every, int) else None
-        seconds = None
-        if isinstance(every, str) and every != "auto":
-            from trainer.config import parse_duration
+        from trainer.config import read_every
 
-            seconds = parse_duration(every)
+        steps, seconds = read_every((spec.get("checkpoint") or {}).get("every", "auto"))
         return cls(
             budget_usd=(spec.get("resources") or {}).get("budget_usd"),
             hourly_usd=hourly_usd,

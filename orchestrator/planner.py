@@ -15,7 +15,6 @@ Among candidates within SINGLE_GPU_TIE of the cheapest, the one with the fewest 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,8 @@ from orchestrator.memory import MemoryEstimate, estimate, settings_from_spec
 from orchestrator.shapes import ModelShape, resolve_shape
 from orchestrator.throughput import Workload, accelerator, estimate_time, workload
 from orchestrator.tracing import TraceConfirmation
+from trainer.checkpoint_interval import young_interval
+from trainer.interruptions import mtbf_from_rate
 from trainer.layout import Layout, layout_for
 
 HEADROOM = 0.10  # fraction of each GPU's memory kept free (fragmentation, spikes, estimate error)
@@ -183,15 +184,16 @@ def billed_hours(hours: float, segments: float, rule: Billing) -> float:
 
 
 def checkpoint_interval(spec: Any, step_s: float, write_s: float, rate: float) -> float:
-    every = spec.checkpoint.every
-    if isinstance(every, int):
-        return max(1.0, every * step_s)
-    seconds = spec.checkpoint.every_seconds()
+    """Seconds between checkpoints: `checkpoint.every` steps or seconds, or for auto the trainer's
+    Young/Daly interval at this offer's interruption rate (the rate the task passes to the trainer)."""
+    steps, seconds = spec.checkpoint.every_steps(), spec.checkpoint.every_seconds()
+    if steps is not None:
+        return max(1.0, steps * step_s)
     if seconds:
         return seconds
     if rate <= 0:
         return MAX_CKPT_INTERVAL_S
-    young = math.sqrt(2.0 * write_s * 3600.0 / rate)  # Young's optimal interval for MTBF = 1/rate
+    young = young_interval(write_s, mtbf_from_rate(rate))
     return min(MAX_CKPT_INTERVAL_S, max(MIN_CKPT_INTERVAL_S, young))
 
 

@@ -25,6 +25,8 @@ from orchestrator.errors import SpecError
 from orchestrator.spec import load_job, validate_job
 from trainer import exitcodes
 from trainer.attempts import claim_attempt, machine_key, was_preempted
+from trainer.checkpoint_interval import young_interval
+from trainer.interruptions import prior_mtbf_s
 from trainer.store import RunStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -163,6 +165,17 @@ def test_recovery_settings_are_wired() -> None:
     assert task["resources"]["image_id"] == "docker:pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime"
     assert task["envs"]["FTORCH_PIP_SPEC"] == ".[s3,gcs,qlora]"  # bitsandbytes and accelerate
     assert task["secrets"] == {"HF_TOKEN": None}
+
+
+def test_planner_and_trainer_size_auto_checkpoints_with_one_young_function_and_one_rate() -> None:
+    spec = load_job(REPO / "examples/llama3-8b-qlora.yaml", check_support=False)
+    assert spec.checkpoint.every == "auto"
+    plan, task = render_job(spec, "j", "s3://b/j", environ={})
+    chosen = plan.chosen
+    mtbf, _source = prior_mtbf_s(task["envs"])  # what the trainer starts from, off the cluster info
+    assert mtbf == pytest.approx(3600.0 / chosen.interruption_rate_per_hour, abs=1)
+    young = young_interval(chosen.checkpoint_write_s, mtbf)  # the interval the planner priced
+    assert chosen.checkpoint_interval_s == pytest.approx(min(3600.0, max(300.0, young)), rel=1e-3)
 
 
 def test_disk_grows_with_the_model() -> None:

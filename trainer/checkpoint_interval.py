@@ -33,7 +33,7 @@ MAX_NOTICE_FRACTION = 0.95
 
 
 def young_interval(cost_s: float, mtbf_s: float) -> float:
-    """Young's optimum checkpoint interval, sqrt(2 * cost * MTBF)."""
+    """Young's optimum checkpoint interval, sqrt(2 * cost * MTBF): the one used by trainer and planner."""
     return math.sqrt(2.0 * max(cost_s, 0.0) * max(mtbf_s, 0.0))
 
 

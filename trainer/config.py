@@ -68,6 +68,17 @@ def deadline_seconds(text: str, now: datetime | None = None) -> float:
     return value
 
 
+def read_every(every: Any) -> tuple[int | None, float | None]:
+    """`checkpoint.every` read: (N, None) every N steps, (None, seconds) every duration, (None, None) auto.
+
+    The one reader, for the trainer, the planner and the budget guard (which has the raw job dict)."""
+    if isinstance(every, int) and not isinstance(every, bool):
+        return every, None
+    if isinstance(every, str) and every != "auto":
+        return None, parse_duration(every)
+    return None, None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -153,12 +164,10 @@ class CheckpointSpec(_Strict):
         return value
 
     def every_steps(self) -> int | None:
-        return self.every if isinstance(self.every, int) else None
+        return read_every(self.every)[0]
 
     def every_seconds(self) -> float | None:
-        if isinstance(self.every, str) and self.every != "auto":
-            return parse_duration(self.every)
-        return None
+        return read_every(self.every)[1]
 
 
 class OutputSpec(_Strict):
