@@ -27,7 +27,7 @@ def export_cmd(
 ) -> None:
     """Write a PEFT adapter (or, with --merge, a merged model) from a checkpoint of JOB."""
     from orchestrator import jobs
-    from trainer.store import join_uri
+    from trainer.storage import join_uri
 
     record = jobs.get_job(job)
     options = record.spec.get("checkpoint", {}).get("storage_options") or {}
