@@ -121,3 +121,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
 
     items.sort(key=rank)  # stable: the order within a file is kept
+
+
+@pytest.fixture(autouse=True)
+def _no_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reaches the Hugging Face Hub: a closed local port answers at once (tests that need a
+    Hub set their own HF_ENDPOINT)."""
+    import os
+
+    if "HF_ENDPOINT" not in os.environ:
+        monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")

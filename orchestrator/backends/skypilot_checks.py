@@ -4,12 +4,14 @@ the trainer cannot shard, the secrets set, and at least one planned offer on a c
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.backends import skypilot_render as render
 from orchestrator.backends import skypilot_sdk as sdk
 from orchestrator.errors import SpecError, UserError
+from orchestrator.hub_check import check_hub_model
 from trainer.config import JobSpec, unsupported_features
 
 
@@ -77,7 +79,36 @@ def preflight(spec: JobSpec, run_uri: str, task: dict[str, Any]) -> dict[str, An
     """Before anything is recorded: secrets set, cloud access (jobs.launch has probed the store).
     Returns the usable task."""
     check_budget(spec)
+    for warning in (check_data_readable(spec), check_hub_model(spec.model)):
+        if warning:
+            sys.stderr.write(f"warning: {warning}\n")
     return usable_task(spec, task)
+
+
+def check_data_readable(spec: JobSpec, timeout_s: float = 10.0) -> str | None:
+    """The data file must be readable from here with the job's storage options (the VM gets the same
+    credentials): a missing or forbidden file is refused before a VM is paid for. When the store
+    cannot be reached from here, a warning line (the VM may reach it)."""
+    import fsspec
+
+    path = spec.data.path
+    options = dict(spec.checkpoint.storage_options)
+    if path.startswith(("s3://", "s3a://")):  # answer in seconds when the store is unreachable
+        config = {"connect_timeout": 3, "read_timeout": timeout_s, "retries": {"max_attempts": 2}}
+        options["config_kwargs"] = {**config, **options.get("config_kwargs", {})}
+    try:
+        with fsspec.open(path, "rb", **options) as handle:
+            handle.read(1)
+    except Exception as exc:  # noqa: BLE001 - judged below
+        text = " ".join(str(exc).split()) or exc.__class__.__name__
+        if not isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+            return f"could not check data.path {path} from here ({exc.__class__.__name__}: {text})"
+        raise SpecError(
+            "data.path",
+            f"cannot read {path} from here ({exc.__class__.__name__}: {text}); a cloud VM with the same "
+            "credentials would fail after it is paid for",
+        ) from None
+    return None
 
 
 def usable_task(spec: JobSpec, task: dict[str, Any]) -> dict[str, Any]:
