@@ -275,6 +275,23 @@ def test_attempt_numbers_are_claimed_per_placement(tmp_path: Path) -> None:
     assert was_preempted(store, 5) and not was_preempted(store, 6)
 
 
+def test_a_worker_node_waits_for_rank_0s_record_before_exit_75(tmp_path: Path) -> None:
+    """Multi-node: a worker's torchrun ends first (killed when rank 0 leaves); only rank 0's recorded
+    preemption turns its exit into 75, so it waits (bounded) while progress still says running."""
+    import threading
+
+    store = RunStore(str(tmp_path / "run"))
+    store.write_progress({"attempt": 7, "state": "running"})
+    assert not was_preempted(store, 7)  # the race, judged at once
+    later = threading.Timer(0.3, lambda: store.write_progress({"attempt": 7, "state": "preempted"}))
+    later.start()
+    assert was_preempted(store, 7, wait_s=10, poll_s=0.05)
+    store.write_progress({"attempt": 8, "state": "failed"})  # rank 0 recorded a crash: no wait, no 75
+    assert not was_preempted(store, 8, wait_s=10, poll_s=0.05)
+    template = (REPO / "task_templates/multinode.yaml").read_text()
+    assert '--preempted "$FTORCH_ATTEMPT" --wait "$wait_s"' in template and "wait_s=120" in template
+
+
 # ---- the templates' run scripts, for real (bash, the trainer, torchrun on CPU) ---------------------
 def _template_env(run_uri: str, metadata_url: str) -> dict[str, str]:
     env = dict(os.environ)

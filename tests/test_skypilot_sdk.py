@@ -182,6 +182,29 @@ def test_spot_and_nodes_come_from_the_launched_cluster() -> None:
     assert skypilot_cost.cost_usd(state) == pytest.approx(33.1)  # half an hour on 2 on-demand nodes
 
 
+def test_long_launch_errors_keep_their_cause() -> None:
+    """SkyPilot's own error, long, with its cause at the end and in the chained exception."""
+    import socket
+
+    from sky import exceptions
+
+    from orchestrator.backends.skypilot_sdk import one_line
+
+    noise = "Failed to provision all possible launchable resources. " + "Tried us-east-1a ... " * 60
+    try:
+        try:
+            raise socket.gaierror(-2, "Name or service not known: ec2.us-east-1.amazonaws.com")
+        except OSError as cause:
+            raise exceptions.ResourcesUnavailableError(
+                noise + "\n\x1b[31mQuota exceeded for G7e\x1b[0m"
+            ) from cause
+    except exceptions.ResourcesUnavailableError as exc:
+        line = one_line(exc)
+    assert "\n" not in line and "\x1b" not in line and len(line) <= 600
+    assert line.startswith("ResourcesUnavailableError: Failed to provision")
+    assert "Quota exceeded for G7e" in line and "Name or service not known" in line
+
+
 # ---- the real SDK against SkyPilot's local API server ---------------------------------------------
 def _free_port(rng: random.Random, pair: bool = False) -> int:
     for _ in range(500):

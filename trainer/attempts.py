@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from trainer.store import RunStore
@@ -93,17 +94,38 @@ def _json_or_none(text: str | None) -> Any:
         return None
 
 
-def was_preempted(store: RunStore, attempt: int) -> bool:
-    """Did `attempt` stop on a preemption notice with its checkpoint written (progress says so)?"""
-    progress = store.read_progress() or {}
-    return progress.get("attempt") == attempt and progress.get("state") == "preempted"
+def was_preempted(
+    store: RunStore,
+    attempt: int,
+    wait_s: float = 0.0,
+    poll_s: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool:
+    """Did `attempt` stop on a preemption notice with its checkpoint written (progress says so)?
+
+    Only rank 0 writes progress, so only its recorded preemption counts. A worker node whose torchrun
+    ended first (killed when rank 0 left) waits up to `wait_s` for rank 0's record of how the attempt
+    ended, instead of judging a progress that still says "running" (the multi-node race)."""
+    deadline = clock() + wait_s
+    while True:
+        progress = store.read_progress() or {}
+        mine = progress.get("attempt") == attempt
+        if mine and progress.get("state") == "preempted":
+            return True
+        if (mine and progress.get("state") != "running") or clock() >= deadline:
+            return False
+        sleep(min(poll_s, max(0.0, deadline - clock())))
 
 
 def main(argv: list[str] | None = None) -> int:
     """`RUN_URI` prints this machine's attempt number; `RUN_URI --preempted N` exits 0 if N was preempted."""
     args = sys.argv[1:] if argv is None else argv
+    wait_s = 0.0
+    if len(args) == 5 and args[3] == "--wait" and args[4].isdigit():
+        wait_s, args = float(args[4]), args[:3]
     if len(args) not in (1, 3) or (len(args) == 3 and (args[1] != "--preempted" or not args[2].isdigit())):
-        sys.stderr.write("usage: python -m trainer.attempts RUN_URI [--preempted N]\n")
+        sys.stderr.write("usage: python -m trainer.attempts RUN_URI [--preempted N [--wait SECONDS]]\n")
         return 2
     run_uri = args[0]
     # the store's fsspec options (e.g. an S3 endpoint): needed to read spec.json in the first place
@@ -112,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     options = spec.get("job", {}).get("checkpoint", {}).get("storage_options") or options
     store = RunStore(run_uri, options)
     if len(args) == 3:
-        return 0 if was_preempted(store, int(args[2])) else 1
+        return 0 if was_preempted(store, int(args[2]), wait_s) else 1
     sys.stdout.write(f"{claim_attempt(store)}\n")
     return 0
 
