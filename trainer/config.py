@@ -103,7 +103,8 @@ class QuantSpec(_Strict):
     bits: Literal[4] = 4
     quant_type: Literal["nf4", "fp4"] = "nf4"
     double_quant: bool = True
-    compute_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    #: follows train.precision (fp16 under fp16-mixed, bf16 otherwise); a different value is refused
+    compute_dtype: Literal["bf16", "fp16"] = "bf16"
 
 
 class DataSpec(_Strict):
@@ -292,8 +293,32 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _cross_checks(self) -> JobSpec:
         if self.method == "qlora" and self.train.precision == "fp32":
-            raise ValueError("train.precision: qlora computes in 16-bit; use bf16 or bf16-mixed")
+            raise ValueError("train.precision: qlora computes in 16-bit; use bf16, bf16-mixed or fp16-mixed")
+        if self.method == "qlora":
+            quant = self.quantization
+            wanted = "fp16" if self.train.precision == "fp16-mixed" else "bf16"
+            if "compute_dtype" not in quant.model_fields_set:
+                quant.compute_dtype = wanted
+            elif quant.compute_dtype != wanted:
+                raise ValueError(
+                    f"quantization.compute_dtype: {quant.compute_dtype} does not match train.precision "
+                    f"{self.train.precision}; use {wanted} (or leave it out: it follows the precision)"
+                )
         return self
+
+
+def flash_attention_problem(spec: JobSpec) -> str | None:
+    """Why flash_attention_2 cannot run this job, or None. It needs a CUDA GPU and the flash-attn package
+    where the trainer runs: checked here for the local backend; SkyPilot jobs install it."""
+    if spec.resources.backend != "local":
+        return None
+    if spec.local.device == "cpu":
+        return "'flash_attention_2' runs on CUDA GPUs only; with local.device: cpu use sdpa or eager"
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is None:
+        return "'flash_attention_2' needs the flash-attn package (pip install flash-attn --no-build-isolation); or use sdpa"
+    return None
 
 
 def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
@@ -307,24 +332,10 @@ def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
         field = "resources.gpus" if spec.resources.gpus else "resources.nodes"
     if not layout.ok:
         problems.append((field, f"{layout.ranks} rank(s): {layout.reason}"))
-    if spec.train.optimizer == "adafactor":
-        problems.append(
-            (
-                "train.optimizer",
-                "'adafactor' is not supported by the trainer yet; valid now: adamw, sgd, adamw_8bit",
-            )
-        )
-    if spec.train.precision == "fp16-mixed":
-        problems.append(
-            (
-                "train.precision",
-                "'fp16-mixed' is not supported by the trainer yet; valid now: fp32, bf16, bf16-mixed",
-            )
-        )
     if spec.train.attn_implementation == "flash_attention_2":
-        problems.append(
-            ("train.attn_implementation", "'flash_attention_2' is not supported yet; valid now: sdpa, eager")
-        )
+        problem = flash_attention_problem(spec)
+        if problem:
+            problems.append(("train.attn_implementation", problem))
     replaying = (
         spec.resources.backend == "local" and spec.local.chaos is not None and bool(spec.local.chaos.trace)
     ) or spec.resources.backend == "skypilot"  # the cloud controller (orchestrator/controller.py)

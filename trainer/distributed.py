@@ -8,8 +8,9 @@ nothing; `Sharded` runs FSDP2 (`fully_shard` per decoder layer, then the root):
   resumed by 1 stays on the sharded path, as a world of one.
 - data: the layout (trainer/layout.py) cuts each optimizer step's examples into global micro-batches of
   (micro-batch per rank x ranks); every rank takes the same global micro-batch and keeps its contiguous
-  slice, and the loss is normalised by the label tokens of the whole global micro-batch, so the effective
-  batch and the data order are those of every other layout of the job.
+  slice, and the loss is normalised by the label tokens of the whole optimizer step, every global
+  micro-batch of it (trainer/step.py), so the effective batch, the data order and the gradient are those
+  of every other layout of the job.
 - the stop flag and the checkpoint decision are all-reduced, so all ranks stop and save at the same step.
 - every rank has its own torch RNG stream (seeded from (seed, rank)), saved with the checkpoint.
 """
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from trainer.config import JobSpec
-from trainer.data import IGNORE, Example
+from trainer.data import Example
 
 PR_SET_PDEATHSIG = 1
 
@@ -48,9 +49,6 @@ class Parallel:
 
     def local(self, examples: list[Example]) -> list[Example]:
         return examples
-
-    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return model(**batch).loss
 
     def tokens(self, batch: dict[str, torch.Tensor]) -> int:
         return int(batch["attention_mask"].sum())
@@ -94,7 +92,6 @@ class Sharded(Parallel):
         self.mesh = init_device_mesh(device.type, (self.world,))
         #: checkpoint I/O (DCP, also in a background thread) gets its own gloo group
         self.io_group = dist.new_group(backend="gloo")
-        self._items = 0
         self._tokens = 0
         #: the run store epoch rank 0 claimed (fencing); the other ranks write their shards under it
         self.epoch = 0
@@ -120,16 +117,9 @@ class Sharded(Parallel):
         """This rank's contiguous slice of the global micro-batch (remembers the global counts)."""
         if len(examples) < self.world:  # trainer/layout.py never cuts them smaller
             raise ValueError(f"a global micro-batch of {len(examples)} examples for {self.world} ranks")
-        self._items = sum(sum(1 for label in e.labels[1:] if label != IGNORE) for e in examples)
         self._tokens = sum(len(e.input_ids) for e in examples)
         part = np.array_split(np.arange(len(examples)), self.world)[self.rank]
         return [examples[int(i)] for i in part]
-
-    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Sum of this rank's token losses over the global micro-batch's label tokens, times the world
-        size (FSDP averages gradients over ranks): the gradient is the single-process one."""
-        out = model(**batch, num_items_in_batch=max(1, self._items))
-        return out.loss * self.world
 
     def tokens(self, batch: dict[str, torch.Tensor]) -> int:
         return self._tokens
@@ -202,11 +192,13 @@ def setup(spec: JobSpec, device: torch.device, store: Any, resume_sharded: bool 
 
 
 def mixed_precision(spec: JobSpec) -> Any:
-    """bf16 parameters and compute with fp32 gradient reduction for bf16 runs; fp32 otherwise."""
+    """16-bit parameters and compute with fp32 gradient reduction for mixed and bf16 runs; fp32 otherwise."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if spec.train.precision == "bf16-mixed":
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if spec.train.precision == "fp16-mixed":
+        return MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
     if spec.train.precision == "bf16":
         return MixedPrecisionPolicy(reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()

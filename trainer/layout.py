@@ -14,7 +14,7 @@ counted in the user's micro-batches (`micro_batch_size` examples each), so a run
 resumes on 2 or 1 with the same effective batch at the same place in the data.
 
 A layout is refused (with its reason) when the effective batch cannot be split evenly over the ranks, or
-when the optimizer cannot run sharded (the bitsandbytes 8-bit optimizers run on one GPU). QLoRA shards:
+when the optimizer cannot run sharded (the bitsandbytes 8-bit optimizers and adafactor run on one GPU). QLoRA shards:
 FSDP2 over 4-bit weights stored in the compute dtype (trainer/quant.py). `ftorch plan` lists only layouts `layout_for` accepts, and the trainer calls `check` at start.
 """
 
@@ -109,10 +109,12 @@ def layout_for(spec: Any, gpus_per_node: int = 1, nodes: int = 1) -> Layout:
 
     if ranks < 1:
         return refuse("needs at least one GPU")
-    if ranks > 1 and spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+    # bitsandbytes' 8-bit states are not sharded by FSDP; torch's Adafactor updates its factored state in
+    # place, which DTensor shards refuse
+    if ranks > 1 and spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit", "adafactor"):
         return refuse(
-            f"train.optimizer '{spec.train.optimizer}' runs on 1 GPU (bitsandbytes' 8-bit states are not "
-            "sharded by FSDP); use adamw to shard"
+            f"train.optimizer '{spec.train.optimizer}' runs on 1 GPU (its states are not sharded by FSDP); "
+            "use adamw to shard"
         )
     if effective % ranks:
         fits = [n for n in (1, 2, 4, 8, 16, 32, 64) if effective % n == 0 and n <= effective]

@@ -11,22 +11,24 @@ from typing import Any
 
 import torch
 
-from trainer import exitcodes
+from trainer import allocator, exitcodes
 from trainer.async_checkpoint import AsyncCheckpointer
 from trainer.checkpoint import Decoded, TrainerState, UnloadableCheckpoint, decode, restore
 from trainer.checkpointer import Checkpointer, CheckpointWriter
 from trainer.config import JobSpec
-from trainer.data import Dataset, collate, load_dataset
+from trainer.data import IGNORE, Dataset, collate, load_dataset
 from trainer.distributed import Parallel, Sharded
 from trainer.distributed import setup as setup_parallel
 from trainer.faults import maybe_crash
 from trainer.interruptions import how_it_ended
 from trainer.layout import check as check_layout
+from trainer.loss import evaluate_batch, shifted_labels
 from trainer.model import autocast_dtype, count_parameters, load_model, load_tokenizer, pick_device
 from trainer.notices import start_watcher
 from trainer.preemption import PreemptionFlag, install_signal_handlers
 from trainer.progress import ProgressReporter, log
 from trainer.sharded_checkpoint import ShardedWriter, load_newest, newest_is_sharded
+from trainer.step import accumulate, make_scaler, restore_scaler, save_scaler, update
 from trainer.stop_request import start_stop_watcher
 from trainer.store import CorruptCheckpoint, RunStore
 from trainer.trackers import Trackers
@@ -66,6 +68,8 @@ def make_optimizer(spec: JobSpec, model: torch.nn.Module) -> torch.optim.Optimiz
         return make_8bit_optimizer(spec, params)
     if spec.train.optimizer == "sgd":
         return torch.optim.SGD(params, lr=spec.train.lr, momentum=0.9, weight_decay=spec.train.weight_decay)
+    if spec.train.optimizer == "adafactor":  # factored second moments, no first moment: ~4 B/param or less
+        return torch.optim.Adafactor(params, lr=spec.train.lr, weight_decay=spec.train.weight_decay)
     return torch.optim.AdamW(params, lr=spec.train.lr, weight_decay=spec.train.weight_decay, foreach=False)
 
 
@@ -85,16 +89,12 @@ def evaluate(
         with torch.autocast(
             device.type, dtype=autocast_dtype(spec) or torch.float32, enabled=autocast_dtype(spec) is not None
         ):
-            logits = model(
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-            ).logits.float()
-        labels = batch["labels"][:, 1:]
-        logits = logits[:, :-1]
-        mask = labels != -100
-        loss = torch.nn.functional.cross_entropy(logits[mask], labels[mask], reduction="sum")
-        losses += float(loss)
+            loss, predicted = evaluate_batch(model, batch)  # in chunks: no full-vocabulary logits
+        labels = shifted_labels(batch["labels"])
+        mask = labels != IGNORE
+        losses += loss
         tokens += int(mask.sum())
-        correct = (logits.argmax(-1) == labels) | ~mask
+        correct = (predicted == labels) | ~mask
         exact += int(correct.all(dim=1).sum())
     if was_training:
         model.train()
@@ -196,6 +196,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     params, trainable = count_parameters(model)
     optimizer = make_optimizer(spec, model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_for(spec, steps))
+    scaler = make_scaler(spec, device)  # fp16-mixed only
     log(
         f"model {os.path.basename(spec.model.rstrip('/'))}: {params:,} params, {trainable:,} trainable "
         f"({spec.method}); {len(dataset.train)} examples, {dataset.tokens:,} tokens; {steps} steps"
@@ -209,6 +210,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
             state.extra["eval_before"] = evaluate(model, dataset, device, spec)
             log(f"held-out before training: {_fmt_eval(state.extra['eval_before'])}")
     state.extra["attempt"] = attempt
+    restore_scaler(scaler, state.extra)
     if par.is_main:
         partial = store.remove_partial_checkpoints()
         if partial:
@@ -218,36 +220,31 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     checkpointer = Checkpointer(store, spec, _writer(store, spec, par, attempt), state.step, agree=par.any)
     reporter = par.reporter(ProgressReporter(store, resolved["run_id"], attempt, steps, output_uri))
     reporter.last_checkpoint(checkpointer.last_step if resumed else None)
+    cuda_allocator = allocator.record(device.type)  # expandable segments (trainer/allocator.py)
+    if cuda_allocator:
+        reporter.extra["cuda_allocator"] = cuda_allocator
+        log(f"CUDA allocator: {cuda_allocator['setting']} (set by {cuda_allocator['source']})")
     reporter.start(state.step)
     trackers = Trackers(store, spec.train.report_to if par.is_main else [], attempt, state.step)
     if state.step == 0 and state.extra.get("eval_before"):
         trackers.scalar("eval/loss", state.extra["eval_before"]["loss"], 0)
 
     model.train()
-    amp = autocast_dtype(spec)
     log_every = spec.train.log_every or max(1, steps // 100)
     while state.step < steps:
         if par.any(flag.is_set()):  # all ranks stop at the same step
             trackers.close()
             return _stop_on_notice(flag, checkpointer, model, optimizer, scheduler, state, reporter)
-        step_loss = 0.0
-        accum = layout.accum  # the job's effective batch on this many ranks (trainer/layout.py)
-        for global_batch in layout.step_micro_batches(dataset, state.micro_batches):
-            examples = par.local(global_batch)  # this rank's slice
-            batch = collate(examples, dataset.pad_id, device)
-            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                loss = par.loss(model, batch) / accum
-            loss.backward()
-            step_loss += float(loss.detach())
-            state.tokens_seen += par.tokens(batch)
+        # the job's effective batch on this many ranks (trainer/layout.py): global micro-batches
+        micro = layout.step_micro_batches(dataset, state.micro_batches)
+        step_loss, seen = accumulate(
+            model, micro, spec=spec, device=device, pad_id=dataset.pad_id, local=par.local,
+            world=par.world, scaler=scaler, tokens=par.tokens,
+        )  # fmt: skip
+        state.tokens_seen += seen
         step_loss = par.mean(step_loss)
-        grad_norm = None
-        if spec.train.max_grad_norm:
-            norm = torch.nn.utils.clip_grad_norm_(
-                [p for p in model.parameters() if p.requires_grad], spec.train.max_grad_norm
-            )
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # DTensor: FSDP
-        optimizer.step()
+        grad_norm = update(model, optimizer, spec.train.max_grad_norm, scaler)
+        save_scaler(scaler, state.extra)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         state.step += 1

@@ -10,12 +10,14 @@ import torch
 
 from trainer.config import JobSpec
 
-DTYPES = {
+#: the dtype the forward computes in, per train.precision
+COMPUTE_DTYPES = {
     "fp32": torch.float32,
     "bf16": torch.bfloat16,
-    "bf16-mixed": torch.float32,
-    "fp16-mixed": torch.float32,
+    "bf16-mixed": torch.bfloat16,
+    "fp16-mixed": torch.float16,
 }
+MIXED = ("bf16-mixed", "fp16-mixed")
 
 
 def pick_device(preference: str) -> torch.device:
@@ -27,7 +29,17 @@ def pick_device(preference: str) -> torch.device:
 
 
 def autocast_dtype(spec: JobSpec) -> torch.dtype | None:
-    return torch.bfloat16 if spec.train.precision == "bf16-mixed" else None
+    """The autocast dtype under mixed precision; None when the weights already are the compute dtype."""
+    return COMPUTE_DTYPES[spec.train.precision] if spec.train.precision in MIXED else None
+
+
+def base_dtype(spec: JobSpec) -> torch.dtype:
+    """The dtype the model loads in. Mixed precision keeps fp32 only what trains: a full fine-tune's
+    weights (the fp32 master copy), never the frozen base of LoRA/QLoRA, which stays in the compute dtype
+    (PEFT then makes the adapters fp32). Pure bf16 keeps everything, adapters too, in bf16."""
+    if spec.method == "full" and spec.train.precision in MIXED:
+        return torch.float32
+    return COMPUTE_DTYPES[spec.train.precision]
 
 
 def load_tokenizer(spec: JobSpec) -> Any:
@@ -48,11 +60,6 @@ def hide_bitsandbytes() -> None:
     attempt's start. A job that does not use it gets it hidden: `import` fails and find_spec says None."""
     if "bitsandbytes" not in sys.modules:
         sys.modules["bitsandbytes"] = None  # type: ignore[assignment]
-
-
-def base_dtype(spec: JobSpec) -> torch.dtype:
-    """The dtype the (non-quantized) base model loads in."""
-    return DTYPES[spec.train.precision]
 
 
 def load_model(spec: JobSpec, device: torch.device) -> torch.nn.Module:
@@ -89,7 +96,8 @@ def prepare_model(model: torch.nn.Module, spec: JobSpec, device: torch.device) -
         if spec.train.gradient_checkpointing:
             model.enable_input_require_grads()
         torch.manual_seed(spec.train.seed)
-        model = get_peft_model(model, lora_config(spec))
+        # fp32 adapters under mixed precision (PEFT's autocast_adapter_dtype), the base's dtype otherwise
+        model = get_peft_model(model, lora_config(spec), autocast_adapter_dtype=spec.train.precision in MIXED)
     return model if spec.method == "qlora" else model.to(device)  # 4-bit weights are placed as they load
 
 

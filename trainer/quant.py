@@ -91,15 +91,15 @@ def load_quantized(spec: JobSpec, device: torch.device) -> torch.nn.Module:
 
 
 def prepare_quantized(model: torch.nn.Module, spec: JobSpec) -> torch.nn.Module:
-    """What PEFT does to a 4-bit base before adapters (also run by trainer/memtrace.py on a stand-in)."""
-    from peft import prepare_model_for_kbit_training
+    """A 4-bit base made ready for adapters (also run by trainer/memtrace.py on a stand-in)."""
 
     model.config.use_cache = False
-    return prepare_model_for_kbit_training(
-        model,
-        use_gradient_checkpointing=spec.train.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False},
-    )
+    # Not peft's prepare_model_for_kbit_training: it casts every non-4-bit parameter (embeddings, lm_head,
+    # norms) to fp32, 4 bytes per frozen parameter where the compute dtype needs 2. Freezing is all that
+    # is left of it; trainer.model enables gradient checkpointing for every method.
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
 
 
 def make_8bit_optimizer(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
