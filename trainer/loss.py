@@ -80,13 +80,22 @@ def hidden_states(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tor
     return captured.get("h")
 
 
-def _head_loss(
-    head: torch.nn.Module, softcap: float | None, hidden: torch.Tensor, labels: torch.Tensor
-) -> torch.Tensor:
+def _logits(head: torch.nn.Module, config: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The head's fp32 logits, with what the model's forward applies after its head."""
     logits = head(hidden).float()
-    if softcap:  # Gemma 2's final logit soft-capping, as its forward applies it
+    scale = getattr(config, "logit_scale", None)  # Cohere
+    if isinstance(scale, (int, float)) and scale != 1:
+        logits = logits * scale
+    softcap = getattr(config, "final_logit_softcapping", None)  # Gemma 2 and 3
+    if softcap:
         logits = torch.tanh(logits / softcap) * softcap
-    return F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
+    return logits
+
+
+def _head_loss(
+    head: torch.nn.Module, config: Any, hidden: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    return F.cross_entropy(_logits(head, config, hidden), labels, ignore_index=IGNORE, reduction="sum")
 
 
 def shifted_labels(labels: torch.Tensor) -> torch.Tensor:
@@ -104,7 +113,6 @@ def loss_sum(
         return model(**batch, num_items_in_batch=1).loss
     base = base_model(model)
     head = base.get_output_embeddings()
-    softcap = getattr(base.config, "final_logit_softcapping", None)
     flat = hidden.reshape(-1, hidden.shape[-1])
     labels = shifted_labels(batch["labels"]).reshape(-1)
     size = chunk or chunk_tokens(int(getattr(base.config, "vocab_size", 0) or CHUNK_ELEMENTS))
@@ -113,7 +121,7 @@ def loss_sum(
         part = checkpoint(
             _head_loss,
             head,
-            softcap,
+            base.config,
             flat[start : start + size],
             labels[start : start + size],
             use_reentrant=False,
@@ -137,7 +145,7 @@ def evaluate_batch(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tu
     size = chunk_tokens(int(getattr(base.config, "vocab_size", 0) or CHUNK_ELEMENTS))
     total, predicted = 0.0, []
     for start in range(0, flat.shape[0], size):
-        logits = head(flat[start : start + size]).float()
+        logits = _logits(head, base.config, flat[start : start + size])
         total += float(
             F.cross_entropy(
                 logits, labels.reshape(-1)[start : start + size], ignore_index=IGNORE, reduction="sum"
