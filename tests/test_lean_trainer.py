@@ -312,6 +312,10 @@ def test_option_checks_name_the_field_and_what_is_valid(tmp_path: Path) -> None:
     }
     with pytest.raises(SpecError, match="train.attn_implementation.*CUDA GPUs only"):
         validate_job({**base, "train": {"attn_implementation": "flash_attention_2"}})
+    with pytest.raises(SpecError, match="train.optimizer.*'adafactor' runs on one GPU"):
+        validate_job(
+            {**base, "train": {"optimizer": "adafactor", "micro_batch_size": 2}, "local": {"nproc": 2}}
+        )
     qlora = {**base, "method": "qlora", "train": {"precision": "fp16-mixed"}}
     with pytest.raises(Exception, match="quantization.compute_dtype: bf16 does not match"):
         validate_job({**qlora, "quantization": {"compute_dtype": "bf16"}})
