@@ -207,8 +207,9 @@ def test_accumulated_gradient_equals_one_big_batch_with_uneven_micro_batches(
 def test_fsdp_accumulation_over_ranks_equals_one_process_with_one_big_batch(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    """2 ranks x micro-batch 4 x 2 accumulated steps == 1 process x micro-batch 8: the same tokens in
-    every optimizer step, normalised by the step's label tokens over every rank and micro-batch."""
+    """2 ranks x 2 examples x 2 accumulated rounds (trainer/layout.py) == 1 process x 8 examples at once:
+    the same examples in every optimizer step, normalised by the step's label tokens over every rank and
+    round (a mean of round means would differ: uneven label tokens per round)."""
     data = write_data(tmp_path / "d.jsonl", "instruction", 48)
     sections = {"method": "full", "checkpoint": {"every": 50}}
     sharded = fsdp_job(
@@ -216,14 +217,14 @@ def test_fsdp_accumulation_over_ranks_equals_one_process_with_one_big_batch(
         data,
         tmp_path / "runs",
         **sections,
-        train={"max_steps": 4, "micro_batch_size": 4, "grad_accum": 2},
+        train={"max_steps": 4, "micro_batch_size": 2, "grad_accum": 4},
     )
     single = fsdp_job(
         tiny_model, data, tmp_path / "runs", nproc=1, **sections,
         train={"max_steps": 4, "micro_batch_size": 8, "grad_accum": 1},
     )  # fmt: skip
     a, b = new_run(sharded, "sharded"), new_run(single, "single")
-    assert "2 ranks, sharded" in finish(a, 1, nproc=2)
+    assert "layout: 2 ranks, 2/rank x 2 accum = 8/step" in finish(a, 1, nproc=2)
     finish(b, 1, nproc=1)
     diff = max_abs_diff(output_weights(a), output_weights(b))
     assert diff < 2e-5, diff
@@ -312,7 +313,7 @@ def test_option_checks_name_the_field_and_what_is_valid(tmp_path: Path) -> None:
     }
     with pytest.raises(SpecError, match="train.attn_implementation.*CUDA GPUs only"):
         validate_job({**base, "train": {"attn_implementation": "flash_attention_2"}})
-    with pytest.raises(SpecError, match="train.optimizer.*'adafactor' runs on one GPU"):
+    with pytest.raises(SpecError, match="local.nproc.*'adafactor' runs on 1 GPU"):
         validate_job(
             {**base, "train": {"optimizer": "adafactor", "micro_batch_size": 2}, "local": {"nproc": 2}}
         )
