@@ -94,7 +94,12 @@ def starter_job(model: str, method: str, backend: str, data: str, fmt: str, name
             ("  target_modules: all-linear", "or a list such as [q_proj, v_proj]"),
         ]
     if method == "qlora":
-        rows += [("quantization: {bits: 4, quant_type: nf4, double_quant: true, compute_dtype: bf16}", "")]
+        rows += [
+            (
+                "quantization: {bits: 4, quant_type: nf4, double_quant: true}",
+                "computes in train.precision's dtype",
+            )
+        ]
     rows += [
         ("data:", ""),
         (f"  path: {data}", "JSONL: a local path or a bucket URL"),
@@ -114,7 +119,7 @@ def starter_job(model: str, method: str, backend: str, data: str, fmt: str, name
         (f"  lr: {'2.0e-5' if method == 'full' else '2.0e-4'}", ""),
         ("  schedule: cosine", "cosine | linear | constant"),
         ("  warmup_ratio: 0.03", ""),
-        ("  precision: bf16-mixed", "fp32 | bf16 | bf16-mixed | fp16-mixed"),
+        ("  precision: bf16-mixed", "fp32 | bf16 | bf16-mixed | fp16-mixed (GPUs without bf16: T4, V100)"),
         ("  gradient_checkpointing: true", "less activation memory, some recompute"),
         ("checkpoint:", ""),
         (f"  uri: {'s3://YOUR-BUCKET/ftorch' if cloud else 'runs'}", "each run's store is <uri>/<job id>"),
