@@ -89,6 +89,9 @@ def test_every_cloud_example_renders_and_skypilot_accepts_it(sky: Any, path: Pat
     spots = [e["use_spot"] for e in entries]
     assert spots == sorted(spots, reverse=True), "spot offers come first"
     spec = load_job(path, check_support=False)
+    from orchestrator.backends import skypilot_checks
+
+    skypilot_checks.check_budget(spec)  # an example that a real launch would refuse is a bug
     if spec.resources.fallback == "none" and spec.resources.spot:
         assert all(spots), "on-demand offers only with fallback: on-demand"
     elif spec.resources.spot:
@@ -364,6 +367,11 @@ def test_launch_refuses_what_the_cloud_backend_cannot_enforce_or_run() -> None:
     _p, task = render_job(spec, "j", "s3://b/j", environ={})
     with pytest.raises(SpecError) as caught:
         skypilot_checks.preflight(spec, "s3://b/j", task)
+    assert caught.value.field == "resources.budget_usd"
+    from orchestrator.backends import skypilot
+
+    with pytest.raises(SpecError) as caught:  # the dry run refuses what the launch refuses
+        skypilot.dry_run(spec, "j", "s3://b/j")
     assert caught.value.field == "resources.budget_usd"
     spec = load_job(REPO / "examples/llama3-8b-full.yaml", check_support=False)
     _p, task = render_job(spec, "j", "s3://b/j", environ={})

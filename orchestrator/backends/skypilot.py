@@ -110,7 +110,9 @@ def _controller_tasks(
 
 # ---- dry run -----------------------------------------------------------------------------------------
 def dry_run(spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:
-    """What `launch --dry-run` shows: the plan and the task YAML. Nothing is written or launched."""
+    """What `launch --dry-run` shows: the plan and the task YAML. Nothing is written or launched.
+    It refuses what a real launch refuses (a dry run that renders a job the launch rejects misleads)."""
+    checks.check_budget(spec)
     plan, task = render_job(spec, job_id, run_uri)
     return {
         "controller": controller.dry_run_lines(spec, job_id, run_uri, task, render_job),
