@@ -1,4 +1,6 @@
 """The controller for cloud jobs: applies the job's spot policy to a SkyPilot managed job.
+(Over 400 lines: the switch protocol (stop request, wait for the checkpoint, cancel, relaunch) and
+its records must change together; the SkyPilot wiring itself lives in backends/skypilot_controller.py.)
 
 SkyPilot recovers a managed job by itself, but only by walking its resources list from the top (spot
 first) and never back from on demand. The controller decides instead, with the same policy objects as

@@ -1,4 +1,6 @@
 """Peak GPU memory per GPU for a fine-tuning job: full, LoRA and QLoRA, with or without FSDP sharding.
+(Over 400 lines: each term below mirrors one part of the trainer's step, with the trace-derived
+constants; keeping them in one place is what lets tests/test_memory_trace.py hold it to the trace.)
 
 This is the fast, analytic twin of `ftorch estimate --trace` (trainer/memtrace.py, one real training step
 of ftorch's trainer on fake tensors). The planner sizes hundreds of offers with it. Its terms follow the

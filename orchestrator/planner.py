@@ -1,4 +1,6 @@
 """Which offer finishes a job for the least expected money, and why every other offer lost.
+(Over 400 lines: adequacy, layouts, expected cost and the reasons for every rejection are one
+decision read top to bottom; splitting it would scatter the formula below across modules.)
 
 An offer is adequate when the memory estimate for its GPU count (FSDP over all its GPUs) fits each GPU
 with HEADROOM to spare; sharding over several GPUs needs NVLink unless resources.allow_pcie. Expected

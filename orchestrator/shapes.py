@@ -1,4 +1,6 @@
 """Model shapes: the architecture numbers the estimator and the time model need, without torch.
+(Over 400 lines: one parameter-count function per architecture family, each with its real module
+names; they are kept side by side so a new family is added next to the ones it resembles.)
 
 A shape comes from a local folder with `config.json`, from the bundled table of popular architectures
 (`orchestrator/data/shapes.json`, works offline), or from the Hugging Face Hub (config only, opt-in with

@@ -1,4 +1,6 @@
 """Peak GPU memory of one real training step, measured on the CPU with fake tensors.
+(Over 400 lines: the tracer, its QLoRA stand-in and the per-phase bookkeeping are one measurement;
+the allocator replay is already its own module, trainer/cuda_allocator.py.)
 
 The trainer's own code runs: `trainer.model.prepare_model` (gradient checkpointing, LoRA adapters, the
 dtypes of trainable weights), `trainer.quant.prepare_quantized` (QLoRA), `trainer.loop.make_optimizer`,
