@@ -23,7 +23,9 @@ COMMON_GPU_SIZES_GIB = (16, 22.35, 40, 44.7, 48, 80, 96, 141, 180)
 def _console() -> Any:
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=False, width=max(100, _width()))
+    # the plan table has 13 columns (layout and traced/estimated fit included): under 140 columns rich
+    # would cut every cell to a few letters, so a narrow terminal wraps whole lines instead
+    return Console(highlight=False, soft_wrap=False, width=max(140, _width()))
 
 
 def _width() -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import yaml
@@ -57,6 +58,10 @@ def test_failed_follow_code_then_two_resumes_start_one_trainer(
     assert len(refused.strip().splitlines()) == 1 and job_id in refused, refused
 
     registry = Registry()
+    # the winner may be the resume without --follow: wait for the job's end either way
+    deadline = time.monotonic() + 180
+    while registry.get(job_id).state not in ("SUCCEEDED", "FAILED") and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert registry.get(job_id).state == "SUCCEEDED"
     assert len(registry.attempts(job_id)) == 2  # the failed one and one resumed trainer
     states = [e["detail"] for e in registry.events(job_id) if e["kind"] == "state"]

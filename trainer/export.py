@@ -20,7 +20,7 @@ import torch
 
 from trainer.checkpoint import WEIGHTS
 from trainer.config import JobSpec
-from trainer.model import DTYPES, hide_bitsandbytes, load_tokenizer, lora_config, trainable_parameters
+from trainer.model import base_dtype, hide_bitsandbytes, load_tokenizer, lora_config, trainable_parameters
 from trainer.store import CorruptCheckpoint, RunStore
 
 
@@ -88,7 +88,7 @@ def build(spec: JobSpec, weights: dict[str, torch.Tensor], merge: bool) -> torch
         return model
     from peft import get_peft_model
 
-    dtype = DTYPES[spec.train.precision] if spec.method == "lora" else torch.bfloat16
+    dtype = base_dtype(spec) if spec.method == "lora" else torch.bfloat16
     if spec.method == "qlora" and spec.quantization.compute_dtype == "fp32":
         dtype = torch.float32
     model = get_peft_model(_base(spec, empty=not merge, dtype=dtype), lora_config(spec))
