@@ -128,5 +128,8 @@ def test_trainer_on_s3_with_a_kill_mid_upload_resumes_bitwise(tmp_path: Path, ti
     assert_bitwise_equal(s3_final_weights(store), expected)
     assert not object_keys(store, "checkpoints/step-00000015")  # cleaned up later
     kept = [c.step for c in store.complete_checkpoints()]
-    # keep=2; a listing that lags behind the last commit under load may leave one more until the next prune
-    assert kept[-2:] == [25, 30] and len(kept) <= 3, kept
+    # keep=2; a listing that lags behind the last commit under load may leave one more until the next prune.
+    # A save that comes due while the previous upload is in flight is skipped (and says so): then 20 is
+    # the newest checkpoint before the final one.
+    before_last = 20 if "checkpoint at step 25 skipped" in second.stdout else 25
+    assert kept[-2:] == [before_last, 30] and len(kept) <= 3, (kept, second.stdout[-3000:])
