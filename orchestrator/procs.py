@@ -5,6 +5,9 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import IO
 
 PR_SET_PDEATHSIG = 1
@@ -51,3 +54,23 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         pass
     if os.getppid() == 1:  # the parent died before prctl took effect
         os.kill(os.getpid(), sig)
+
+
+def spawn_detached(module: str, arg: str, log_path: Path, home: Path) -> subprocess.Popen[bytes]:
+    """Run `python -m module arg` detached from the terminal (its own session, no stdin), logging to an
+    owner-only file, with FTORCH_HOME pinned: the local supervisor and the cloud controller start so."""
+    env = dict(os.environ)
+    env["FTORCH_HOME"] = str(home)
+    log = open_private(log_path)
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, arg],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        log.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,22 +21,12 @@ from orchestrator.registry import Job, JobState, Outcome, Registry
 
 def start_supervisor(registry: Registry, job: Job) -> int:
     """Start the job's supervisor, detached from the terminal; returns its pid."""
-    log_path = registry.job_dir(job.job_id) / "supervisor.log"
-    env = dict(os.environ)
-    env["FTORCH_HOME"] = str(registry.home)
-    log = procs.open_private(log_path)
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.backends.local_supervisor", job.job_id],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-        )
-    finally:
-        log.close()
+    proc = procs.spawn_detached(
+        "orchestrator.backends.local_supervisor",
+        job.job_id,
+        registry.job_dir(job.job_id) / "supervisor.log",
+        registry.home,
+    )
     started = None
     for _ in range(50):
         started = procs.start_time(proc.pid)

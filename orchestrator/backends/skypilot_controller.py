@@ -125,25 +125,14 @@ def start(registry: Any, job: Any, sky_job_id: int) -> int:
 
 def spawn(registry: Any, job: Any) -> int:
     """Start the job's controller, detached from the terminal (like the local supervisor); its pid."""
-    import subprocess
-
     from orchestrator import procs
 
-    log = procs.open_private(registry.job_dir(job.job_id) / "controller.log")
-    env = dict(os.environ)
-    env["FTORCH_HOME"] = str(registry.home)
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.backends.skypilot_controller", job.job_id],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-        )
-    finally:
-        log.close()
+    proc = procs.spawn_detached(
+        "orchestrator.backends.skypilot_controller",
+        job.job_id,
+        registry.job_dir(job.job_id) / "controller.log",
+        registry.home,
+    )
     return proc.pid
 
 
