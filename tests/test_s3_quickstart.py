@@ -1,5 +1,6 @@
 """The quickstart with its checkpoints on S3: `ftorch launch examples/quickstart.yaml --set
-checkpoint.uri=s3://...` against the test's SeaweedFS, with the endpoint from AWS_ENDPOINT_URL."""
+checkpoint.uri=s3://...` against the test's SeaweedFS, with the endpoint from AWS_ENDPOINT_URL. Shortened
+to 60 steps with the two preemptions at steps 20 and 45 (test_quickstart.py runs the full quickstart)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ def test_quickstart_on_s3_survives_two_preemptions(quickstart_dir: Path, ftorch_
         f"checkpoint.uri={uri}",
         "--set",
         "local.threads=1",
+        "--set",
+        "train.max_steps=60",
+        "--set",
+        "local.chaos.preempt_at_steps=[20, 45]",
         "--follow",
         env=s3.env,
         timeout=800,
@@ -35,4 +40,4 @@ def test_quickstart_on_s3_survives_two_preemptions(quickstart_dir: Path, ftorch_
     store = RunStore(status["run_uri"], s3.options)
     assert {"adapter_model.safetensors", "adapter_config.json"} <= set(store.listdir("output"))
     assert store.epochs() == [1, 2, 3]  # one fencing epoch per attempt
-    assert status["eval_after"]["loss"] < status["eval_before"]["loss"] / 5
+    assert status["eval_after"]["loss"] < status["eval_before"]["loss"]
