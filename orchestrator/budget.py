@@ -26,6 +26,8 @@ class BudgetGuard:
     every_seconds: float | None = None
     #: steps per second from earlier attempts (progress.json), until this attempt has its own
     prior_rate: float | None = None
+    #: the guard's own reaction time (a cloud controller looks once a tick, the trainer polls its stop)
+    margin_s: float = MARGIN_S
     _first: tuple[float, int] | None = None
     _last: tuple[float, int] | None = None
     _ckpt_times: list[float] = field(default_factory=list)
@@ -73,7 +75,7 @@ class BudgetGuard:
         """A reason starting with 'budget' when the run must stop now, else None."""
         if self.budget_usd is None or self.hourly_usd <= 0:
             return None
-        interval = (self.interval_s() or 0.0) + MARGIN_S
+        interval = (self.interval_s() or 0.0) + self.margin_s
         next_cost = interval / 3600.0 * self.hourly_usd
         if spent_usd + next_cost <= self.budget_usd:
             return None

@@ -1,6 +1,7 @@
 """The controller for cloud jobs: applies the job's spot policy to a SkyPilot managed job.
-(Over 400 lines: the switch protocol (stop request, wait for the checkpoint, cancel, relaunch) and
-its records must change together; the SkyPilot wiring itself lives in backends/skypilot_controller.py.)
+(Over 400 lines: the switch protocol (stop request, wait for the checkpoint, cancel, relaunch), the
+budget stop and the relaunch after a preemption share one tick, one state file and their records, and
+must change together; the SkyPilot wiring itself lives in backends/skypilot_controller.py.)
 
 SkyPilot recovers a managed job by itself, but only by walking its resources list from the top (spot
 first) and never back from on demand. The controller decides instead, with the same policy objects as
@@ -20,6 +21,18 @@ launch that has not started running `spot_wait_s` after it was submitted (or aft
 no spot capacity; after that, spot is presumed back `spot_retry_s` later, when the policy may try it.
 Policy mode NONE (wait) keeps the spot launch pending: SkyPilot keeps trying spot meanwhile.
 
+The same loop runs for every SkyPilot job with a budget, a `notify:` section or spot offers under
+EAGER_NEXT_REGION, even when its policy never switches (`Plan.switching` False):
+- budget (`budget`, a hook built in backends/skypilot_controller.py on orchestrator.budget's rule and
+  skypilot_cost's spend): when the spend plus the next checkpoint interval would pass
+  `resources.budget_usd`, the same stop as a switch (checkpoint asked through the run store, bounded
+  wait, cancel), but no relaunch: the job ends STOPPED "budget: ...";
+- a preemption (the managed job leaves RUNNING for RECOVERING without a stop being asked): SkyPilot
+  0.14.1 relaunches in the lost region first (EAGER_NEXT_REGION does not block it, notes/skypilot.md
+  §6), so the controller cancels the recovering job and relaunches it with the lost region's entries
+  last (orchestrator/region_order.py);
+- `on_event(event, reason)` hears preempted / budget / succeeded / failed / cancelled (notifications).
+
 Every switch is recorded (attempt, from, to, why) in the job folder's controller.json, with a heartbeat
 and where the controller runs; `ftorch status JOB` shows them. If the controller dies, the managed job
 keeps running under SkyPilot's own recovery with its current list; status says so, and
@@ -34,10 +47,11 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from orchestrator.policy import Mode, Observation, Policy
+from orchestrator.region_order import lost_region_last
 from trainer.interruptions import STOP_REQUEST, request_stop
 
 STATE_FILE = "controller.json"
@@ -53,6 +67,10 @@ FINAL = {
 }
 #: policies with something to switch; spot-only and on-demand keep one resources list for good
 SWITCHING = ("deadline", "spot-fallback")
+#: `pending["to"]` of a stop without a relaunch (the budget)
+STOP = "stop"
+#: the start of the reason of a relaunch after a preemption (the registry records it as a preemption)
+RELOCATED = "preempted in "
 
 
 class SkyClient(Protocol):
@@ -96,6 +114,8 @@ class Store(Protocol):
 
     def remove_file(self, rel: str) -> None: ...
 
+    def read_json_or_none(self, rel: str) -> Any: ...
+
 
 def split_resources(task: Mapping[str, Any]) -> dict[Mode, dict[str, Any]]:
     """The task with spot entries only, and with on-demand entries only (a kind with none is left out)."""
@@ -138,6 +158,11 @@ class Plan:
     work_s_hint: float = 0.0
     #: planned seconds per training step, until the run store has a measured rate
     step_s_hint: float = 1.0
+    #: False: the policy keeps one list (the controller is there for the budget, notify, regions)
+    switching: bool = True
+    #: regions of each offer ("cloud|GPU|count" -> regions), to spread a cloud-wide entry over its
+    #: regions when one is lost; {} = cloud-wide entries stay as they are
+    regions: dict[str, list[str]] = field(default_factory=dict)
 
 
 def read_state(job_dir: Any) -> dict[str, Any]:
@@ -170,6 +195,8 @@ class Controller:
         on_launch: Callable[[int, Mode, str], int | None] | None = None,
         on_record: Callable[[dict[str, Any] | None], None] | None = None,
         where: str | None = None,
+        budget: Callable[[Mapping[str, Any] | None, Mapping[str, Any], float], str | None] | None = None,
+        on_event: Callable[[str, str | None], None] | None = None,
     ) -> None:
         self.plan = plan
         self.client = client
@@ -179,12 +206,17 @@ class Controller:
         self.clock = clock
         self.on_launch = on_launch
         self.on_record = on_record  # e.g. keep the registry's attempts and cost in step with SkyPilot
+        self.budget = budget  # a reason starting with "budget" when the job must stop now
+        self.on_event = on_event  # notifications: preempted, budget, succeeded, failed, cancelled
         self.state = read_state(job_dir)
         self.state.setdefault("switches", [])
         self.state.setdefault("launches", [])
         self.state.setdefault("preemptions_before", 0)
         self.state["where"] = where or f"{platform.node()} (pid {os.getpid()})"
         self.state["pid"] = os.getpid()
+        for mode, entries in (self.state.get("ordered") or {}).items():  # relaunch orders kept
+            if Mode(mode) in plan.tasks:
+                plan.tasks[Mode(mode)]["resources"]["ordered"] = entries
 
     # ---- state ----------------------------------------------------------------------------------
     @property
@@ -200,7 +232,9 @@ class Controller:
         """Submit the run with `mode`'s resources list; record it."""
         sky_job_id = self.client.launch(self.plan.tasks[mode], self.plan.job_id)
         now = self.clock()
-        self.state.update(mode=mode.value, sky_job_id=sky_job_id, launched_at=now, down_since=now)
+        self.state.update(
+            mode=mode.value, sky_job_id=sky_job_id, launched_at=now, down_since=now, placed=None
+        )
         self.state["launches"].append({"sky_job_id": sky_job_id, "mode": mode.value, "at": now, "why": why})
         if self.on_launch is not None:
             attempt = self.on_launch(sky_job_id, mode, why)  # the run's attempt number it will be
@@ -280,10 +314,23 @@ class Controller:
         if progress.get("state") == "finished" or status in FINAL and not self.state.get("pending"):
             self.state["ended"] = status or "finished"
             self._save()
+            self._event(end_event(status, progress), (record or {}).get("failure_reason"))
             return False
         pending = self.state.get("pending")
         if pending:
             self._continue_switch(pending, record, progress, now)
+            self._save()
+            return not self.state.get("ended")
+        if self._stop_asked():  # `ftorch cancel` is stopping the job: no decision of ours meanwhile
+            self.state["placed"] = None
+            self._save()
+            return True
+        over = self.budget(record, progress, now) if self.budget is not None else None
+        if over:
+            self._begin_switch(STOP, over, record, progress, now)
+            self._save()
+            return not self.state.get("ended")
+        if self._follow_placement(record, progress, now) or not self.plan.switching:
             self._save()
             return True
         obs = self.observation(record, progress, now)
@@ -295,13 +342,72 @@ class Controller:
         self._save()
         return True
 
+    def _event(self, event: str, reason: str | None) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(event, reason)
+            except Exception as exc:  # a notification must never break the controller
+                sys.stderr.write(f"controller: {event}: {exc.__class__.__name__}: {exc}\n")
+
+    def _stop_asked(self) -> bool:
+        try:
+            return bool(self.store.read_json_or_none(STOP_REQUEST))
+        except Exception:  # advisory
+            return False
+
+    def _follow_placement(
+        self, record: Mapping[str, Any] | None, progress: Mapping[str, Any], now: float
+    ) -> bool:
+        """Where the job runs; on a preemption, the event and (EAGER_NEXT_REGION) a relaunch with the
+        lost region last. True when it relaunched.
+
+        SkyPilot shows a crash restart (max_restarts_on_errors) as RECOVERING too, and a relaunch is a
+        new managed job whose restart count starts again: so after one relaunch, the next needs training
+        progress since (a trainer crashing at the same step is left to SkyPilot's restart limit)."""
+        record = record or {}
+        status, sky_job_id = str(record.get("status") or ""), self.state.get("sky_job_id")
+        if status == "RUNNING" and record.get("cloud"):
+            cloud, region = str(record["cloud"]).lower(), record.get("region")
+            self.state["placed"] = {"sky_job_id": sky_job_id, "cloud": cloud, "region": region}
+            return False
+        placed = self.state.get("placed")
+        if status not in ("RECOVERING", "PENDING", "STARTING") or not placed:
+            return False
+        self.state["placed"] = None
+        if placed.get("sky_job_id") != sky_job_id:
+            return False
+        lost = "/".join(p for p in (placed["cloud"], placed.get("region")) if p)
+        self._event("preempted", f"preempted in {lost}")
+        task = self.plan.tasks.get(self.mode)
+        if not task or not placed.get("region") or recovery_strategy(task) != "EAGER_NEXT_REGION":
+            return False  # FAILOVER asks for the same region first: SkyPilot's own recovery does that
+        entries = task["resources"]["ordered"]
+        moved = lost_region_last(entries, placed["cloud"], placed["region"], self.plan.regions)
+        step = int(progress.get("step") or 0)
+        before = self.state.get("relocated_step")
+        if moved == entries or (before is not None and step <= int(before)):
+            return False
+        self.state["relocated_step"] = step
+        self.client.cancel(int(sky_job_id))  # nothing trains while it recovers: nothing to save
+        task["resources"]["ordered"] = moved
+        self.state.setdefault("ordered", {})[self.mode.value] = moved
+        self.state.setdefault("relocations", []).append({"at": now, "lost": lost, "sky_job_id": sky_job_id})
+        self.launch(self.mode, f"{RELOCATED}{lost}: relaunched with that region last")
+        return True
+
     def _begin_switch(
-        self, to: Mode, why: str, record: Mapping[str, Any] | None, progress: Mapping[str, Any], now: float
+        self,
+        to: Mode | str,
+        why: str,
+        record: Mapping[str, Any] | None,
+        progress: Mapping[str, Any],
+        now: float,
     ) -> None:
-        pending = {"to": to.value, "why": why, "at": now, "step": int(progress.get("step") or 0)}
+        target = to.value if isinstance(to, Mode) else to
+        pending = {"to": target, "why": why, "at": now, "step": int(progress.get("step") or 0)}
         self.state["pending"] = pending
         if str((record or {}).get("status")) == "RUNNING":
-            request_stop(self.store, f"policy switch to {to.value}: {why}")
+            request_stop(self.store, why if to == STOP else f"policy switch to {target}: {why}")
             pending["asked_checkpoint"] = True
         else:  # nothing is training: nothing to save
             self._finish_switch(pending, record, now)
@@ -330,6 +436,14 @@ class Controller:
             self.store.remove_file(STOP_REQUEST)
         except FileNotFoundError:
             pass
+        waited = round(now - float(pending["at"]), 1)
+        if pending["to"] == STOP:  # the budget: no relaunch
+            saved = checkpoint_saved(self.store.read_progress(), int(pending["step"]))
+            self.state.update(pending=None, ended="budget")
+            self.state["stopped"] = {"at": now, "why": pending["why"], "waited_for_checkpoint_s": waited}
+            self.state["stopped"]["checkpoint_saved"] = saved or not pending.get("asked_checkpoint")
+            self._event("budget", pending["why"])
+            return
         to = Mode(pending["to"])
         self.state["pending"] = None
         self.state["probing"] = to is Mode.SPOT and self.state.get("spot_missing_at") is not None
@@ -340,7 +454,7 @@ class Controller:
                 "from": old_mode.value,
                 "to": to.value,
                 "why": pending["why"],
-                "waited_for_checkpoint_s": round(now - float(pending["at"]), 1),
+                "waited_for_checkpoint_s": waited,
             }
         )
         self.launch(to, pending["why"])
@@ -356,6 +470,19 @@ class Controller:
                 sys.stderr.write(f"controller: {exc.__class__.__name__}: {exc}\n")
                 self._save()  # still alive
             sleep(self.config.tick_s)
+
+
+def end_event(status: str, progress: Mapping[str, Any]) -> str:
+    """The notification event of a job that ended with SkyPilot `status`."""
+    if progress.get("state") == "finished" or status == "SUCCEEDED":
+        return "succeeded"
+    return "cancelled" if status == "CANCELLED" else "failed"
+
+
+def recovery_strategy(task: Mapping[str, Any]) -> str:
+    recovery = task.get("resources", {}).get("job_recovery") or "EAGER_NEXT_REGION"
+    name = recovery.get("strategy") if isinstance(recovery, Mapping) else recovery
+    return str(name or "EAGER_NEXT_REGION").upper()
 
 
 # ---- a stop that waits for the checkpoint (policy switches and `ftorch cancel`) -------------------------

@@ -116,14 +116,13 @@ def send(
 def notify_job(registry: Any, job_id: str, event: str, log: Callable[[str], None]) -> list[str]:
     """Build the payload from the job's status and send it; records a `notify` event. Never raises."""
     try:
-        from orchestrator.overview import read_progress, summarize
+        from orchestrator.overview import job_row
 
         job = registry.get(job_id)
         spec_notify = job.spec.get("notify")
         if not spec_notify or event not in (spec_notify.get("on") or ()):
             return []
-        progress = read_progress(job)
-        row = summarize(job, registry.attempts(job_id), progress, time.time())
+        row = job_row(registry, job)  # with the backend's fields (a cloud job's cost, where it runs)
         problems = send(spec_notify, event, payload(event, row), log)
         registry.event(job_id, "notify", f"{event}: " + ("; ".join(problems) if problems else "sent"))
         return problems

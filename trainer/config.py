@@ -348,12 +348,4 @@ def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
                 " (local.chaos.trace) and in `ftorch simulate`",
             )
         )
-    if spec.notify is not None and spec.resources.backend != "local":
-        problems.append(
-            (
-                "notify",
-                "notifications are sent by the local supervisor only so far; valid with"
-                " resources.backend: local",
-            )
-        )
     return problems

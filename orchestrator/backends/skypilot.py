@@ -70,7 +70,8 @@ def start(registry: Registry, job: Job, launch: Launch | None = None) -> int:
             plan, rendered = render_job(spec, job.job_id, job.run_uri)
             launch = Launch(plan, checks.usable_task(spec, rendered))
         tasks = _controller_tasks(registry, job, spec, launch)
-        sky_job_id = sdk.submit(job.job_id, tasks.get(Mode.SPOT, launch.task), render.secret_names(spec))
+        first = tasks.get(Mode.SPOT, launch.task) if len(tasks) > 1 else launch.task
+        sky_job_id = sdk.submit(job.job_id, first, render.secret_names(spec))
     except (UserError, SpecError) as exc:
         registry.set_state(job.job_id, JobState.FAILED, f"launch failed: {exc}")
         raise
@@ -81,22 +82,25 @@ def start(registry: Registry, job: Job, launch: Launch | None = None) -> int:
     note = f"SkyPilot managed job {sky_job_id}"
     sky_state.record_launch(registry, job, sky_job_id, note, offer_prices(launch.plan))
     if tasks:
-        controller.start(registry, job, sky_job_id)
+        controller.start(registry, job, sky_job_id, Mode.SPOT if Mode.SPOT in tasks else Mode.ON_DEMAND)
     return sky_job_id
 
 
 def _controller_tasks(
     registry: Registry, job: Job, spec: JobSpec, launch: Launch
 ) -> dict[Mode, dict[str, Any]]:
-    """Both resources lists of a job whose policy switches (saved for its controller); {} when the job
-    keeps one list (spot-only, on-demand, or no on-demand offer on a usable cloud)."""
+    """The resources lists of the job's controller (saved for it): both kinds for a policy that
+    switches, the launch's one list for a job that has a controller for its budget, notifications or
+    regions (skypilot_controller.needs_controller); {} when the job needs no controller."""
     tasks = controller.tasks_for(spec, job.job_id, job.run_uri, launch.task, render_job)
-    if Mode.ON_DEMAND in tasks:
+    if Mode.ON_DEMAND in tasks and Mode.SPOT in tasks:
         try:
             tasks[Mode.ON_DEMAND] = checks.restrict_to_clouds(tasks[Mode.ON_DEMAND], sdk.enabled_clouds())
         except UserError:
             tasks.pop(Mode.ON_DEMAND)
-    if Mode.ON_DEMAND not in tasks or Mode.SPOT not in tasks:
+    if Mode.ON_DEMAND not in tasks or Mode.SPOT not in tasks:  # one list: the launch's
+        tasks = controller.single_list(spec, launch.task)
+    if not tasks:
         return {}
     chosen = launch.plan.chosen
     controller.save_tasks(
@@ -104,6 +108,7 @@ def _controller_tasks(
         tasks,
         float(getattr(chosen, "restart_overhead_s", 300.0) or 300.0),
         float(getattr(chosen, "est_hours", 0.0) or 0.0) * 3600.0,
+        render.regions_of(launch.plan),
     )
     return tasks
 
@@ -112,7 +117,6 @@ def _controller_tasks(
 def dry_run(spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:
     """What `launch --dry-run` shows: the plan and the task YAML. Nothing is written or launched.
     It refuses what a real launch refuses (a dry run that renders a job the launch rejects misleads)."""
-    checks.check_budget(spec)
     plan, task = render_job(spec, job_id, run_uri)
     return {
         "controller": controller.dry_run_lines(spec, job_id, run_uri, task, render_job),

@@ -1,4 +1,4 @@
-"""What must hold before a SkyPilot launch is recorded: a budget it can enforce, one GPU per node while
+"""What must hold before a SkyPilot launch is recorded: one GPU per node while
 the trainer cannot shard, the secrets set, and at least one planned offer on a cloud SkyPilot can use."""
 
 from __future__ import annotations
@@ -67,18 +67,9 @@ def restrict_to_clouds(task: dict[str, Any], clouds: list[str]) -> dict[str, Any
     return task
 
 
-def check_budget(spec: JobSpec) -> None:
-    if spec.resources.budget_usd is not None:  # the budget guard lives in the local supervisor
-        raise SpecError(
-            "resources.budget_usd",
-            "is not enforced for the skypilot backend yet; remove it (max_hourly_usd caps the price)",
-        )
-
-
 def preflight(spec: JobSpec, run_uri: str, task: dict[str, Any]) -> dict[str, Any]:
     """Before anything is recorded: secrets set, cloud access (jobs.launch has probed the store).
     Returns the usable task."""
-    check_budget(spec)
     for warning in (check_data_readable(spec), check_hub_model(spec.model)):
         if warning:
             sys.stderr.write(f"warning: {warning}\n")

@@ -143,6 +143,17 @@ def resource_entries(spec: JobSpec, plan: Any) -> list[dict[str, Any]]:
     return spot_entries + od_entries
 
 
+def regions_of(plan: Any) -> dict[str, list[str]]:
+    """The regions of each offer, keyed "cloud|GPU|count" as the task names them (region_order.entry_key):
+    what a cloud-wide entry is spread over when the controller moves a lost region last."""
+    out: dict[str, list[str]] = {}
+    for c in plan.candidates:
+        key = f"{SKY_INFRA.get(c.cloud, c.cloud)}|{check_sky_name(c.accelerator)}|{c.count}"
+        known = out.setdefault(key, [])
+        known.extend(r for r in getattr(c, "regions", None) or [] if r not in known)
+    return out
+
+
 def interruption_envs(plan: Any) -> dict[str, str]:
     """The planner's interruption rates for the trainer's checkpoint interval (trainer/interruptions.py):
     per cloud and GPUs per node (the highest of the offers the task may land on), and the chosen offer's
