@@ -17,6 +17,8 @@ from trainer import model_card
 from trainer.export import export
 from trainer.store import RunStore
 
+WANDB_KEY = "0123456789abcdef0123456789abcdef01234567"  # a made-up key: it must never be written
+
 
 @pytest.fixture(scope="module")
 def trained(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
@@ -24,14 +26,19 @@ def trained(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     and finishes (checkpoint 10); its output folder."""
     root = tmp_path_factory.mktemp("export-run")
     data = write_data(root / "train.jsonl", "instruction", 60)
-    train = {"max_steps": 10, "report_to": ["tensorboard"]}
+    train = {"max_steps": 10, "report_to": ["tensorboard", "wandb"]}
     job = job_dict(tiny_model, data, root / "runs", train=train, data={"eval_examples": 8})
     run_uri = prepare_run(job, run_id="tiny-abc123")
-    # attempt 1 logs steps 1-7 (metrics and TensorBoard flushed every step) and crashes at 8
-    flush = {"FTORCH_TRACKER_FLUSH_S": "0", "FTORCH_PROGRESS_EVERY_S": "0"}
+    # W&B offline, everything it writes under this test's folder (the run's folders in wandb/)
+    wandb_env = {"WANDB_MODE": "offline", "WANDB_DIR": str(root), "WANDB_API_KEY": WANDB_KEY}
+    wandb_env.update(
+        {k: str(root / "wandb-home") for k in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR")}
+    )
+    # attempt 1 logs steps 1-7 (metrics and trackers flushed every step) and crashes at 8
+    flush = {"FTORCH_TRACKER_FLUSH_S": "0", "FTORCH_PROGRESS_EVERY_S": "0", **wandb_env}
     first = run_trainer(run_uri, 1, env={"FTORCH_FAULTS": "crash@8", **flush})
     assert first.returncode != 0 and "injected fault crash@8" in first.stdout + first.stderr
-    done = run_trainer(run_uri, 2)  # resumes at 5: trains 6-10 again
+    done = run_trainer(run_uri, 2, env=wandb_env)  # resumes at 5: trains 6-10 again
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return run_uri, tiny_model
 
@@ -151,3 +158,55 @@ def test_tensorboard_one_run_across_attempts_without_repeated_steps(trained: tup
     assert [e.step for e in runs.Scalars("train/loss")] == list(range(1, 11))  # 6, 7 logged twice, kept once
     assert [e.step for e in runs.Scalars("eval/loss")] == [0, 10]
     assert [(e.step, e.value) for e in runs.Scalars("run/attempt")] == [(1, 1.0), (6, 2.0)]
+
+
+def _wandb_records(path: Path) -> list:  # noqa: ANN401
+    """The records of a W&B transaction log (`run-<id>.wandb`: a LevelDB-style log of wandb's protobuf
+    Records, 32 KiB blocks, 7-byte record headers), parsed with wandb's own protobuf classes."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, block = path.read_bytes(), 32768
+    assert data[:4] == b":W&B"
+    records, pos, parts = [], 7, b""
+    while pos < len(data):
+        left = block - pos % block
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
+        if length == 0 and kind == 0:
+            pos += left
+            continue
+        parts += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            records.append(record)
+            parts = b""
+    return records
+
+
+def test_wandb_one_run_across_attempts_without_repeated_steps(trained: tuple[str, Path]) -> None:
+    run_uri, _tiny = trained
+    root = Path(run_uri).parent.parent
+    runs = sorted((root / "wandb").glob("offline-run-*-tiny-abc123"))
+    assert len(runs) == 2  # one per attempt, both the job's run
+    steps: list[int] = []
+    keys: set[str] = set()
+    for folder in runs:
+        records = _wandb_records(folder / "run-tiny-abc123.wandb")
+        assert {r.run.run_id for r in records if r.HasField("run")} == {"tiny-abc123"}
+        for record in records:
+            if record.HasField("history"):
+                steps.append(record.history.step.num)
+                keys |= {item.key or "/".join(item.nested_key) for item in record.history.item}
+            if record.HasField("config"):
+                assert "storage_options" not in str(record.config)
+        assert WANDB_KEY.encode() not in (folder / "run-tiny-abc123.wandb").read_bytes()
+    assert steps == list(range(0, 11))  # eval at 0, steps 1-7, then 8-10 (6 and 7 stay as first logged)
+    expected = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "eval/loss"}
+    assert expected | {"run/attempt", "run/preemptions"} <= keys
+    # the run store keeps the offline run of each attempt (for `wandb sync`) and the last step logged
+    store = Path(run_uri) / "wandb"
+    assert json.loads((store / "state.json").read_text()) == {"run_id": "tiny-abc123", "last_step": 10}
+    assert {p.name for p in store.glob("offline-run-*")} == {p.name for p in runs}

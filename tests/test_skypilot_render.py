@@ -39,6 +39,7 @@ SECRET_VALUES = {
     "HF_TOKEN": "hf_TESTSECRETVALUE0000",
     "AWS_ACCESS_KEY_ID": "AKIATESTSECRETKEY0000",
     "AWS_SECRET_ACCESS_KEY": "wJalrTESTSECRETACCESSKEYVALUE0000",
+    "WANDB_API_KEY": "wandbTESTSECRETKEYVALUE00000000000000000",
 }
 
 
@@ -236,8 +237,8 @@ def test_cli_dry_run_prints_plan_and_task_and_no_secret(tmp_path: Path) -> None:
         "--dry-run",
         "--json",
         "--set",
-        "resources.secrets=[HF_TOKEN]",
-        env=env,
+        "train.report_to=[wandb]",
+        env={**env, "WANDB_PROJECT": "my-project"},
     )
     assert result.returncode == 0, result.stderr
     for value in SECRET_VALUES.values():
@@ -245,7 +246,12 @@ def test_cli_dry_run_prints_plan_and_task_and_no_secret(tmp_path: Path) -> None:
     out = json.loads(result.stdout)
     assert out["dry_run"] and out["plan"]["chosen"]["count"] == 1
     assert out["plan"]["top_offers"][0]["cloud"] in ("aws", "gcp", "azure")
-    assert "secrets:\n  HF_TOKEN: null" in out["task_yaml"]
+    # the default secrets: the hub token, the store's keys and, for W&B, its key (names only)
+    task = yaml.safe_load(out["task_yaml"])
+    assert task["secrets"] == dict.fromkeys(
+        ["HF_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY"]
+    )
+    assert task["envs"]["WANDB_PROJECT"] == "my-project" and "wandb" in task["envs"]["FTORCH_PIP_SPEC"]
     assert "recover_on_exit_codes:\n    - 75" in out["task_yaml"]
     assert not (tmp_path / "home" / "registry.db").exists(), "a dry run records nothing"
 

@@ -136,8 +136,9 @@ class TrainSpec(_Strict):
     attn_implementation: Attention = "sdpa"
     #: log (and report progress) every N optimizer steps; 0 = automatic
     log_every: int = Field(0, ge=0)
-    #: experiment trackers; one TensorBoard run per job in <run store>/tensorboard (trainer/trackers.py)
-    report_to: list[Literal["tensorboard"]] = Field(default_factory=list)
+    #: experiment trackers, one run per job across attempts: TensorBoard in <run store>/tensorboard,
+    #: W&B (run id = job id; WANDB_API_KEY, WANDB_PROJECT from the environment) (trainer/trackers.py)
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
 
 
 class CheckpointSpec(_Strict):

@@ -225,7 +225,14 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         reporter.extra["cuda_allocator"] = cuda_allocator
         log(f"CUDA allocator: {cuda_allocator['setting']} (set by {cuda_allocator['source']})")
     reporter.start(state.step)
-    trackers = Trackers(store, spec.train.report_to if par.is_main else [], attempt, state.step)
+    trackers = Trackers(
+        store,
+        spec.train.report_to if par.is_main else [],
+        attempt,
+        state.step,
+        resolved["run_id"],
+        resolved["job"],
+    )
     if state.step == 0 and state.extra.get("eval_before"):
         trackers.scalar("eval/loss", state.extra["eval_before"]["loss"], 0)
 
@@ -233,8 +240,9 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     log_every = spec.train.log_every or max(1, steps // 100)
     while state.step < steps:
         if par.any(flag.is_set()):  # all ranks stop at the same step
-            trackers.close()
-            return _stop_on_notice(flag, checkpointer, model, optimizer, scheduler, state, reporter)
+            code = _stop_on_notice(flag, checkpointer, model, optimizer, scheduler, state, reporter)
+            trackers.close()  # after the checkpoint: W&B's finish may take a while
+            return code
         # the job's effective batch on this many ranks (trainer/layout.py): global micro-batches
         micro = layout.step_micro_batches(dataset, state.micro_batches)
         step_loss, seen = accumulate(

@@ -1,16 +1,28 @@
-"""Experiment trackers (`train.report_to`): TensorBoard event files in the run store, one run per job.
+"""Experiment trackers (`train.report_to`): TensorBoard and W&B, one run per job across all attempts.
 
-Every attempt appends its own event file to `<run store>/tensorboard/`, so TensorBoard shows one run
-across all attempts. An attempt that resumes from step S opens its writer with `purge_step=S + 1`:
+TensorBoard: every attempt appends its own event file to `<run store>/tensorboard/`, so TensorBoard shows
+one run across all attempts. An attempt that resumes from step S opens its writer with `purge_step=S + 1`:
 TensorBoard's reader then drops what an earlier attempt logged after that checkpoint (steps it is about
 to train again), so no step appears twice. Events are written to a local folder and copied into the
-run store at each flush (the store may be a bucket). Logged: loss, lr, grad norm, tokens/s, the held-out
-loss before and after, and the attempt number (so interruptions are visible as steps in it).
+run store at each flush (the store may be a bucket).
+
+W&B: the run id is the job id and every attempt resumes it (`resume="allow"`). W&B cannot rewind a run, so
+an attempt logs only the steps after the last one already logged (kept in `<run store>/wandb/state.json`
+at each flush, and W&B's own resumed step online): the steps an attempt trains again after a resume are
+the same steps (exact resume) and stay as first logged. The API key comes from the environment
+(WANDB_API_KEY; on SkyPilot a secret of the task), the project from WANDB_PROJECT (default `ftorch`).
+In offline mode (WANDB_MODE=offline) the run's files are copied into `<run store>/wandb/` at each flush,
+for `wandb sync` later. The job's settings are the run's config, without storage options.
+
+Logged to both: loss, lr, grad norm, tokens/s (`train/...`), the held-out loss (`eval/loss`), the attempt
+number and the preemptions before it (`run/attempt`, `run/preemptions`), and the cost so far
+(`run/cost_usd`) where the trainer knows the price (the local backend passes it in FTORCH_HOURLY_USD).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -18,57 +30,207 @@ from typing import Any
 from trainer.store import RunStore
 
 FOLDER = "tensorboard"
+WANDB_FOLDER = "wandb"
+WANDB_STATE = f"{WANDB_FOLDER}/state.json"
 FLUSH_EVERY_S = float(os.environ.get("FTORCH_TRACKER_FLUSH_S", "30"))
 
 
-class Trackers:
-    def __init__(self, store: RunStore, report_to: list[str], attempt: int, start_step: int) -> None:
+def _missing(name: str, extra: str) -> Exception:
+    from trainer.data_check import DataError
+
+    return DataError(f"train.report_to: {name} is not installed here; pip install 'ftorch[{extra}]'")
+
+
+def run_facts(store: RunStore, environ: dict[str, str] | None = None) -> dict[str, float]:
+    """Preemptions before this attempt, and the cost so far and the hourly price where known.
+
+    The local supervisor passes what it knows (FTORCH_PREEMPTIONS, FTORCH_COST_USD, FTORCH_HOURLY_USD);
+    elsewhere the preemptions are the earlier attempts that ended neither finished nor stopped (fencing
+    records in the run store), and the cost is not known to the trainer."""
+    from trainer.interruptions import NOT_INTERRUPTIONS
+
+    env = os.environ if environ is None else environ
+    facts: dict[str, float] = {}
+    try:
+        if env.get("FTORCH_PREEMPTIONS"):
+            facts["preemptions"] = float(env["FTORCH_PREEMPTIONS"])
+        else:
+            records = store.epoch_records()
+            earlier = [r for n, r in records.items() if n < (store.epoch or max(records, default=0) + 1)]
+            facts["preemptions"] = float(sum(1 for r in earlier if r.get("ended") not in NOT_INTERRUPTIONS))
+        if env.get("FTORCH_HOURLY_USD"):
+            facts["hourly_usd"] = float(env["FTORCH_HOURLY_USD"])
+            facts["cost_usd"] = float(env.get("FTORCH_COST_USD") or 0.0)
+    except (ValueError, OSError):  # advisory
+        pass
+    return facts
+
+
+def _config(job: dict[str, Any]) -> dict[str, Any]:
+    """The job's settings for W&B's config: storage options (which could hold keys) left out."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items() if k != "storage_options"}
+        return value
+
+    return clean(job)
+
+
+class _TensorBoard:
+    def __init__(self, store: RunStore, start_step: int) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise _missing("tensorboard", "tensorboard") from None
         self.store = store
-        self.writer: Any = None
-        self.local = ""
+        self.local = tempfile.mkdtemp(prefix="ftorch-tb-")
+        self.writer = SummaryWriter(self.local, purge_step=start_step + 1 if start_step else None)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, step)
+
+    def flush(self) -> None:
+        self.writer.flush()
+        for name in sorted(os.listdir(self.local)):
+            with open(os.path.join(self.local, name), "rb") as handle:
+                self.store.write_bytes(f"{FOLDER}/{name}", handle.read())
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _WandB:
+    def __init__(self, store: RunStore, run_id: str, job: dict[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise _missing("wandb", "wandb") from None
+        self.store = store
+        state = store.read_json_or_none(WANDB_STATE)
+        self.logged = int(state.get("last_step", -1)) if isinstance(state, dict) else -1
+        self.local = os.environ.get("WANDB_DIR") or tempfile.mkdtemp(prefix="ftorch-wandb-")
+        settings = wandb.Settings(console="off", silent=True, save_code=False, x_disable_stats=True)
+        self.run = wandb.init(
+            id=run_id,
+            resume="allow",
+            project=os.environ.get("WANDB_PROJECT") or "ftorch",
+            name=run_id,
+            dir=self.local,
+            config=_config(job),
+            settings=settings,
+        )
+        self.offline = bool(self.run.settings.mode in ("offline", "dryrun"))
+        if self.run.resumed:  # online: what W&B already holds for this run
+            self.logged = max(self.logged, int(self.run.starting_step or 0) - 1)
+        self.floor = self.logged
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if step > self.floor:  # W&B keeps what earlier attempts logged up to `floor`
+            self.run.log(metrics, step=step)
+            self.logged = max(self.logged, step)
+
+    def summary(self, values: dict[str, float]) -> None:
+        self.run.summary.update(values)
+
+    def flush(self) -> None:
+        self.store.write_json(WANDB_STATE, {"run_id": self.run.id, "last_step": self.logged})
+        if self.offline:
+            self._copy_offline()
+
+    def _copy_offline(self) -> None:
+        folder = os.path.dirname(self.run.dir)  # <dir>/wandb/offline-run-<time>-<id>
+        name = os.path.basename(folder)
+        for root, _dirs, files in os.walk(folder):
+            for file in sorted(files):
+                path = os.path.join(root, file)
+                rel = os.path.relpath(path, folder).replace(os.sep, "/")
+                with open(path, "rb") as handle:
+                    self.store.write_bytes(f"{WANDB_FOLDER}/{name}/{rel}", handle.read())
+
+    def close(self) -> None:
+        self.run.finish()
+        self.flush()  # the offline run's files complete now
+        if not os.environ.get("WANDB_DIR"):
+            shutil.rmtree(self.local, ignore_errors=True)
+
+
+class Trackers:
+    """What the training loop logs to, whichever trackers the job asked for (none: every call is a no-op)."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        report_to: list[str],
+        attempt: int,
+        start_step: int,
+        run_id: str = "",
+        job: dict[str, Any] | None = None,
+    ) -> None:
+        self.store = store
         self.last_flush = time.monotonic()
+        self.sinks: list[Any] = []
         if "tensorboard" in report_to:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                from trainer.data_check import DataError
+            self.sinks.append(_TensorBoard(store, start_step))
+        if "wandb" in report_to:
+            self.sinks.append(
+                _WandB(store, run_id or store.root_uri.rstrip("/").rsplit("/", 1)[-1], job or {})
+            )
+        self.facts = run_facts(store) if self.sinks else {}
+        self.started = time.time()
+        first = {"run/attempt": float(attempt)}
+        if "preemptions" in self.facts:
+            first["run/preemptions"] = self.facts["preemptions"]
+        self.first = first  # logged with the attempt's first step
+        for sink in self.sinks:
+            if isinstance(sink, _WandB):
+                sink.summary(
+                    {"attempts": attempt, **{k: v for k, v in self.facts.items() if k != "hourly_usd"}}
+                )
 
-                raise DataError(
-                    "train.report_to: tensorboard is not installed here; pip install 'ftorch[tensorboard]'"
-                ) from None
+    @property
+    def writer(self) -> Any:
+        """The TensorBoard writer, if any (kept for callers that check it)."""
+        return next((s.writer for s in self.sinks if isinstance(s, _TensorBoard)), None)
 
-            self.local = tempfile.mkdtemp(prefix="ftorch-tb-")
-            self.writer = SummaryWriter(self.local, purge_step=start_step + 1 if start_step else None)
-            self.writer.add_scalar("run/attempt", attempt, start_step + 1)
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        for sink in self.sinks:
+            sink.log(metrics, step)
 
     def step(self, step: int, metrics: dict[str, float | None]) -> None:
-        if self.writer is None:
+        if not self.sinks:
             return
-        for name, value in metrics.items():
-            if value is not None:
-                self.writer.add_scalar(f"train/{name}", value, step)
+        values = {f"train/{name}": float(v) for name, v in metrics.items() if v is not None}
+        if self.first:
+            values.update(self.first)
+            self.first = {}
+        if "hourly_usd" in self.facts:
+            spent = self.facts["cost_usd"] + self.facts["hourly_usd"] * (time.time() - self.started) / 3600.0
+            values["run/cost_usd"] = spent
+        self._log(values, step)
         if time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
             self.flush()
 
     def scalar(self, name: str, value: float, step: int) -> None:
-        if self.writer is not None:
-            self.writer.add_scalar(name, value, step)
+        if self.sinks:
+            self._log({name: float(value)}, step)
 
     def flush(self) -> None:
-        """Copy this attempt's event files into the run store (a failure waits for the next flush)."""
-        if self.writer is None:
-            return
-        self.writer.flush()
+        """Copy what the trackers wrote into the run store (a failure waits for the next flush)."""
         self.last_flush = time.monotonic()
-        try:
-            for name in sorted(os.listdir(self.local)):
-                with open(os.path.join(self.local, name), "rb") as handle:
-                    self.store.write_bytes(f"{FOLDER}/{name}", handle.read())
-        except Exception:  # noqa: BLE001 - tracking is advisory, like progress
-            pass
+        for sink in self.sinks:
+            try:
+                sink.flush()
+            except Exception:  # noqa: BLE001 - tracking is advisory, like progress
+                pass
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.flush()
-            self.writer.close()
-            self.writer = None
+        for sink in self.sinks:
+            try:
+                if isinstance(sink, _TensorBoard):
+                    sink.flush()
+                sink.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self.sinks = []

@@ -174,6 +174,9 @@ class Supervisor:
         job = self.registry.get(self.job_id)
         env = dict(os.environ)
         env["FTORCH_ATTEMPT"] = str(attempt.n)
+        # for the trackers (train.report_to): what only the supervisor knows
+        env.update(FTORCH_PREEMPTIONS=str(self.preemptions), FTORCH_COST_USD=f"{self.spent():.6f}")
+        env["FTORCH_HOURLY_USD"] = str(self.spec.local.hourly_usd)
         mirror = log_path.parent / f"progress-{attempt.n:03d}.json"
         env["FTORCH_PROGRESS_MIRROR"] = str(mirror)
         log_file = procs.open_private(log_path)

@@ -40,6 +40,8 @@ STORE_CREDENTIALS = {
     "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
     "az": ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_CONNECTION_STRING"),
 }
+#: W&B settings passed to the task when set here (WANDB_API_KEY goes as a secret)
+WANDB_SETTINGS = ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_BASE_URL", "WANDB_MODE")
 SKY_INFRA = {"aws": "aws", "gcp": "gcp", "azure": "azure", "lambda": "lambda", "runpod": "runpod"}
 SECRETS_NOTE = (
     "# secrets: names only; the values are read from your environment at launch and never printed\n"
@@ -74,6 +76,8 @@ def secret_names(spec: JobSpec, environ: Mapping[str, str] | None = None) -> lis
     environ = os.environ if environ is None else environ
     store = "s3" if scheme(spec.checkpoint.uri) in ("s3", "s3a") else scheme(spec.checkpoint.uri)
     wanted = [*HUB_TOKENS, *STORE_CREDENTIALS.get(store, ())]
+    if "wandb" in spec.train.report_to:
+        wanted.append("WANDB_API_KEY")
     return [name for name in wanted if environ.get(name)]
 
 
@@ -202,8 +206,7 @@ def pip_extras(spec: JobSpec) -> list[str]:
     extras = ["s3", "gcs"]
     if spec.method == "qlora" or spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
         extras.append("qlora")
-    if "tensorboard" in spec.train.report_to:
-        extras.append("tensorboard")
+    extras += [t for t in ("tensorboard", "wandb") if t in spec.train.report_to]
     return extras
 
 
@@ -252,6 +255,9 @@ def render_task(
         FTORCH_STORAGE_OPTIONS=json.dumps(spec.checkpoint.storage_options, sort_keys=True),
         **interruption_envs(plan),
     )
+    if "wandb" in spec.train.report_to:  # where the run goes (not secrets; the key is one, above)
+        source = os.environ if environ is None else environ
+        envs.update({k: source[k] for k in WANDB_SETTINGS if source.get(k)})
     rendered: dict[str, Any] = {"name": job_id}
     if install.workdir:
         rendered["workdir"] = install.workdir
