@@ -124,6 +124,10 @@ def plan_cmd(
         f"step (train.micro_batch_size {spec.train.micro_batch_size} per GPU x grad_accum "
         f"{spec.train.grad_accum}), kept on every GPU count; layout = examples per GPU x accumulation"
     )
+    steps, sequences = plan.workload.get("steps"), plan.workload.get("sequences_per_epoch")
+    if steps and sequences and not spec.train.max_steps:
+        what = f"packs of up to {spec.data.max_seq_len} tokens" if spec.data.packing else "examples"
+        con.print(f"steps: {steps:,} (~{sequences:,} {what} per epoch x {spec.train.epochs:g} epochs)")
     shown = plan.candidates[:top]
     if plan.chosen and plan.chosen not in shown:
         shown.append(plan.chosen)

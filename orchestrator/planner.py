@@ -377,7 +377,7 @@ def make_plan(
         model=shape.name,
         method=spec.method,
         estimates=estimates,
-        workload=work.to_json(),
+        workload={**work.to_json(), "steps": work.steps(spec.train.micro_batch_size)},
         notes=notes,
     )
 

@@ -37,6 +37,8 @@ from typing import Any
 from orchestrator.errors import SpecError
 from orchestrator.memory import NF4_DQ_BYTES, Settings
 from orchestrator.shapes import ModelShape
+from trainer.layout import total_steps
+from trainer.packing import packed_count
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,9 @@ def accelerator(name: str, instance_type: str = "") -> Accelerator | None:
 
 
 # ---- tokens ------------------------------------------------------------------------------------------
-def count_local_tokens(path: str, max_seq_len: int) -> tuple[int, int, str]:
-    """(tokens, examples, method) of a local JSONL/text file, without a tokenizer.
+def count_local_tokens(path: str, max_seq_len: int, lengths: list[int] | None = None) -> tuple[int, int, str]:
+    """(tokens, examples, method) of a local JSONL/text file, without a tokenizer; each example's
+    estimated length is appended to `lengths` when given (the lines read: all, or the sample).
 
     Each example's text (all string values of a JSON line, or the line) is len/4 tokens, truncated at
     max_seq_len like the trainer does. Files over 64 MiB are sampled (first 20k lines) and scaled by size.
@@ -152,8 +155,11 @@ def count_local_tokens(path: str, max_seq_len: int) -> tuple[int, int, str]:
                 text = _strings(json.loads(line))
             except ValueError:
                 text = line.decode("utf-8", "replace")
-            tokens += min(max_seq_len, max(1, math.ceil(len(text) / CHARS_PER_TOKEN)))
+            length = min(max_seq_len, max(1, math.ceil(len(text) / CHARS_PER_TOKEN)))
+            tokens += length
             examples += 1
+            if lengths is not None:
+                lengths.append(length)
             if size > 64 * 1024**2 and examples >= 20_000:
                 scale = size / max(1, read)
                 return int(tokens * scale), int(examples * scale), "sampled, ~4 chars/token"
@@ -181,6 +187,8 @@ class Workload:
     tokens_per_sequence: float
     sequences_per_step: int  # the effective batch
     source: str
+    #: training sequences per epoch: examples, or packs with data.packing (None when not known)
+    sequences_per_epoch: int | None = None
 
     def total_tokens(self, n_gpus: int) -> float:
         if self.max_steps is not None:
@@ -188,11 +196,21 @@ class Workload:
         assert self.tokens_per_epoch is not None
         return self.tokens_per_epoch * self.epochs
 
+    def steps(self, micro_batch_size: int) -> int | None:
+        """Optimizer steps, counted as the trainer counts them (trainer/layout.py)."""
+        if self.max_steps is None and self.sequences_per_epoch is None:
+            return None
+        accum = max(1, self.sequences_per_step // micro_batch_size)
+        return total_steps(
+            self.sequences_per_epoch or 0, micro_batch_size, accum, self.epochs, self.max_steps
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "tokens_per_epoch": self.tokens_per_epoch,
             "epochs": self.epochs,
             "max_steps": self.max_steps,
+            "sequences_per_epoch": self.sequences_per_epoch,
             "source": self.source,
         }
 
@@ -203,17 +221,25 @@ def workload(spec: Any) -> Workload:
     local = "://" not in data.path and os.path.exists(data.path)
     tokens = examples = None
     source = ""
+    lengths: list[int] = []
     if data.tokens is not None:
         tokens, source = data.tokens, "data.tokens"
     elif local and os.path.isfile(data.path):
-        tokens, examples, how = count_local_tokens(data.path, data.max_seq_len)
+        tokens, examples, how = count_local_tokens(data.path, data.max_seq_len, lengths)
         source = f"{data.path} ({how})"
+    sequences = examples
+    if data.packing and tokens:  # full sequences of max_seq_len: the trainer's packs (trainer/packing.py)
+        if lengths and examples:
+            sequences = max(1, round(packed_count(lengths, data.max_seq_len) * examples / len(lengths)))
+        else:
+            sequences = math.ceil(tokens / data.max_seq_len)
+        source += ", packed"
     per_seq = float(data.max_seq_len)
-    if tokens and examples:
-        per_seq = tokens / examples
+    if tokens and sequences:
+        per_seq = tokens / sequences
     if train.max_steps is not None:
         return Workload(
-            tokens, train.epochs, train.max_steps, per_seq, per_step, source or "max_steps x batch"
+            tokens, train.epochs, train.max_steps, per_seq, per_step, source or "max_steps x batch", sequences
         )
     if tokens is None:
         raise SpecError(
@@ -221,7 +247,7 @@ def workload(spec: Any) -> Workload:
             f"{data.path} is not a local file; give data.tokens (tokens in the data "
             "set) or train.max_steps so the planner can estimate hours",
         )
-    return Workload(tokens, train.epochs, None, per_seq, per_step, source)
+    return Workload(tokens, train.epochs, None, per_seq, per_step, source, sequences)
 
 
 # ---- time --------------------------------------------------------------------------------------------

@@ -115,6 +115,8 @@ class DataSpec(_Strict):
     tokens: int | None = Field(None, ge=1)
     #: examples held back from training for the before/after check (taken from the end of the file)
     eval_examples: int = Field(0, ge=0)
+    #: pack examples into sequences of max_seq_len tokens, each example attending only to itself
+    packing: bool = False
 
 
 class TrainSpec(_Strict):

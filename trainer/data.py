@@ -14,6 +14,8 @@ import torch
 
 from trainer.config import DataSpec
 from trainer.data_check import DataError, check_row, read_jsonl, text_field
+from trainer.packing import Packed, pack
+from trainer.packing import collate as _collate_packed
 
 __all__ = ["DataError", "Dataset", "Example", "collate", "encode_row", "load_dataset", "read_jsonl"]
 
@@ -137,10 +139,14 @@ def load_dataset(
 ) -> Dataset:
     """Tokenise the data file; with `cache_store` (a RunStore), reuse an earlier attempt's result."""
     encoded, held, skipped = _tokenise_cached(spec, tokenizer, storage_options, cache_store)
+    if spec.packing:  # recomputed every attempt (cheap, deterministic): trainer/packing.py
+        examples = len(encoded)
+        encoded = pack(encoded, spec.max_seq_len)  # type: ignore[assignment]
+        _log(f"packed {examples} examples into {len(encoded)} sequences of up to {spec.max_seq_len} tokens")
     if len(encoded) < micro_batch_size:
         raise DataError(
-            f"data.path: {len(encoded)} usable training examples, fewer than "
-            f"train.micro_batch_size ({micro_batch_size})"
+            f"data.path: {len(encoded)} usable training {'sequences' if spec.packing else 'examples'}, "
+            f"fewer than train.micro_batch_size ({micro_batch_size})"
         )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return Dataset(encoded, held, skipped, micro_batch_size, seed, int(pad if pad is not None else 0))
@@ -216,9 +222,12 @@ def _tokenise(
 
 
 def collate(
-    examples: list[Example], pad_id: int, device: torch.device | str = "cpu"
+    examples: list[Example], pad_id: int, device: torch.device | str = "cpu", flat: bool = False
 ) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest example of the micro-batch."""
+    """Right-pad to the longest example of the micro-batch (packs: trainer/packing.py, `flat` for
+    flash attention)."""
+    if examples and isinstance(examples[0], Packed):
+        return _collate_packed(examples, pad_id, device, flat)  # type: ignore[arg-type]
     width = max(len(e.input_ids) for e in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)

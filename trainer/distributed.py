@@ -39,6 +39,7 @@ class Parallel:
     rank = 0
     world = 1
     sharded = False
+    _tokens = 0
 
     @property
     def is_main(self) -> bool:
@@ -48,10 +49,12 @@ class Parallel:
         return model
 
     def local(self, examples: list[Example]) -> list[Example]:
+        self._tokens = sum(len(e.input_ids) for e in examples)
         return examples
 
     def tokens(self, batch: dict[str, torch.Tensor]) -> int:
-        return int(batch["attention_mask"].sum())
+        """Input tokens of the last `local` micro-batch, padding excluded (packed batches have no mask)."""
+        return self._tokens
 
     def any(self, value: bool) -> bool:
         return value

@@ -127,6 +127,17 @@ def layout_for(spec: Any, gpus_per_node: int = 1, nodes: int = 1) -> Layout:
     return Layout(nodes, gpus_per_node, micro, share // micro, effective, mbs, sharding)
 
 
+def total_steps(
+    sequences: int, micro_batch_size: int, grad_accum: int, epochs: float, max_steps: int | None = None
+) -> int:
+    """Optimizer steps of a job whose epoch holds `sequences` training sequences (examples, or packs with
+    data.packing): whole micro-batches per epoch x epochs, then whole steps. The trainer's count, and the
+    planner's (orchestrator/throughput.py) on its estimate of the sequences."""
+    if max_steps:
+        return max_steps
+    return max(1, int(epochs * (sequences // micro_batch_size) // grad_accum))
+
+
 def check(spec: Any, ranks: int, gpus_per_node: int | None = None) -> Layout:
     """The trainer's check at start: the layout for `ranks` processes, or LayoutError with the reason."""
     per_node = gpus_per_node if gpus_per_node and ranks % gpus_per_node == 0 else ranks

@@ -22,9 +22,12 @@ from trainer.distributed import setup as setup_parallel
 from trainer.faults import maybe_crash
 from trainer.interruptions import how_it_ended
 from trainer.layout import check as check_layout
+from trainer.layout import total_steps as steps_for
 from trainer.loss import evaluate_batch, shifted_labels
 from trainer.model import autocast_dtype, count_parameters, load_model, load_tokenizer, pick_device
 from trainer.notices import start_watcher
+from trainer.packing import uses_flat_batches
+from trainer.packing_check import verify as verify_packing
 from trainer.preemption import PreemptionFlag, install_signal_handlers
 from trainer.progress import ProgressReporter, log
 from trainer.sharded_checkpoint import ShardedWriter, load_newest, newest_is_sharded
@@ -35,10 +38,8 @@ from trainer.trackers import Trackers
 
 
 def total_steps(spec: JobSpec, dataset: Dataset) -> int:
-    if spec.train.max_steps:
-        return spec.train.max_steps
-    micro = spec.train.epochs * dataset.micro_batches_per_epoch
-    return max(1, int(micro // spec.train.grad_accum))
+    t = spec.train
+    return steps_for(len(dataset.train), t.micro_batch_size, t.grad_accum, t.epochs, t.max_steps)
 
 
 def lr_lambda_for(spec: JobSpec, steps: int) -> Any:
@@ -193,6 +194,8 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     log(f"loading the model {spec.model} ({spec.method}, {spec.train.precision})")
     model = par.wrap(load_model(spec, device), spec)
     log(f"model loaded in {time.monotonic() - loading:.1f} s")
+    if spec.data.packing:  # refuse (exit 2) a model whose attention would mix packed examples
+        verify_packing(model, uses_flat_batches(spec.train.attn_implementation), autocast_dtype(spec))
     params, trainable = count_parameters(model)
     optimizer = make_optimizer(spec, model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_for(spec, steps))

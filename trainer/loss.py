@@ -59,6 +59,18 @@ def _body(base: torch.nn.Module) -> torch.nn.Module | None:
     return body if isinstance(body, torch.nn.Module) else None
 
 
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """What the model is called with: input ids and a 2D attention mask, or input ids and the position
+    ids of packed examples (trainer/packing.py; no mask and no cache, so transformers keeps the examples
+    apart: it reads the packing from the position ids only then)."""
+    inputs: dict[str, Any] = {
+        k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch
+    }
+    if "position_ids" in batch:
+        inputs["use_cache"] = False
+    return inputs
+
+
 def hidden_states(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
     """The body's last hidden states (batch, seq, hidden), from a call of the root module that computes
     no logits; None when the model cannot be called that way."""
@@ -74,7 +86,7 @@ def hidden_states(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tor
     handle = body.register_forward_hook(keep)
     try:
         none = torch.empty(0, dtype=torch.long, device=batch["input_ids"].device)
-        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=none)
+        model(**model_inputs(batch), logits_to_keep=none)
     finally:
         handle.remove()
     return captured.get("h")
@@ -110,7 +122,7 @@ def loss_sum(
     (default: `CHUNK_ELEMENTS` logits per chunk)."""
     hidden = hidden_states(model, batch)
     if hidden is None:  # the model's own loss: sum = mean x 1 item
-        return model(**batch, num_items_in_batch=1).loss
+        return model(**model_inputs(batch), labels=batch["labels"], num_items_in_batch=1).loss
     base = base_model(model)
     head = base.get_output_embeddings()
     flat = hidden.reshape(-1, hidden.shape[-1])
@@ -136,7 +148,7 @@ def evaluate_batch(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tu
     hidden = hidden_states(model, batch)
     labels = shifted_labels(batch["labels"])
     if hidden is None:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        logits = model(**model_inputs(batch)).logits.float()
         loss = F.cross_entropy(logits.flatten(0, 1), labels.reshape(-1), ignore_index=IGNORE, reduction="sum")
         return float(loss), logits.argmax(-1)
     base = base_model(model)

@@ -20,6 +20,7 @@ from trainer.config import JobSpec
 from trainer.data import Example, collate
 from trainer.loss import label_tokens, loss_sum
 from trainer.model import autocast_dtype
+from trainer.packing import uses_flat_batches
 
 SCALER_KEY = "grad_scaler"
 
@@ -60,13 +61,15 @@ def accumulate(
     items = max(1, sum(label_tokens(examples) for examples in micro_batches))
     amp = autocast_dtype(spec)
     step_loss, seen = 0.0, 0
+    flat = uses_flat_batches(spec.train.attn_implementation)
     for examples in micro_batches:
-        batch = collate(local(list(examples)), pad_id, device)
+        mine = local(list(examples))
+        batch = collate(mine, pad_id, device, flat=flat)
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
             loss = loss_sum(model, batch) * (world / items)
         (scaler.scale(loss) if scaler is not None else loss).backward()
         step_loss += float(loss.detach())
-        seen += tokens(batch) if tokens is not None else int(batch["attention_mask"].sum())
+        seen += tokens(batch) if tokens is not None else sum(len(e.input_ids) for e in mine)
     return step_loss, seen
 
 
