@@ -227,6 +227,8 @@ def test_dry_run_shows_the_controllers_plan(ftorch_home: Path, capsys) -> None:
         "--backend",
         "skypilot",
         "--dry-run",
+        "--set",
+        "resources.budget_usd=100",
     ]
     try:
         cli.main()
@@ -236,6 +238,8 @@ def test_dry_run_shows_the_controllers_plan(ftorch_home: Path, capsys) -> None:
     assert "controller: policy deadline" in out and "deadline: 20h" in out
     assert "spot list: aws L40S" in out and "on-demand list:" in out
     assert "cancel, relaunch with the other list" in out
+    assert "budget: $100;" in out and "control/spend.json" in out and "STOPPED (budget)" in out
+    assert "relaunch with the lost region's offers last" in out
 
 
 def test_the_controller_process_is_built_from_the_registry(tmp_path: Path, ftorch_home: Path) -> None:

@@ -15,7 +15,7 @@ from sky_double import Clock, ReplaySky
 
 from orchestrator.backends import skypilot_state
 from orchestrator.backends.skypilot import render_job
-from orchestrator.backends.skypilot_controller import build, single_list
+from orchestrator.backends.skypilot_controller import build, single_list, watch_lines
 from orchestrator.backends.skypilot_render import regions_of
 from orchestrator.backends.skypilot_watch import SPEND_FILE
 from orchestrator.controller import Config, Plan
@@ -24,6 +24,7 @@ from orchestrator.policy import Mode, make_policy
 from orchestrator.registry import Registry
 from orchestrator.spec import load_job
 from orchestrator.states import JobState, Outcome
+from trainer.config import JobSpec
 from trainer.interruptions import STOP_REQUEST, request_stop
 from trainer.store import RunStore
 
@@ -101,6 +102,9 @@ def test_budget_stops_a_skypilot_job_cleanly_through_the_controller(
     payload = notified(tmp_path, "budget")
     assert payload and payload["event"] == "budget" and payload["cost_usd"] == row["cost_usd"]
     assert "STOPPED at its budget" in payload["text"] and notified(tmp_path, "preempted") is None
+    # what `launch --dry-run` says about it (FAILOVER: no region move)
+    lines = watch_lines(JobSpec.model_validate(job.spec), SPOT_TASK)
+    assert lines[0].startswith("  budget: $1;") and lines[1:] == ["  notify: command on budget, preempted"]
 
 
 def progress(store: RunStore, step: int) -> None:
