@@ -3,9 +3,9 @@
 SkyPilot 0.14.1 walks `ordered` from the top on every recovery, and its EAGER_NEXT_REGION does not block
 the region it lost (notes/skypilot.md §6), so a relaunch tries the lost region first. The controller
 relaunches with this list instead: every entry in another region keeps its place; the lost region's
-entries go to the end, in their order. A cloud-wide entry (`infra: aws`) on the lost cloud is spread over
-its offer's regions (the plan's, "cloud|GPU|count" -> regions) so that the lost one can go last; with no
-regions known it stays as it is (SkyPilot then picks among all regions).
+entries go to the end, in their order. A cloud-wide entry (`infra: aws`) on the lost cloud is spread
+over its offer's regions (the plan's, cheapest first: skypilot_render.regions_of) so that the lost one
+can go last; with no regions known it stays as it is (SkyPilot then picks among all regions).
 """
 
 from __future__ import annotations

@@ -149,13 +149,22 @@ def resource_entries(spec: JobSpec, plan: Any) -> list[dict[str, Any]]:
 
 def regions_of(plan: Any) -> dict[str, list[str]]:
     """The regions of each offer, keyed "cloud|GPU|count" as the task names them (region_order.entry_key):
-    what a cloud-wide entry is spread over when the controller moves a lost region last."""
-    out: dict[str, list[str]] = {}
+    what a cloud-wide entry is spread over when the controller moves a lost region last. Cheapest
+    first by the bundled snapshot's per-region prices (spot, else on-demand), as SkyPilot's optimizer
+    would pick among them; regions without a known price keep the plan's order, after the others."""
+    from orchestrator.catalog import bundled_catalog
+
+    prices = {(o.cloud, o.instance_type): o.region_prices for o in bundled_catalog().offers}
+    best: dict[str, dict[str, float]] = {}
     for c in plan.candidates:
         key = f"{SKY_INFRA.get(c.cloud, c.cloud)}|{check_sky_name(c.accelerator)}|{c.count}"
-        known = out.setdefault(key, [])
-        known.extend(r for r in getattr(c, "regions", None) or [] if r not in known)
-    return out
+        known = best.setdefault(key, {})
+        by_region = prices.get((c.cloud, c.instance_type)) or {}
+        for region in getattr(c, "regions", None) or []:
+            od, spot = by_region.get(region) or (None, None)
+            price = spot if spot is not None else od
+            known[region] = min(known.get(region, math.inf), math.inf if price is None else price)
+    return {k: sorted(v, key=lambda r: v[r]) for k, v in best.items()}
 
 
 def interruption_envs(plan: Any) -> dict[str, str]:
