@@ -389,10 +389,16 @@ class Controller:
             return False
         self.state["relocated_step"] = step
         self.client.cancel(int(sky_job_id))  # nothing trains while it recovers: nothing to save
-        task["resources"]["ordered"] = moved
-        self.state.setdefault("ordered", {})[self.mode.value] = moved
         self.state.setdefault("relocations", []).append({"at": now, "lost": lost, "sky_job_id": sky_job_id})
-        self.launch(self.mode, f"{RELOCATED}{lost}: relaunched with that region last")
+        task["resources"]["ordered"] = moved
+        try:
+            self.launch(self.mode, f"{RELOCATED}{lost}: relaunched with that region last")
+        except Exception as exc:  # e.g. a region SkyPilot's catalog lacks: the list it had, as it was
+            sys.stderr.write(f"controller: relaunch with {lost} last refused ({exc}); the list as it was\n")
+            task["resources"]["ordered"] = entries
+            self.launch(self.mode, f"{RELOCATED}{lost}: relaunched (the reordered list was refused)")
+            return True
+        self.state.setdefault("ordered", {})[self.mode.value] = moved
         return True
 
     def _begin_switch(

@@ -131,7 +131,12 @@ class Placements:
         self.launched: list[dict[str, Any]] = []
         self.cancelled: list[int] = []
 
+    refuse_next = False
+
     def launch(self, task: dict[str, Any], name: str) -> int:
+        if self.refuse_next:  # e.g. SkyPilot's API server refuses a region
+            self.refuse_next = False
+            raise ValueError("Invalid region")
         self.launched.append(copy.deepcopy(task))
         job_id = len(self.launched)
         self.records[job_id] = {"job_id": job_id, "status": "PENDING", "recovery_count": 0}
@@ -235,3 +240,13 @@ def test_a_preempted_job_is_relaunched_with_the_lost_region_last(
     client.place(2, "RECOVERING", f"{cloud}/{order[0][1]}")
     controller.tick()
     assert client.cancelled == [1] and len(client.launched) == 2
+    # a relaunch SkyPilot refuses (a region its catalog lacks): the list as it was, not a lost run
+    controller.plan.tasks[Mode.SPOT]["resources"]["job_recovery"] = {"strategy": "EAGER_NEXT_REGION"}
+    progress(store, 20)
+    client.place(2, "RUNNING", f"{cloud}/{order[0][1]}")
+    controller.tick()
+    client.place(2, "RECOVERING", f"{cloud}/{order[0][1]}")
+    client.refuse_next = True
+    assert controller.tick()
+    assert client.cancelled == [1, 2] and len(client.launched) == 3
+    assert client.launched[2]["resources"]["ordered"] == relaunched["resources"]["ordered"]
