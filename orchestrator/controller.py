@@ -321,7 +321,7 @@ class Controller:
             self._continue_switch(pending, record, progress, now)
             self._save()
             return not self.state.get("ended")
-        if self._stop_asked():  # `ftorch cancel` is stopping the job: no decision of ours meanwhile
+        if self._stop_asked(now):  # `ftorch cancel` is stopping the job: no decision of ours meanwhile
             self.state["placed"] = None
             self._save()
             return True
@@ -349,11 +349,16 @@ class Controller:
             except Exception as exc:  # a notification must never break the controller
                 sys.stderr.write(f"controller: {event}: {exc.__class__.__name__}: {exc}\n")
 
-    def _stop_asked(self) -> bool:
+    def _stop_asked(self, now: float) -> bool:
+        """A stop request in the run store from someone else (`ftorch cancel`), recent enough to be
+        waited on (one left behind by a cancel that died must not keep the controller idle for good)."""
         try:
-            return bool(self.store.read_json_or_none(STOP_REQUEST))
+            request = self.store.read_json_or_none(STOP_REQUEST)
         except Exception:  # advisory
             return False
+        if not isinstance(request, dict):
+            return False
+        return now - float(request.get("at") or 0.0) <= self.config.stop_timeout_s + 2 * self.config.tick_s
 
     def _follow_placement(
         self, record: Mapping[str, Any] | None, progress: Mapping[str, Any], now: float

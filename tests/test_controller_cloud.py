@@ -233,7 +233,7 @@ def test_a_preempted_job_is_relaunched_with_the_lost_region_last(
     controller.tick()
     assert client.cancelled == [1] and len(client.launched) == 2
     # FAILOVER asks for the same region first: SkyPilot's own recovery does that
-    store.remove_file(STOP_REQUEST)
+    store.write_json(STOP_REQUEST, {"reason": "left by a cancel that died", "at": clock.now - 2 * H})  # stale
     controller.plan.tasks[Mode.SPOT]["resources"]["job_recovery"] = {"strategy": "FAILOVER"}
     client.place(2, "RUNNING", f"{cloud}/{order[0][1]}")
     controller.tick()
