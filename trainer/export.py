@@ -7,7 +7,9 @@
   the adapter merged in (`merge_and_unload`), saved as a plain transformers model.
 - full fine-tuning: the checkpoint holds every weight; they go into the base and it is saved whole.
 
-Sharded (FSDP/DCP) checkpoints are refused for now: the final output of such a run is already exported.
+Single-process and sharded (FSDP, DCP) checkpoints alike: a sharded one is read whole in this process
+(trainer/dcp_io.py: only the model's tensors, with safe unpickling), whatever the number of ranks that
+saved it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import torch
 
+from trainer import dcp_io
 from trainer.checkpoint import WEIGHTS
 from trainer.config import JobSpec
 from trainer.model import base_dtype, hide_bitsandbytes, load_tokenizer, lora_config, trainable_parameters
@@ -44,12 +47,9 @@ def pick_checkpoint(store: RunStore, step: int | None) -> Any:
 def _weights(store: RunStore, info: Any) -> dict[str, torch.Tensor]:
     from safetensors.torch import load as safetensors_load
 
-    if info.meta.get("dcp_files"):
-        raise ExportError(
-            f"--step: checkpoint {info.step} is sharded (FSDP); exporting sharded checkpoints is not supported "
-            "yet (the run's output folder holds the final model)"
-        )
     try:
+        if info.meta.get("dcp_files"):  # sharded (FSDP): every rank's shards, read whole in this process
+            return dcp_io.read_tensors(store, info)
         return safetensors_load(store.read_checkpoint(info)[WEIGHTS])
     except CorruptCheckpoint as exc:
         raise ExportError(f"--step: checkpoint {info.step} is damaged: {exc}") from None

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer import dcp_io
 from trainer.checkpoint import OPTIMIZER, STATE, WEIGHTS, TrainerState
 from trainer.checkpointer import SaveResult
 from trainer.config import JobSpec
@@ -44,7 +45,7 @@ from trainer.store import CheckpointInfo, CorruptCheckpoint, RunStore, checkpoin
 
 KIND = "dcp"
 TRAINER_STATE = "trainer_state.json"
-DCP_METADATA = ".metadata"
+DCP_METADATA = dcp_io.DCP_METADATA
 
 
 def rank_file(rank: int) -> str:
@@ -273,6 +274,8 @@ class _Loader:
                     state = self._load_sharded(info, model, optimizer, scheduler)
                 else:
                     state = self._load_single(info, model, optimizer, scheduler)
+            except CorruptCheckpoint as exc:  # damaged, or refused by safe loading (one line)
+                error = str(exc)
             except Exception as exc:  # noqa: BLE001 - the next older checkpoint is tried
                 error = f"{exc.__class__.__name__}: {exc}"
             if self.par.any(error is not None):
@@ -286,24 +289,15 @@ class _Loader:
     def _load_sharded(
         self, info: CheckpointInfo, model: torch.nn.Module, optimizer: Any, scheduler: Any
     ) -> TrainerState:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        data_dir = _join(info.path, getattr(info, "dir", ""))
-        for name, size in (info.meta.get("dcp_files") or {}).items():
-            found = self.store.fs.info(self.store.path(_join(data_dir, name))).get("size")
-            if int(found or 0) != int(size):
-                raise CorruptCheckpoint(f"{data_dir}/{name}: {found} bytes, the manifest says {size}")
-        if DCP_METADATA not in (info.meta.get("dcp_files") or {}):
-            raise CorruptCheckpoint(f"{data_dir}: no DCP metadata in the manifest")
+        data_dir = dcp_io.data_dir(self.store, info)  # sizes as in the manifest
         blobs = self.store.read_checkpoint(info)  # the small files, verified (sha256)
         saved = json.loads(blobs[TRAINER_STATE])
         options = _options(self.spec, strict=self.spec.method == "full")
         model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
         payload = {"model": model_sd, "optim": optim_sd}
-        reader = FsspecReader(self.store.uri(data_dir), **self.store.storage_options)
-        dcp.load(payload, storage_reader=reader, process_group=self.par.io_group)
+        dcp_io.load(self.store, data_dir, payload, process_group=self.par.io_group)  # safe unpickling
         set_state_dict(
             model,
             optimizer,
