@@ -48,7 +48,11 @@ def plan_packs(lengths: Sequence[int], capacity: int) -> list[list[int]]:
         tree[i] = value
         i //= 2
         while i:
-            tree[i] = max(tree[2 * i], tree[2 * i + 1])
+            left, right = tree[2 * i], tree[2 * i + 1]
+            best = left if left > right else right
+            if tree[i] == best:  # nothing above changes
+                break
+            tree[i] = best
             i //= 2
 
     def best_fit(length: int) -> int:
@@ -60,8 +64,9 @@ def plan_packs(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     set_leaf(capacity, capacity)
     open_by_space: dict[int, list[int]] = {}
     packs: list[list[int]] = []
-    for index in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
-        length = lengths[index]
+    by_length = list(lengths)
+    for index in sorted(range(len(by_length)), key=by_length.__getitem__, reverse=True):  # stable: ties in order
+        length = by_length[index]
         if not 0 < length <= capacity:
             raise ValueError(f"example {index} has {length} tokens; packs hold 1 to {capacity}")
         space = best_fit(length)
