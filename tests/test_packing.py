@@ -125,7 +125,7 @@ def test_packed_run_resumes_bitwise_and_counts_packed_steps(tmp_path: Path, tiny
     packed = next(line for line in done.stdout.splitlines() if "packed 48 examples into" in line)
     sequences = int(packed.split(" into ")[1].split()[0])
     steps = 2 * (sequences // 2)  # epochs x packs / effective batch
-    assert f"{steps} steps" in done.stdout
+    assert f"48 examples in {sequences} packs" in done.stdout and f"{steps} steps" in done.stdout
 
     from trainer.store import RunStore
 

@@ -26,7 +26,7 @@ from trainer.layout import total_steps as steps_for
 from trainer.loss import evaluate_batch, shifted_labels
 from trainer.model import autocast_dtype, count_parameters, load_model, load_tokenizer, pick_device
 from trainer.notices import start_watcher
-from trainer.packing import uses_flat_batches
+from trainer.packing import example_count, uses_flat_batches
 from trainer.packing_check import verify as verify_packing
 from trainer.preemption import PreemptionFlag, install_signal_handlers
 from trainer.progress import ProgressReporter, log
@@ -144,7 +144,7 @@ def _record_output(
             resolved,
             steps=steps,
             tokens_seen=state.tokens_seen,
-            examples=len(dataset.train),
+            examples=example_count(dataset.train),
             data_tokens=dataset.tokens,
             eval_before=state.extra.get("eval_before"),
             eval_after=state.extra.get("eval_after"),
@@ -202,7 +202,8 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     scaler = make_scaler(spec, device)  # fp16-mixed only
     log(
         f"model {os.path.basename(spec.model.rstrip('/'))}: {params:,} params, {trainable:,} trainable "
-        f"({spec.method}); {len(dataset.train)} examples, {dataset.tokens:,} tokens; {steps} steps"
+        f"({spec.method}); {example_count(dataset.train)} examples"
+        f"{f' in {len(dataset.train)} packs' if spec.data.packing else ''}, {dataset.tokens:,} tokens; {steps} steps"
     )
 
     state = _resume(store, spec, par, model, optimizer, scheduler, steps)

@@ -65,7 +65,9 @@ def plan_packs(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     open_by_space: dict[int, list[int]] = {}
     packs: list[list[int]] = []
     by_length = list(lengths)
-    for index in sorted(range(len(by_length)), key=by_length.__getitem__, reverse=True):  # stable: ties in order
+    for index in sorted(
+        range(len(by_length)), key=by_length.__getitem__, reverse=True
+    ):  # stable: ties in order
         length = by_length[index]
         if not 0 < length <= capacity:
             raise ValueError(f"example {index} has {length} tokens; packs hold 1 to {capacity}")
@@ -114,6 +116,11 @@ def pack(examples: Sequence[Any], capacity: int) -> list[Packed]:
             labels += [IGNORE, *examples[j].labels[1:]]  # the boundary: not predicted across examples
         packs.append(Packed(ids, labels, tuple(len(examples[j].input_ids) for j in members)))
     return packs
+
+
+def example_count(sequences: Sequence[Any]) -> int:
+    """Examples in a training set that may be packed (a pack counts its examples)."""
+    return sum(len(s.lengths) if isinstance(s, Packed) else 1 for s in sequences)
 
 
 def positions(lengths: Sequence[int]) -> list[int]:
