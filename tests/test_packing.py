@@ -19,7 +19,7 @@ from helpers import (
 )
 
 from trainer.config import DataSpec
-from trainer.data import IGNORE, Example, collate, load_dataset
+from trainer.data import IGNORE, DataError, Example, collate, load_dataset
 from trainer.loss import hidden_states, label_tokens, loss_sum
 from trainer.packing import packed_count, plan_packs
 from trainer.packing_check import NotIsolated, verify
@@ -107,6 +107,7 @@ def test_a_model_that_would_mix_packed_examples_is_refused() -> None:
     bloom = BloomForCausalLM(BloomConfig(vocab_size=64, hidden_size=32, n_layer=1, n_head=4))  # ALiBi
     with pytest.raises(NotIsolated, match=r"^data.packing: this model \(bloom\) does not keep packed"):
         verify(bloom)
+    assert issubclass(NotIsolated, DataError)  # python -m trainer exits 2 with this one line
 
 
 def test_packed_run_resumes_bitwise_and_counts_packed_steps(tmp_path: Path, tiny_model: Path) -> None:
