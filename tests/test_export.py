@@ -210,3 +210,19 @@ def test_wandb_one_run_across_attempts_without_repeated_steps(trained: tuple[str
     store = Path(run_uri) / "wandb"
     assert json.loads((store / "state.json").read_text()) == {"run_id": "tiny-abc123", "last_step": 10}
     assert {p.name for p in store.glob("offline-run-*")} == {p.name for p in runs}
+
+
+def test_wandb_refusing_the_key_is_one_line_and_training_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    from trainer.trackers import Trackers
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    for name in ("HOME", "WANDB_DIR", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path))
+    monkeypatch.setenv("WANDB_MODE", "online")  # no key: W&B refuses before any network call
+    trackers = Trackers(RunStore(str(tmp_path / "run")), ["wandb"], 1, 0, "job-1", {})
+    trackers.step(1, {"loss": 1.0})
+    trackers.close()
+    lines = [line for line in capsys.readouterr().out.splitlines() if "W&B" in line]
+    assert len(lines) == 1 and "W&B is not reporting this attempt: UsageError: No API key" in lines[0]

@@ -174,9 +174,7 @@ class Trackers:
         if "tensorboard" in report_to:
             self.sinks.append(_TensorBoard(store, start_step))
         if "wandb" in report_to:
-            self.sinks.append(
-                _WandB(store, run_id or store.root_uri.rstrip("/").rsplit("/", 1)[-1], job or {})
-            )
+            self._start_wandb(store, run_id or store.root_uri.rstrip("/").rsplit("/", 1)[-1], job or {})
         self.facts = run_facts(store) if self.sinks else {}
         self.started = time.time()
         first = {"run/attempt": float(attempt)}
@@ -188,6 +186,20 @@ class Trackers:
                 sink.summary(
                     {"attempts": attempt, **{k: v for k, v in self.facts.items() if k != "hourly_usd"}}
                 )
+
+    def _start_wandb(self, store: RunStore, run_id: str, job: dict[str, Any]) -> None:
+        """W&B not installed is the job's error (exit 2); W&B unreachable or refusing the key is logged
+        and training goes on without it (a spot attempt is not lost to a tracker)."""
+        from trainer.data_check import DataError
+        from trainer.progress import log
+
+        try:
+            self.sinks.append(_WandB(store, run_id, job))
+        except DataError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            text = " ".join(str(exc).split())[:300]
+            log(f"W&B is not reporting this attempt: {exc.__class__.__name__}: {text}")
 
     @property
     def writer(self) -> Any:
