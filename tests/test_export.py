@@ -193,19 +193,26 @@ def test_wandb_one_run_across_attempts_without_repeated_steps(trained: tuple[str
     assert len(runs) == 2  # one per attempt, both the job's run
     steps: list[int] = []
     keys: set[str] = set()
+    attempts: list[tuple[int, float]] = []
     for folder in runs:
         records = _wandb_records(folder / "run-tiny-abc123.wandb")
         assert {r.run.run_id for r in records if r.HasField("run")} == {"tiny-abc123"}
         for record in records:
             if record.HasField("history"):
                 steps.append(record.history.step.num)
-                keys |= {item.key or "/".join(item.nested_key) for item in record.history.item}
+                items = {
+                    item.key or "/".join(item.nested_key): item.value_json for item in record.history.item
+                }
+                keys |= set(items)
+                if "run/attempt" in items:
+                    attempts.append((record.history.step.num, float(items["run/attempt"])))
             if record.HasField("config"):
                 assert "storage_options" not in str(record.config)
         assert WANDB_KEY.encode() not in (folder / "run-tiny-abc123.wandb").read_bytes()
     assert steps == list(range(0, 11))  # eval at 0, steps 1-7, then 8-10 (6 and 7 stay as first logged)
     expected = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "eval/loss"}
     assert expected | {"run/attempt", "run/preemptions"} <= keys
+    assert attempts == [(1, 1.0), (8, 2.0)]  # attempt 2 from its first step W&B had not seen
     # the run store keeps the offline run of each attempt (for `wandb sync`) and the last step logged
     store = Path(run_uri) / "wandb"
     assert json.loads((store / "state.json").read_text()) == {"run_id": "tiny-abc123", "last_step": 10}

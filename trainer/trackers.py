@@ -125,11 +125,15 @@ class _WandB:
         if self.run.resumed:  # online: what W&B already holds for this run
             self.logged = max(self.logged, int(self.run.starting_step or 0) - 1)
         self.floor = self.logged
+        self.carry: dict[str, float] = {}
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        if step > self.floor:  # W&B keeps what earlier attempts logged up to `floor`
-            self.run.log(metrics, step=step)
-            self.logged = max(self.logged, step)
+        if step <= self.floor:  # W&B keeps what earlier attempts logged up to `floor`
+            self.carry.update({k: v for k, v in metrics.items() if k.startswith("run/")})
+            return
+        self.run.log({**self.carry, **metrics}, step=step)  # this attempt's number at its first new step
+        self.carry = {}
+        self.logged = max(self.logged, step)
 
     def summary(self, values: dict[str, float]) -> None:
         self.run.summary.update(values)
