@@ -33,7 +33,7 @@ def check_job(job_file: str, overrides: list[str]) -> dict[str, Any]:
     from orchestrator.spec import load_job
 
     spec = load_job(job_file, overrides)
-    jobs.check_data(spec)  # every line, as launch and the trainer read it
+    notes = jobs.check_data(spec)  # every line, as launch and the trainer read it
     data = spec.data.path
     store = spec.checkpoint.uri.split("://", 1)[0] if "://" in spec.checkpoint.uri else "file"
     if store in jobs.NON_DURABLE_SCHEMES:
@@ -46,6 +46,7 @@ def check_job(job_file: str, overrides: list[str]) -> dict[str, Any]:
         "backend": spec.resources.backend,
         "data": data,
         "checkpoint_uri": spec.checkpoint.uri,
+        "notes": notes,
     }
     backend = backend_for(spec.resources.backend)
     result.update(backend.check(spec, f"{spec.name}-000000", f"{spec.checkpoint.uri}/{spec.name}"))
@@ -71,6 +72,8 @@ def validate_cmd(
         f"  {result['name']}: {result['method']} of {result['model']} on the {result['backend']} backend"
     )
     typer.echo(f"  data {result['data']}; run store {result['checkpoint_uri']}")
+    for note in result["notes"]:
+        typer.echo(f"  note: {note}")
     if "plan" in result:
         plan = result["plan"]
         typer.echo(f"  plan: {plan['adequate_offers']} adequate offers; cheapest {plan['cheapest']}")

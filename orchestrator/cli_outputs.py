@@ -46,7 +46,7 @@ def export_cmd(
     typer.echo(f"{result['kind']} from step {result['step']} of {record.job_id}: {result['to']}")
 
 
-COLUMNS = ("step", "attempt", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "time")
+COLUMNS = ("step", "attempt", "loss", "lr", "grad_norm", "eval_loss", "tokens", "tokens_per_s", "time")
 
 
 def metric_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -70,7 +70,8 @@ def metrics_cmd(
         bool, typer.Option("--csv", help="CSV with a header row, for spreadsheets and pandas")
     ] = False,
 ) -> None:
-    """The metric history of JOB across all attempts: step, attempt, loss, lr, grad norm, tokens/s."""
+    """The metric history of JOB across all attempts: step, attempt, loss, lr, grad norm, held-out loss
+    (train.eval_every), tokens/s."""
     from orchestrator import jobs
     from trainer.store import RunStore
 
@@ -85,7 +86,9 @@ def metrics_cmd(
     if not rows:
         typer.echo(f"{record.job_id}: no metrics yet")
         return
-    typer.echo(f"{'step':>7} {'attempt':>7} {'loss':>9} {'lr':>9} {'grad_norm':>9} {'tokens/s':>9}")
+    typer.echo(
+        f"{'step':>7} {'attempt':>7} {'loss':>9} {'lr':>9} {'grad_norm':>9} {'eval_loss':>9} {'tokens/s':>9}"
+    )
     for r in rows:
         cells = [
             f"{r['step']:>7}",
@@ -93,6 +96,7 @@ def metrics_cmd(
             _num(r["loss"], ".4f"),
             _num(r["lr"], ".2e"),
             _num(r["grad_norm"], ".3f"),
+            _num(r["eval_loss"], ".4f"),
             _num(r["tokens_per_s"], ",.0f"),
         ]
         typer.echo(" ".join(cells))

@@ -92,32 +92,43 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
     return summary
 
 
-def check_data(spec: JobSpec) -> None:
-    """The data file, checked at launch as the trainer will read it (encoding, JSON, the format's keys).
+def check_data(spec: JobSpec) -> list[str]:
+    """The data, checked at launch as the trainer will read it: every JSONL line (encoding, JSON, the
+    format's keys), other sources' columns and records, the splits, the held-out set. Local data must pass;
+    remote data is checked when it can be read now (when it cannot, the trainer reports it, with the same
+    messages); a hub data set is not fetched here. Returns notes on what was not checked."""
+    from trainer import data_source
+    from trainer.data_check import DataError, check_row
 
-    A local file must pass; a remote one is checked when it can be read now (when it cannot, the
-    trainer reports it, with the same `file:line` messages)."""
-    from trainer.data_check import DataError, read_jsonl
-
-    path = spec.data.path
-    remote = "://" in path and not path.startswith("file://")
+    data = spec.data
     options = dict(spec.checkpoint.storage_options)
-    if remote and path.startswith(("s3://", "s3a://")):  # answer in seconds when the store is unreachable
-        config = {"connect_timeout": 3, "read_timeout": 10, "retries": {"max_attempts": 2}}
-        options["config_kwargs"] = {**config, **options.get("config_kwargs", {})}
-    try:
-        rows = read_jsonl(path, options, fmt=spec.data.format)
-    except DataError as exc:
-        raise SpecError("data.path", str(exc)) from None
-    except Exception as exc:  # noqa: BLE001 - unreadable now: the trainer reads (and reports) it
-        if not remote:
-            raise SpecError("data.path", f"cannot read {path}: {exc.__class__.__name__}: {exc}") from None
-        return
-    if spec.data.eval_examples >= len(rows):
-        raise SpecError(
-            "data.eval_examples",
-            f"{spec.data.eval_examples} leaves no training examples ({path} has {len(rows)})",
-        )
+    notes: list[str] = []
+    sources = [("data.path", data.path, data.split, data.subset)]
+    held = data.eval_source()
+    if held is not None:
+        sources.append(("data.eval_path", held[0], held[1], data.subset if held[0] == data.path else None))
+    for field, path, split, subset in sources:
+        remote = data_source.is_remote(path)
+        if data_source.looks_like_hub_id(path):
+            notes.append(f"{field}: {path} is taken as a Hugging Face Hub data set (not fetched to check it)")
+            continue
+        if remote and path.startswith(("s3://", "s3a://")):  # answer in seconds when the store is unreachable
+            config = {"connect_timeout": 3, "read_timeout": 10, "retries": {"max_attempts": 2}}
+            options["config_kwargs"] = {**config, **options.get("config_kwargs", {})}
+        try:
+            rows = data_source.load(path, data.format, split, subset, options, field)
+            if "_line" not in rows.column_names:  # JSONL lines were checked as they were read
+                for number, row in enumerate(rows, start=1):
+                    check_row({**row, "_line": number}, data.format, path)
+            if field == "data.path":
+                data_source.held_out_split(data, len(rows))
+        except DataError as exc:
+            raise SpecError(exc.field, str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - unreadable now: the trainer reads (and reports) it
+            if not remote:
+                raise SpecError(field, f"cannot read {path}: {exc.__class__.__name__}: {exc}") from None
+            notes.append(f"{field}: {path} could not be read from here ({exc.__class__.__name__})")
+    return notes
 
 
 def print_logs(job_ref: str, follow: bool = False) -> None:

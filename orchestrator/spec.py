@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,9 @@ def _describe(error: dict[str, Any]) -> SpecError:
         return SpecError(field, "is required")
     message = error["msg"]
     message = message.removeprefix("Value error, ")
+    named = re.match(r"^([a-z_]+(?:\.[a-z_]+)+): (.+)$", message)
+    if kind == "value_error" and named:  # a cross-field check names its own field
+        return SpecError(named.group(1), named.group(2))
     value = error.get("input")
     if kind not in ("model_type", "dict_type") and not isinstance(value, dict | list):
         message = f"{message} (got {value!r})"
@@ -123,6 +127,34 @@ def _resolve_local_path(value: str, base: Path) -> str:
     return str(candidate)
 
 
+def _resolve_data_path(value: str, base: Path, field: str) -> str:
+    """A local data path resolved against the job file's folder (it must exist), a URL, or a hub id (a
+    name like 'owner/name' that is no path here: the trainer loads it from the Hugging Face Hub)."""
+    from trainer.data_source import looks_like_hub_id
+
+    if "://" in value:
+        return value
+    if not value.startswith(("/", "~")) and not (base / value).exists() and looks_like_hub_id(value):
+        return value
+    resolved = _resolve_local_path(os.path.expanduser(value), base)
+    if not os.path.exists(resolved):
+        raise SpecError(field, f"{resolved} does not exist")
+    return resolved
+
+
+def _chat_template(value: str, base: Path) -> str:
+    """data.chat_template as the template's text (a file's content is stored with the job, so the trainer
+    needs no copy of the file wherever it runs)."""
+    from trainer.data_check import DataError, chat_template_text
+
+    if "{{" not in value and "{%" not in value:
+        value = _resolve_local_path(os.path.expanduser(value), base)
+    try:
+        return chat_template_text(value)
+    except DataError as exc:
+        raise SpecError(exc.field, str(exc)) from None
+
+
 def load_job(path: str | Path, overrides: list[str] | None = None, check_support: bool = True) -> JobSpec:
     """Load, override, validate. Raises SpecError on any problem with the input."""
     path = Path(path)
@@ -168,7 +200,11 @@ def validate_job(data: dict[str, Any], base: Path | None = None, check_support: 
 
 
 def _resolve_paths(spec: JobSpec, base: Path) -> JobSpec:
-    spec.data.path = _resolve_local_path(spec.data.path, base)
+    spec.data.path = _resolve_data_path(spec.data.path, base, "data.path")
+    if spec.data.eval_path is not None:
+        spec.data.eval_path = _resolve_data_path(spec.data.eval_path, base, "data.eval_path")
+    if spec.data.chat_template is not None:
+        spec.data.chat_template = _chat_template(spec.data.chat_template, base)
     spec.checkpoint.uri = _resolve_local_path(spec.checkpoint.uri, base)
     if spec.output.uri:
         spec.output.uri = _resolve_local_path(spec.output.uri, base)
@@ -177,8 +213,6 @@ def _resolve_paths(spec: JobSpec, base: Path) -> JobSpec:
     model = spec.model
     if model.startswith((".", "/", "~")) or (base / model / "config.json").exists():
         spec.model = _resolve_local_path(os.path.expanduser(model), base)
-    if "://" not in spec.data.path and not os.path.exists(spec.data.path):
-        raise SpecError("data.path", f"{spec.data.path} does not exist")
     if spec.model.startswith("/") and not os.path.exists(os.path.join(spec.model, "config.json")):
         raise SpecError("model", f"{spec.model} has no config.json; give a model folder or a hub id")
     return spec

@@ -31,7 +31,6 @@ import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import SpecError
@@ -134,36 +133,42 @@ def accelerator(name: str, instance_type: str = "") -> Accelerator | None:
 
 
 # ---- tokens ------------------------------------------------------------------------------------------
-def count_local_tokens(path: str, max_seq_len: int, lengths: list[int] | None = None) -> tuple[int, int, str]:
-    """(tokens, examples, method) of a local JSONL/text file, without a tokenizer; each example's
-    estimated length is appended to `lengths` when given (the lines read: all, or the sample).
+def count_local_tokens(data: Any, lengths: list[int] | None = None) -> tuple[int, int, str]:
+    """(tokens, examples, method) of local data (any source trainer/data_source.py reads), without a
+    tokenizer: each example's text (its string values) is len/4 tokens, truncated at max_seq_len like the
+    trainer does. A JSONL file over 64 MiB is sampled (its first 20k lines, scaled by size); other
+    sources by their first 20k records, scaled by their count. Each example's estimated length is
+    appended to `lengths` when given (the records read: all, or the sample)."""
+    from trainer import data_source
+    from trainer.data_check import DataError, iter_jsonl
 
-    Each example's text (all string values of a JSON line, or the line) is len/4 tokens, truncated at
-    max_seq_len like the trainer does. Files over 64 MiB are sampled (first 20k lines) and scaled by size.
-    """
-    p = Path(path)
-    size = p.stat().st_size
-    tokens = examples = 0
-    read = 0
-    with p.open("rb") as fh:
-        for raw in fh:
-            read += len(raw)
-            line = raw.strip()
-            if not line:
-                continue
-            try:
-                text = _strings(json.loads(line))
-            except ValueError:
-                text = line.decode("utf-8", "replace")
-            length = min(max_seq_len, max(1, math.ceil(len(text) / CHARS_PER_TOKEN)))
-            tokens += length
-            examples += 1
-            if lengths is not None:
-                lengths.append(length)
-            if size > 64 * 1024**2 and examples >= 20_000:
-                scale = size / max(1, read)
-                return int(tokens * scale), int(examples * scale), "sampled, ~4 chars/token"
-    return tokens, examples, "counted, ~4 chars/token"
+    def tokens_of(row: dict[str, Any]) -> int:
+        text = _strings({k: v for k, v in row.items() if k != "_line"})
+        length = min(data.max_seq_len, max(1, math.ceil(len(text) / CHARS_PER_TOKEN)))
+        if lengths is not None:
+            lengths.append(length)
+        return length
+
+    path = data.path
+    try:
+        if os.path.isfile(path) and path.endswith(".jsonl") and os.path.getsize(path) > 64 * 1024**2:
+            tokens = examples = read = 0
+            for row in iter_jsonl(path):
+                tokens += tokens_of(row)
+                examples += 1
+                read += len(json.dumps(row, ensure_ascii=False).encode()) + 1
+                if examples >= 20_000:
+                    break
+            scale = os.path.getsize(path) / max(1, read)
+            return int(tokens * scale), int(examples * scale), "sampled, ~4 chars/token"
+        rows = data_source.load(path, data.format, data.split, data.subset)
+    except DataError as exc:
+        raise SpecError(exc.field, str(exc)) from None
+    sample = rows.select(range(min(len(rows), 20_000)))
+    scale = len(rows) / max(1, len(sample))
+    tokens = sum(tokens_of(row) for row in sample)
+    how = "counted" if scale == 1 else "sampled"
+    return int(tokens * scale), len(rows), f"{how}, ~4 chars/token"
 
 
 def _strings(obj: Any) -> str:
@@ -224,8 +229,8 @@ def workload(spec: Any) -> Workload:
     lengths: list[int] = []
     if data.tokens is not None:
         tokens, source = data.tokens, "data.tokens"
-    elif local and os.path.isfile(data.path):
-        tokens, examples, how = count_local_tokens(data.path, data.max_seq_len, lengths)
+    elif local:
+        tokens, examples, how = count_local_tokens(data, lengths)
         source = f"{data.path} ({how})"
     sequences = examples
     if data.packing and tokens:  # full sequences of max_seq_len: the trainer's packs (trainer/packing.py)
@@ -244,7 +249,7 @@ def workload(spec: Any) -> Workload:
     if tokens is None:
         raise SpecError(
             "data.tokens",
-            f"{data.path} is not a local file; give data.tokens (tokens in the data "
+            f"{data.path} is not local data; give data.tokens (tokens in the data "
             "set) or train.max_steps so the planner can estimate hours",
         )
     return Workload(tokens, train.epochs, None, per_seq, per_step, source, sequences)

@@ -3,6 +3,7 @@ end with final weights bitwise equal to an uninterrupted run of the same job."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -131,7 +132,14 @@ def test_sigterm_checkpoints_exits_preempted_and_resumes_bitwise(tmp_path: Path,
         checkpoint={"every": 100},
     )  # only the notice makes checkpoints before the end
     expected = reference_weights(tmp_path, job)
-    run_uri = prepare_run(job, "noticed")
+    # the interrupted run also measures a separate held-out set every 3 steps: that changes nothing
+    held = write_data(tmp_path / "held.jsonl", "instruction", 8, seed=1)
+    evaluated = {
+        **job,
+        "data": {**job["data"], "eval_path": str(held)},
+        "train": {**job["train"], "eval_every": 3},
+    }
+    run_uri = prepare_run(evaluated, "noticed")
     store = RunStore(run_uri)
     rng = random.Random(SEED)
     first_stop, second_stop = sorted(rng.sample(range(2, 19), 2))
@@ -144,3 +152,13 @@ def test_sigterm_checkpoints_exits_preempted_and_resumes_bitwise(tmp_path: Path,
     assert interrupt_at(run_uri, 2, max(second_stop, saved + 1), signal.SIGTERM, 0.0) == exitcodes.PREEMPTED
     finish(run_uri, 3)
     assert_bitwise_equal(final_weights(run_uri), expected)
+    # the eval curve: in the metrics (`ftorch metrics`) and the training summary, the final point = eval_after
+    from orchestrator.cli_outputs import metric_rows
+
+    curve = [
+        (r["step"], r["eval_loss"]) for r in metric_rows(store.read_metrics()) if r["eval_loss"] is not None
+    ]
+    assert [step for step, _ in curve] == [3, 6, 9, 12, 15, 18, 20]
+    summary = json.loads((Path(run_uri) / "output" / "training_summary.json").read_text())
+    assert [tuple(point) for point in summary["eval_curve"]] == curve
+    assert summary["eval_after"]["loss"] == curve[-1][1] and summary["data"]["held_out_examples"] == 8

@@ -147,7 +147,7 @@ def test_packed_run_resumes_bitwise_and_counts_packed_steps(tmp_path: Path, tiny
 
     spec = validate_job(job)
     lengths: list[int] = []
-    count_local_tokens(str(data), 64, lengths)
+    count_local_tokens(spec.data, lengths)
     work = workload(spec)
     assert work.sequences_per_epoch == packed_count(lengths, 64) < len(lengths)
     assert work.steps(2) == 2 * (work.sequences_per_epoch // 2)

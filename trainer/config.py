@@ -108,15 +108,62 @@ class QuantSpec(_Strict):
 
 
 class DataSpec(_Strict):
+    #: a JSONL, JSON or parquet file, a folder of them, a `save_to_disk` folder, an fsspec URL of one of
+    #: these (s3://, gs://), or a Hugging Face Hub data set id (docs/data.md)
     path: str = Field(min_length=1)
+    #: the split to train on, for hub data sets and saved DatasetDicts (hub ids also take slices such as
+    #: 'train[:90%]'); files and folders of files are one split, 'train'
+    split: str = Field("train", min_length=1)
+    #: a hub data set's configuration (subset) name
+    subset: str | None = Field(None, min_length=1)
     format: DataFormat = "text"
     max_seq_len: int = Field(512, ge=8, le=1_048_576)
     #: tokens in the data set, for the planner when the data is not local (counted when it is)
     tokens: int | None = Field(None, ge=1)
-    #: examples held back from training for the before/after check (taken from the end of the file)
+    #: the held-out set (one of eval_examples, eval_fraction, eval_path/eval_split): measured before and
+    #: after training, and every train.eval_every steps. eval_examples: the last N examples of data.path
     eval_examples: int = Field(0, ge=0)
     #: pack examples into sequences of max_seq_len tokens, each example attending only to itself
     packing: bool = False
+    #: hold back this share of data.path's examples (a fixed random choice: the same for the same data)
+    eval_fraction: float | None = Field(None, gt=0.0, lt=1.0)
+    #: a separate held-out set: any source data.path takes, in the same format
+    eval_path: str | None = Field(None, min_length=1)
+    #: the split of eval_path (default 'train'); alone, another split of data.path (e.g. 'test')
+    eval_split: str | None = Field(None, min_length=1)
+    #: learn the prompt tokens too (instruction and chat formats); by default only responses are learned
+    train_on_inputs: bool = False
+    #: chat format: a Jinja chat template replacing the tokenizer's, inline (holding '{{' or '{%') or
+    #: the path of a file holding one (relative to the job file; its text is stored with the job)
+    chat_template: str | None = Field(None, min_length=1)
+    #: processes that tokenise (datasets.map); default min(8, CPUs); small data sets use fewer
+    num_proc: int | None = Field(None, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _one_held_out_set(self) -> DataSpec:
+        given = [
+            name
+            for name, on in (
+                ("data.eval_examples", self.eval_examples > 0),
+                ("data.eval_fraction", self.eval_fraction is not None),
+                ("data.eval_path", self.eval_path is not None or self.eval_split is not None),
+            )
+            if on
+        ]
+        if len(given) > 1:
+            raise ValueError(f"{given[1]}: give one held-out set, not both {given[0]} and {given[1]}")
+        if self.chat_template is not None and self.format != "chat":
+            raise ValueError("data.chat_template: applies to data.format: chat")
+        return self
+
+    def has_held_out(self) -> bool:
+        return bool(self.eval_examples) or self.eval_fraction is not None or self.eval_source() is not None
+
+    def eval_source(self) -> tuple[str, str] | None:
+        """(path, split) of a separate held-out set, or None."""
+        if self.eval_path is None and self.eval_split is None:
+            return None
+        return (self.eval_path or self.path, self.eval_split or ("train" if self.eval_path else self.split))
 
 
 class TrainSpec(_Strict):
@@ -141,6 +188,10 @@ class TrainSpec(_Strict):
     #: experiment trackers, one run per job across attempts: TensorBoard in <run store>/tensorboard,
     #: W&B (run id = job id; WANDB_API_KEY, WANDB_PROJECT from the environment) (trainer/trackers.py)
     report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
+    #: measure the held-out loss every N optimizer steps (needs a held-out set, data.eval_*)
+    eval_every: int | None = Field(None, ge=1)
+    #: experiment trackers; one TensorBoard run per job in <run store>/tensorboard (trainer/trackers.py)
+    report_to: list[Literal["tensorboard"]] = Field(default_factory=list)
 
 
 class CheckpointSpec(_Strict):
@@ -295,6 +346,11 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> JobSpec:
+        if self.train.eval_every is not None and not self.data.has_held_out():
+            raise ValueError(
+                "train.eval_every: needs a held-out set: data.eval_path, data.eval_split,"
+                " data.eval_fraction or data.eval_examples"
+            )
         if self.method == "qlora" and self.train.precision == "fp32":
             raise ValueError("train.precision: qlora computes in 16-bit; use bf16, bf16-mixed or fp16-mixed")
         if self.method == "qlora":

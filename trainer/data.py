@@ -6,6 +6,10 @@ micro-batches consumed, so resuming needs nothing but the step number.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,8 +49,11 @@ def _eos(tokenizer: Any) -> list[int]:
     return [eos] if eos is not None else []
 
 
-def encode_row(row: dict[str, Any], fmt: str, tokenizer: Any, path: str = "data") -> Example:
-    """One JSONL row -> token ids and labels (prompt tokens masked for instruction and chat)."""
+def encode_row(
+    row: dict[str, Any], fmt: str, tokenizer: Any, path: str = "data", train_on_inputs: bool = False
+) -> Example:
+    """One record -> token ids and labels (prompt tokens masked for instruction and chat, unless
+    `train_on_inputs`)."""
     check_row(row, fmt, path)
     if fmt == "text":
         ids = _bos(tokenizer) + _ids(tokenizer, row["text"]) + _eos(tokenizer)
@@ -57,8 +64,10 @@ def encode_row(row: dict[str, Any], fmt: str, tokenizer: Any, path: str = "data"
         template = INSTRUCTION_PROMPT_WITH_INPUT if extra else INSTRUCTION_PROMPT
         prompt = _bos(tokenizer) + _ids(tokenizer, template.format(instruction=instruction, input=extra))
         answer = _ids(tokenizer, row["output"]) + _eos(tokenizer)
-        return Example(prompt + answer, [IGNORE] * len(prompt) + answer)
-    return _encode_chat(row, tokenizer, path)
+        masked = prompt if train_on_inputs else [IGNORE] * len(prompt)
+        return Example(prompt + answer, masked + answer)
+    example = _encode_chat(row, tokenizer, path)
+    return Example(example.input_ids, list(example.input_ids)) if train_on_inputs else example
 
 
 def _encode_chat(row: dict[str, Any], tokenizer: Any, path: str) -> Example:
@@ -160,6 +169,9 @@ def _tokenise_cached(
     if cache_store is None or not data_cache.enabled():
         return _tokenise(spec, tokenizer, storage_options)
     key = data_cache.cache_key(spec, tokenizer, storage_options)
+    if key is None:
+        _log("the data's identity cannot be told (the Hub is unreachable?): tokenising without the cache")
+        return _tokenise(spec, tokenizer, storage_options)
     hit = data_cache.load(cache_store, key)
     if hit is not None:
         _log(f"tokenised data from the run store's cache ({key[:12]}): {len(hit.train)} examples")
@@ -188,37 +200,149 @@ def _log(message: str) -> None:
 def _tokenise(
     spec: DataSpec, tokenizer: Any, storage_options: dict[str, Any] | None
 ) -> tuple[list[Example], list[Example], int]:
-    rows = read_jsonl(spec.path, storage_options, fmt=spec.format)
-    if spec.eval_examples >= len(rows):
-        raise DataError(
-            f"data.eval_examples: {spec.eval_examples} leaves no training examples (the file has {len(rows)})"
-        )
-    cut = len(rows) - spec.eval_examples
-    encoded: list[Example] = []
-    held: list[Example] = []
-    skipped = 0
-    truncated = 0
-    from trainer.progress import PhaseProgress
+    from trainer import data_source
 
-    phase = PhaseProgress("tokenising", len(rows), "examples")
-    for n, row in enumerate(rows):
-        if n % 256 == 0:
-            phase.update(n)
-        example = encode_row(row, spec.format, tokenizer, spec.path)
-        if len(example.input_ids) > spec.max_seq_len:
-            truncated += 1
-            example = Example(example.input_ids[: spec.max_seq_len], example.labels[: spec.max_seq_len])
-        if not any(label != IGNORE for label in example.labels[1:]):
-            skipped += 1  # truncation left nothing to learn from
-            continue
-        (encoded if n < cut else held).append(example)
-    phase.done(f"{sum(len(e.input_ids) for e in encoded):,} training tokens")
+    rows = data_source.load(spec.path, spec.format, spec.split, spec.subset, storage_options)
+    train_rows, held_rows = data_source.held_out_split(spec, len(rows))
+    examples, truncated = encode_dataset(rows, spec, tokenizer, spec.path, "tokenising")
+    encoded = [e for e in (examples[i] for i in train_rows) if e is not None]
+    held = [e for e in (examples[i] for i in held_rows) if e is not None]
+    skipped = sum(e is None for e in examples)
+    total = len(rows)
+    source = spec.eval_source()
+    if source is not None:
+        path, split = source
+        subset = spec.subset if path == spec.path else None
+        eval_rows = data_source.load(
+            path, spec.format, split, subset, storage_options, field="data.eval_path"
+        )
+        eval_examples, eval_truncated = encode_dataset(
+            eval_rows, spec, tokenizer, path, "tokenising the held-out set"
+        )
+        held = [e for e in eval_examples if e is not None]
+        skipped += sum(e is None for e in eval_examples)
+        truncated += eval_truncated
+        total += len(eval_rows)
     if truncated:
         _log(
-            f"{truncated} of {len(rows)} examples were longer than data.max_seq_len ({spec.max_seq_len} "
+            f"{truncated} of {total} examples were longer than data.max_seq_len ({spec.max_seq_len} "
             f"tokens) and were truncated{f'; {skipped} left nothing to learn and were dropped' if skipped else ''}"
         )
     return encoded, held, skipped
+
+
+#: rows per `datasets.map` call: the log shows the share done between calls
+CHUNK_ROWS = 50_000
+#: fewer rows than this per process are tokenised by fewer processes (starting one costs more)
+ROWS_PER_PROC = 500
+
+
+def tokenising_processes(spec: DataSpec, rows: int) -> int:
+    wanted = spec.num_proc or min(8, os.cpu_count() or 1)
+    return max(1, min(wanted, rows // ROWS_PER_PROC))
+
+
+def encode_dataset(
+    rows: Any, spec: DataSpec, tokenizer: Any, path: str, what: str
+) -> tuple[list[Example | None], int]:
+    """Every record encoded through `datasets.map` (data.num_proc processes), truncated to max_seq_len;
+    None for a record left with nothing to learn. Also: how many were truncated. A JSONL data set small
+    enough for one process is encoded here by the same function, without importing `datasets`.
+
+    The result does not depend on the number of processes (map keeps the order), so a cached copy and a
+    fresh tokenisation are the same token for token."""
+    from trainer.data_source import Rows
+    from trainer.progress import PhaseProgress
+
+    encode = functools.partial(
+        _encode_batch,
+        fmt=spec.format,
+        tokenizer=tokenizer,
+        path=path,
+        max_len=spec.max_seq_len,
+        train_on_inputs=spec.train_on_inputs,
+    )
+    total = len(rows)
+    phase = PhaseProgress(what, total, "examples")
+    in_process = isinstance(rows, Rows) and tokenising_processes(spec, total) == 1
+    if isinstance(rows, Rows) and not in_process:
+        rows = rows.to_dataset()
+    out: list[Example | None] = []
+    truncated = 0
+    with _no_progress_bars(not in_process):  # the phase's log lines instead of a bar in the log file
+        for start in range(0, total, CHUNK_ROWS):
+            part = rows.select(range(start, min(total, start + CHUNK_ROWS)))
+            if in_process:  # a small JSONL data set: what one map process would do, here
+                mapped = encode(part.columns(), list(range(len(part))), offset=start)
+            else:
+                procs = tokenising_processes(spec, len(part))
+                if procs > 1:  # forked workers: no tokenizer thread pool to inherit
+                    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+                mapped = part.map(
+                    encode,
+                    batched=True,
+                    batch_size=256,
+                    with_indices=True,
+                    fn_kwargs={"offset": start},
+                    remove_columns=part.column_names,
+                    num_proc=procs if procs > 1 else None,
+                    keep_in_memory=True,
+                    load_from_cache_file=False,
+                    new_fingerprint=f"ftorch-tokenise-{start}",
+                ).to_dict()
+            truncated += sum(mapped["truncated"])
+            out += [
+                Example(ids, labels) if ids else None
+                for ids, labels in zip(mapped["input_ids"], mapped["labels"], strict=True)
+            ]
+            phase.update(start + len(part))
+    kept = [e for e in out if e is not None]
+    phase.done(f"{sum(len(e.input_ids) for e in kept):,} tokens in {len(kept):,} examples")
+    return out, truncated
+
+
+@contextlib.contextmanager
+def _no_progress_bars(active: bool) -> Iterator[None]:
+    if not active:
+        yield
+        return
+    import datasets
+
+    quiet = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not quiet:
+            datasets.enable_progress_bars()
+
+
+def _encode_batch(
+    batch: dict[str, list[Any]],
+    indices: list[int],
+    *,
+    offset: int,
+    fmt: str,
+    tokenizer: Any,
+    path: str,
+    max_len: int,
+    train_on_inputs: bool,
+) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {"input_ids": [], "labels": [], "truncated": []}
+    for i, index in enumerate(indices):
+        row = {key: values[i] for key, values in batch.items()}
+        if row.get("_line") is None:
+            row["_line"] = offset + index + 1  # the row number, for files without lines
+        example = encode_row(row, fmt, tokenizer, path, train_on_inputs)
+        cut = len(example.input_ids) > max_len
+        if cut:
+            example = Example(example.input_ids[:max_len], example.labels[:max_len])
+        if not any(label != IGNORE for label in example.labels[1:]):
+            example = Example([], [])  # truncation left nothing to learn from: dropped
+        out["input_ids"].append(example.input_ids)
+        out["labels"].append(example.labels)
+        out["truncated"].append(cut)
+    return out
 
 
 def collate(

@@ -1,9 +1,10 @@
 """The tokenised data set, cached in the run store so that later attempts skip tokenisation.
 
-Key: the data file's identity (sha256 of a local file; the object's ETag and size for s3:// and
-other object stores, so the file is not even read again), the tokenizer (a hash of its full
-definition, special tokens and chat template), the data settings (format, max_seq_len,
-eval_examples) and this module's format version. The entry is one safetensors file of int32 token
+Key: the data's identity (sha256 of local files; objects' ETags and sizes for s3:// and other object
+stores, so the data is not even read again; a hub data set's commit), the held-out set's, the tokenizer
+(a hash of its full definition, special tokens and chat template), the data settings (format,
+max_seq_len, the held-out split, train_on_inputs) and this module's format version. data.num_proc is
+not part of it: the result does not depend on it. The entry is one safetensors file of int32 token
 and label arrays with offsets: no pickle, and a damaged entry is simply tokenised again.
 """
 
@@ -16,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from fsspec.core import url_to_fs
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from trainer import data_source
 from trainer.store import CACHE, RunStore
 
 FORMAT = 1
@@ -34,20 +35,6 @@ class Tokenised:
 
 def enabled() -> bool:
     return os.environ.get("FTORCH_DATA_CACHE", "1") != "0"
-
-
-def data_fingerprint(path: str, storage_options: dict[str, Any] | None = None) -> str:
-    fs, where = url_to_fs(path, **(storage_options or {}))
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-    if "file" in protocols:
-        digest = hashlib.sha256()
-        with open(where, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-        return f"sha256:{digest.hexdigest()}"
-    info = fs.info(where)
-    tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("LastModified")
-    return f"{protocols[0]}:{str(tag).strip(chr(34))}:{info.get('size')}"
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -66,12 +53,25 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256((body + extra).encode()).hexdigest()
 
 
-def cache_key(spec: Any, tokenizer: Any, storage_options: dict[str, Any] | None = None) -> str:
+def cache_key(spec: Any, tokenizer: Any, storage_options: dict[str, Any] | None = None) -> str | None:
+    """The entry's key, or None when the data's identity cannot be told (no cache then)."""
+    data = data_source.fingerprint(spec.path, spec.split, spec.subset, storage_options)
+    source = spec.eval_source()
+    held = data_source.fingerprint(source[0], source[1], spec.subset, storage_options) if source else ""
+    if data is None or held is None:
+        return None
     parts = {
         "format": FORMAT,
-        "data": data_fingerprint(spec.path, storage_options),
+        "data": data,
+        "held_out": held,
         "tokenizer": tokenizer_fingerprint(tokenizer),
-        "settings": [spec.format, spec.max_seq_len, spec.eval_examples],
+        "settings": [
+            spec.format,
+            spec.max_seq_len,
+            spec.eval_examples,
+            spec.eval_fraction,
+            spec.train_on_inputs,
+        ],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 

@@ -7,6 +7,8 @@ trainer runs them again when it reads the file (a remote file may change, or be 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import fsspec
@@ -21,7 +23,14 @@ FORMATS = {
 
 
 class DataError(ValueError):
-    """The data file is wrong; the message names the file and line."""
+    """The data is wrong; the message names the file and line (or the job-file field, `field`)."""
+
+    def __init__(self, message: str, field: str = "data.path") -> None:
+        super().__init__(message)
+        self.field = field
+
+    def __reduce__(self) -> Any:  # survives the trip back from a `datasets.map` worker process
+        return (DataError, (str(self), self.field))
 
 
 def read_jsonl(
@@ -30,7 +39,16 @@ def read_jsonl(
     """Every record of a JSONL file (blank lines skipped), each checked for `fmt` when given.
 
     Each record gets `_line` (its line number) for later messages."""
-    rows: list[dict[str, Any]] = []
+    rows = list(iter_jsonl(path, storage_options, fmt))
+    if not rows:
+        raise DataError(f"{path}: no examples")
+    return rows
+
+
+def iter_jsonl(
+    path: str, storage_options: dict[str, Any] | None = None, fmt: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """`read_jsonl`, one record at a time (for readers that stop early)."""
     with fsspec.open(path, "rb", **(storage_options or {})) as handle:
         for number, raw in enumerate(handle, start=1):
             try:
@@ -51,10 +69,7 @@ def read_jsonl(
             row["_line"] = number
             if fmt is not None:
                 check_row(row, fmt, path)
-            rows.append(row)
-    if not rows:
-        raise DataError(f"{path}: no examples")
-    return rows
+            yield row
 
 
 def text_field(row: dict[str, Any], key: str, path: str, fmt: str, required: bool = True) -> str:
@@ -90,3 +105,29 @@ def check_row(row: dict[str, Any], fmt: str, path: str) -> None:
             raise DataError(f"{where}: no assistant message to learn from")
     else:
         raise DataError(f"unknown data format {fmt!r}")
+
+
+def chat_template_text(value: str) -> str:
+    """data.chat_template as a template: inline (it holds '{{' or '{%') or read from the file it names.
+    Raises DataError (field data.chat_template) for a missing file or a template Jinja cannot parse."""
+    text = value
+    if "{{" not in value and "{%" not in value:
+        try:
+            with open(os.path.expanduser(value), encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DataError(
+                f"{value}: not a Jinja template (no '{{{{' or '{{%') nor a readable file ({exc.__class__.__name__})",
+                "data.chat_template",
+            ) from None
+    try:
+        import jinja2
+    except ImportError:  # transformers checks it when it renders
+        return text
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise DataError(
+            f"not a valid Jinja template (line {exc.lineno}: {exc.message})", "data.chat_template"
+        ) from None
+    return text

@@ -106,6 +106,16 @@ def evaluate(
     }
 
 
+def _quiet_evaluate(
+    model: torch.nn.Module, dataset: Dataset, device: torch.device, spec: JobSpec
+) -> dict[str, float]:
+    """`evaluate` mid-run, leaving the random state as it found it: training then goes on exactly as
+    without it (and as after a resume), so exact resume holds with train.eval_every."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        return evaluate(model, dataset, device, spec)
+
+
 def write_output(model: torch.nn.Module, tokenizer: Any, spec: JobSpec, output_uri: str) -> None:
     """The final PEFT adapter (LoRA) or HF model folder (full), uploaded to output_uri."""
     output = RunStore(output_uri, spec.checkpoint.storage_options)
@@ -145,6 +155,7 @@ def _record_output(
             steps=steps,
             tokens_seen=state.tokens_seen,
             examples=example_count(dataset.train),
+            held_out_examples=len(dataset.held_out),
             data_tokens=dataset.tokens,
             eval_before=state.extra.get("eval_before"),
             eval_after=state.extra.get("eval_after"),
@@ -242,6 +253,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
 
     model.train()
     log_every = spec.train.log_every or max(1, steps // 100)
+    eval_every = spec.train.eval_every if dataset.held_out else None
     while state.step < steps:
         if par.any(flag.is_set()):  # all ranks stop at the same step
             code = _stop_on_notice(flag, checkpointer, model, optimizer, scheduler, state, reporter)
@@ -278,6 +290,11 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
                 f"step {state.step}/{steps} loss {step_loss:.4f} lr {lr:.2e} "
                 f"tok/s {reporter.tokens_per_s():,.0f}"
             )
+        if eval_every and state.step % eval_every == 0 and state.step < steps:
+            result = _quiet_evaluate(model, dataset, device, spec)
+            log(f"step {state.step}/{steps} held-out {_fmt_eval(result)}")
+            reporter.eval_loss(state.step, result["loss"])
+            trackers.scalar("eval/loss", result["loss"], state.step)
         if state.step < steps and checkpointer.due(state.step, time.time()):
             reporter.set_state("checkpointing")
             checkpointer.save(model, optimizer, scheduler, state)
@@ -292,6 +309,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     if dataset.held_out:
         state.extra["eval_after"] = evaluate(model, dataset, device, spec)
         log(f"held-out after training:  {_fmt_eval(state.extra['eval_after'])}")
+        reporter.eval_loss(state.step, state.extra["eval_after"]["loss"])
         trackers.scalar("eval/loss", state.extra["eval_after"]["loss"], state.step)
     trackers.close()
     reporter.set_state("writing_output")

@@ -46,6 +46,10 @@ def load_tokenizer(spec: JobSpec) -> Any:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(spec.model)
+    if spec.data.chat_template:  # data.chat_template replaces the model's (and is saved with the output)
+        from trainer.data_check import chat_template_text
+
+        tokenizer.chat_template = chat_template_text(spec.data.chat_template)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

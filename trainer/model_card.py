@@ -33,6 +33,7 @@ def build_summary(
     interruptions: int,
     prompt_format: str,
     output_uri: str,
+    held_out_examples: int | None = None,
 ) -> dict[str, Any]:
     losses = [float(r["loss"]) for r in metrics if isinstance(r.get("loss"), (int, float))]
     n = max(1, min(10, len(losses) // 4))  # first and last steps: a tenth-ish of a short run, 10 at most
@@ -50,7 +51,10 @@ def build_summary(
             "max_seq_len": spec.data.max_seq_len,
             "training_examples": examples,
             "training_tokens": data_tokens,
-            "held_out_examples": spec.data.eval_examples,
+            "split": spec.data.split,
+            "train_on_inputs": spec.data.train_on_inputs,
+            "held_out_examples": spec.data.eval_examples if held_out_examples is None else held_out_examples,
+            "held_out_source": _held_out_source(spec),
         },
         "hyperparameters": {
             "micro_batch_size": train.micro_batch_size,
@@ -73,6 +77,8 @@ def build_summary(
         "final_loss": sum(tail) / len(tail) if tail else None,
         "eval_before": eval_before,
         "eval_after": eval_after,
+        #: [step, held-out loss] every train.eval_every steps (and at the end)
+        "eval_curve": [[r["step"], r["eval_loss"]] for r in metrics if isinstance(r.get("eval_loss"), float)],
         "attempts": attempt,
         "interruptions": interruptions,  # attempts that ended before the run was done
         "preemptions": None,  # filled in by the orchestrator (add_run_facts)
@@ -81,6 +87,16 @@ def build_summary(
         "output_uri": output_uri,
         "finished_at": time.time(),
     }
+
+
+def _held_out_source(spec: JobSpec) -> str | None:
+    data = spec.data
+    if data.eval_source() is not None:
+        path, split = data.eval_source()  # type: ignore[misc]
+        return f"{path} (split {split})"
+    if data.eval_fraction is not None:
+        return f"{data.eval_fraction:g} of the data, chosen at random"
+    return f"the last {data.eval_examples} examples of the data" if data.eval_examples else None
 
 
 def _fmt(value: Any, spec: str = "") -> str:
@@ -115,6 +131,11 @@ def render_card(s: dict[str, Any]) -> str:
             f"| held-out loss | {before['loss']:.4f} -> {after['loss']:.4f} on {int(after['examples'])} "
             f"examples (exact match {before['exact_match']:.0%} -> {after['exact_match']:.0%}) |"
         )
+    curve = s.get("eval_curve") or []
+    if len(curve) > 1:
+        cells = [f"{loss:.4f} (step {step})" for step, loss in curve]
+        shown = cells if len(cells) <= 6 else [*cells[:3], "...", *cells[-3:]]
+        lines.append(f"| held-out loss during training | {', '.join(shown)} |")
     cost = "-" if s.get("cost_usd") is None else f"${s['cost_usd']:.2f}"
     lines += [
         f"| attempts | {s['attempts']} ({s['interruptions']} interrupted) |",

@@ -119,6 +119,16 @@ class ProgressReporter:
         else:
             self.write_mirror()
 
+    def eval_loss(self, step: int, loss: float) -> None:
+        """The held-out loss at `step`, in that step's metrics row (written with the next flush)."""
+        self.extra["eval_loss"] = loss
+        row = next((r for r in reversed(self.rows) if r["step"] == step), None)
+        if row is None:  # the step's row went out with a full part: write it again with the loss
+            row = {"step": step, "loss": self.loss, "lr": self.lr, "time": time.time(), "attempt": self.attempt,
+                   "tokens": self.tokens}  # fmt: skip
+            self.rows.append(row)
+        row["eval_loss"] = loss
+
     def last_checkpoint(self, step: int | None) -> None:
         if step is not None:
             self.last_ckpt_step = step

@@ -77,28 +77,39 @@ def preflight(spec: JobSpec, run_uri: str, task: dict[str, Any]) -> dict[str, An
 
 
 def check_data_readable(spec: JobSpec, timeout_s: float = 10.0) -> str | None:
-    """The data file must be readable from here with the job's storage options (the VM gets the same
-    credentials): a missing or forbidden file is refused before a VM is paid for. When the store
-    cannot be reached from here, a warning line (the VM may reach it)."""
-    import fsspec
+    """The data (and a separate held-out set) must be readable from here with the job's storage options
+    (the VM gets the same credentials): a missing or forbidden file is refused before a VM is paid for.
+    When the store cannot be reached from here, a warning line (the VM may reach it). Hub ids pass."""
+    from fsspec.core import url_to_fs
 
-    path = spec.data.path
+    from trainer.data_source import looks_like_hub_id
+
     options = dict(spec.checkpoint.storage_options)
-    if path.startswith(("s3://", "s3a://")):  # answer in seconds when the store is unreachable
-        config = {"connect_timeout": 3, "read_timeout": timeout_s, "retries": {"max_attempts": 2}}
-        options["config_kwargs"] = {**config, **options.get("config_kwargs", {})}
-    try:
-        with fsspec.open(path, "rb", **options) as handle:
-            handle.read(1)
-    except Exception as exc:  # noqa: BLE001 - judged below
-        text = " ".join(str(exc).split()) or exc.__class__.__name__
-        if not isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
-            return f"could not check data.path {path} from here ({exc.__class__.__name__}: {text})"
-        raise SpecError(
-            "data.path",
-            f"cannot read {path} from here ({exc.__class__.__name__}: {text}); a cloud VM with the same "
-            "credentials would fail after it is paid for",
-        ) from None
+    sources = [("data.path", spec.data.path)]
+    if spec.data.eval_path is not None:
+        sources.append(("data.eval_path", spec.data.eval_path))
+    for field, path in sources:
+        if looks_like_hub_id(path):
+            continue
+        if path.startswith(("s3://", "s3a://")):  # answer in seconds when the store is unreachable
+            config = {"connect_timeout": 3, "read_timeout": timeout_s, "retries": {"max_attempts": 2}}
+            options["config_kwargs"] = {**config, **options.get("config_kwargs", {})}
+        try:
+            fs, where = url_to_fs(path, **options)
+            if fs.isdir(where):
+                fs.ls(where)
+            else:
+                with fs.open(where, "rb") as handle:
+                    handle.read(1)
+        except Exception as exc:  # noqa: BLE001 - judged below
+            text = " ".join(str(exc).split()) or exc.__class__.__name__
+            if not isinstance(exc, (FileNotFoundError, PermissionError)):
+                return f"could not check {field} {path} from here ({exc.__class__.__name__}: {text})"
+            raise SpecError(
+                field,
+                f"cannot read {path} from here ({exc.__class__.__name__}: {text}); a cloud VM with the same "
+                "credentials would fail after it is paid for",
+            ) from None
     return None
 
 

@@ -54,16 +54,21 @@ def scheme(uri: str) -> str:
 
 def require_remote(spec: JobSpec) -> None:
     """A cloud instance reads and writes the run store, the data and the model: none can be local."""
+    from trainer.data_source import looks_like_hub_id
+
     for field, value in (
         ("checkpoint.uri", spec.checkpoint.uri),
         ("output.uri", spec.output.uri),
         ("data.path", spec.data.path),
+        ("data.eval_path", spec.data.eval_path),
     ):
-        if value is not None and scheme(value) not in REMOTE_SCHEMES:
+        hub = field.startswith("data.") and value is not None and looks_like_hub_id(value)
+        if value is not None and not hub and scheme(value) not in REMOTE_SCHEMES:
             raise SpecError(
                 field,
                 f"{value} is not reachable from a cloud instance; the skypilot backend needs a bucket "
-                "URL such as s3://bucket/ftorch or gs://bucket/ftorch",
+                "URL such as s3://bucket/ftorch or gs://bucket/ftorch"
+                + (" (or a Hugging Face Hub data set id)" if field.startswith("data.") else ""),
             )
     if spec.model.startswith("/") or "://" in spec.model and scheme(spec.model) not in REMOTE_SCHEMES:
         raise SpecError("model", f"{spec.model} is a local folder; give a hub id for the skypilot backend")
