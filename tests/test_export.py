@@ -22,11 +22,11 @@ WANDB_KEY = "0123456789abcdef0123456789abcdef01234567"  # a made-up key: it must
 
 @pytest.fixture(scope="module")
 def trained(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
-    """A 10-step LoRA run with TensorBoard: attempt 1 crashes at step 8 (checkpoint 5), attempt 2 resumes
-    and finishes (checkpoint 10); its output folder."""
+    """A 10-step LoRA run with TensorBoard, W&B and the held-out loss every 4 steps: attempt 1 crashes at
+    step 8 (checkpoint 5), attempt 2 resumes and finishes (checkpoint 10); its output folder."""
     root = tmp_path_factory.mktemp("export-run")
     data = write_data(root / "train.jsonl", "instruction", 60)
-    train = {"max_steps": 10, "report_to": ["tensorboard", "wandb"]}
+    train = {"max_steps": 10, "report_to": ["tensorboard", "wandb"], "eval_every": 4}
     job = job_dict(tiny_model, data, root / "runs", train=train, data={"eval_examples": 8})
     run_uri = prepare_run(job, run_id="tiny-abc123")
     # W&B offline, everything it writes under this test's folder (the run's folders in wandb/)
@@ -77,6 +77,11 @@ def test_output_has_a_filled_model_card_and_summary(trained: tuple[str, Path]) -
     assert "### Instruction:" in card and "PeftModel.from_pretrained" in card
     assert "prompt = '### Instruction:\\nYour instruction here\\n\\n### Response:\\n'\n" in card
     assert f"{summary['final_loss']:.4f}" in card and "held-out loss" in card and "| cost | - |" in card
+    assert [step for step, _ in summary["eval_curve"]] == [
+        4,
+        8,
+        10,
+    ] and "held-out loss during training" in card
     # the orchestrator adds what only it knows
     assert model_card.add_run_facts(RunStore(str(output)), cost_usd=0.12, preemptions=2)
     assert "| cost | $0.12 |" in (output / "README.md").read_text()
@@ -133,9 +138,11 @@ def test_metrics_command_lists_every_step_with_grad_norm(
     assert all(
         float(r["tokens_per_s"]) > 0 for i, r in enumerate(rows) if i not in (0, 5)
     )  # not across attempts
+    assert [(int(r["step"]), r["attempt"]) for r in rows if r["eval_loss"]] == [(4, "1"), (8, "2"), (10, "2")]
     cli_outputs.metrics_cmd(job_id)
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["step", "attempt", "loss", "lr", "grad_norm", "tokens/s"] and len(table) == 11
+    header = ["step", "attempt", "loss", "lr", "grad_norm", "eval_loss", "tokens/s"]
+    assert table[0].split() == header and len(table) == 11
 
 
 def test_tensorboard_one_run_across_attempts_without_repeated_steps(trained: tuple[str, Path]) -> None:
@@ -156,7 +163,7 @@ def test_tensorboard_one_run_across_attempts_without_repeated_steps(trained: tup
         "run/attempt",
     } <= tags
     assert [e.step for e in runs.Scalars("train/loss")] == list(range(1, 11))  # 6, 7 logged twice, kept once
-    assert [e.step for e in runs.Scalars("eval/loss")] == [0, 10]
+    assert [e.step for e in runs.Scalars("eval/loss")] == [0, 4, 8, 10]  # train.eval_every: 4
     assert [(e.step, e.value) for e in runs.Scalars("run/attempt")] == [(1, 1.0), (6, 2.0)]
 
 

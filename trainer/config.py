@@ -190,8 +190,6 @@ class TrainSpec(_Strict):
     report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
     #: measure the held-out loss every N optimizer steps (needs a held-out set, data.eval_*)
     eval_every: int | None = Field(None, ge=1)
-    #: experiment trackers; one TensorBoard run per job in <run store>/tensorboard (trainer/trackers.py)
-    report_to: list[Literal["tensorboard"]] = Field(default_factory=list)
 
 
 class CheckpointSpec(_Strict):
