@@ -54,11 +54,13 @@ def test_fsdp_resume_after_sigkill_and_sigterm_is_bitwise(
 
 
 def test_sharded_checkpoint_layout_and_manifest(tmp_path: Path, tiny_model: Path) -> None:
-    """Shards of every rank, the small files with sha256, the manifest last; only trainable state."""
+    """Shards of every rank, the small files with sha256, the manifest last; only trainable state.
+    With data.packing (each rank collates its packs; the packing check at start runs on every rank)."""
     data = write_data(tmp_path / "d.jsonl", "instruction", 32)
     job = fsdp_job(tiny_model, data, tmp_path / "runs", train={"max_steps": 4}, checkpoint={"every": 2})
+    job["data"]["packing"] = True
     run_uri = new_run(job, "layout")
-    finish(run_uri, 1, nproc=2)
+    assert "packed 32 examples into" in finish(run_uri, 1, nproc=2)
     store = RunStore(run_uri)
     info = store.complete_checkpoints()[-1]
     folder = Path(run_uri) / info.path / info.dir

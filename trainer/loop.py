@@ -205,12 +205,13 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     log(f"loading the model {spec.model} ({spec.method}, {spec.train.precision})")
     model = par.wrap(load_model(spec, device), spec)
     log(f"model loaded in {time.monotonic() - loading:.1f} s")
-    if spec.data.packing:  # refuse (exit 2) a model whose attention would mix packed examples
-        verify_packing(model, uses_flat_batches(spec.train.attn_implementation), autocast_dtype(spec))
     params, trainable = count_parameters(model)
     optimizer = make_optimizer(spec, model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_for(spec, steps))
     scaler = make_scaler(spec, device)  # fp16-mixed only
+    if spec.data.packing:  # refuse (exit 2) a model whose attention would mix packed examples; after the
+        # optimizer is made (under FSDP2 a forward before it broke the sharded optimizer state dict)
+        verify_packing(model, uses_flat_batches(spec.train.attn_implementation), autocast_dtype(spec))
     log(
         f"model {os.path.basename(spec.model.rstrip('/'))}: {params:,} params, {trainable:,} trainable "
         f"({spec.method}); {example_count(dataset.train)} examples"
