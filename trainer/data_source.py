@@ -72,6 +72,8 @@ def load(
 def _files(path: str, fmt: str, split: str, options: dict[str, Any], field: str) -> Any:
     fs, where = url_to_fs(path, **options)
     if not fs.exists(where):
+        if is_remote(path):  # perhaps only from here (other credentials): launch goes on, the trainer tells
+            raise FileNotFoundError(f"{field}: {path} does not exist")
         raise DataError(f"{path} does not exist", field)
     if fs.isdir(where) and any(fs.exists(f"{where.rstrip('/')}/{m}") for m in SAVED):
         return _saved(path, split, options, field)
