@@ -119,10 +119,11 @@ def plan_cmd(
         else f"[bold]{plan.model}[/] {plan.method}"
     )
     con.print(f"catalog: {plan.catalog_source}")
+    unit = "packs" if spec.data.packing else "examples"  # data.packing: a micro-batch holds packs
     con.print(
-        f"effective batch: {spec.train.micro_batch_size * spec.train.grad_accum} examples per optimizer "
+        f"effective batch: {spec.train.micro_batch_size * spec.train.grad_accum} {unit} per optimizer "
         f"step (train.micro_batch_size {spec.train.micro_batch_size} per GPU x grad_accum "
-        f"{spec.train.grad_accum}), kept on every GPU count; layout = examples per GPU x accumulation"
+        f"{spec.train.grad_accum}), kept on every GPU count; layout = {unit} per GPU x accumulation"
     )
     steps, sequences = plan.workload.get("steps"), plan.workload.get("sequences_per_epoch")
     if steps and sequences and not spec.train.max_steps:
