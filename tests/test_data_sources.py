@@ -230,3 +230,33 @@ def test_held_out_fraction_train_on_inputs_and_a_chat_template(
         [t for t, lab in zip(first.input_ids, first.labels, strict=True) if lab != IGNORE]
     )
     assert "be brief" not in trained
+
+
+def test_remote_parquet_folders_and_saved_data_sets_through_storage_options(
+    tmp_path: Path, tokenizer, s3
+) -> None:
+    """On a real S3 server: parquet files in a folder and a saved DatasetDict, read with the job's
+    storage options; their cache key follows the objects' ETags."""
+    from trainer import data_cache
+    from trainer.store import RunStore
+
+    jsonl = write_data(tmp_path / "d.jsonl", "instruction", 12)
+    expected = _ids(load_dataset(_spec(jsonl), tokenizer, 2, 0))
+    table = datasets.Dataset.from_list(
+        [{k: v for k, v in r.items() if k != "_line"} for r in read_jsonl(str(jsonl))]
+    )
+    bucket = RunStore(s3.uri, s3.options)
+    for name, part in (("a", table.select(range(6))), ("b", table.select(range(6, 12)))):
+        part.to_parquet(str(tmp_path / f"{name}.parquet"))
+        bucket.write_bytes(f"parts/{name}.parquet", (tmp_path / f"{name}.parquet").read_bytes())
+    datasets.DatasetDict({"train": table, "test": table.select(range(3))}).save_to_disk(
+        f"{s3.uri}/saved", storage_options=s3.options
+    )
+    folder = _spec(f"{s3.uri}/parts")
+    assert _ids(load_dataset(folder, tokenizer, 2, 0, s3.options)) == expected
+    saved = load_dataset(_spec(f"{s3.uri}/saved", eval_split="test"), tokenizer, 2, 0, s3.options)
+    assert _ids(saved) == expected and [(e.input_ids, e.labels) for e in saved.held_out] == expected[:3]
+    key = data_cache.cache_key(folder, tokenizer, s3.options)
+    assert key is not None and data_cache.cache_key(folder, tokenizer, s3.options) == key
+    bucket.write_bytes("parts/b.parquet", (tmp_path / "a.parquet").read_bytes())
+    assert data_cache.cache_key(folder, tokenizer, s3.options) != key

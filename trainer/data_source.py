@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import tempfile
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -96,10 +97,16 @@ def _files(path: str, fmt: str, split: str, options: dict[str, Any], field: str)
         return _from_rows([row for url in urls for row in iter_jsonl(url, options, fmt)], fmt)
     import datasets
 
-    try:
-        return datasets.load_dataset(kind, data_files=urls, split="train", storage_options=options or None)
-    except Exception as exc:  # noqa: BLE001 - a malformed file, told on one line
-        raise DataError(f"{path}: cannot be read as {kind} ({_first_line(exc)})", field) from None
+    with tempfile.TemporaryDirectory(prefix="ftorch-data-") as tmp:
+        if is_remote(path):  # fetched through fsspec (not `datasets`' downloader, which offline mode stops)
+            local = [os.path.join(tmp, f"{n:05d}-{PurePosixPath(f).name}") for n, f in enumerate(files)]
+            for remote, here in zip(files, local, strict=True):
+                fs.get(remote, here)
+            urls = local
+        try:  # the Arrow result lives in the `datasets` cache: the fetched copies can go
+            return datasets.load_dataset(kind, data_files=urls, split="train")
+        except Exception as exc:  # noqa: BLE001 - a malformed file, told on one line
+            raise DataError(f"{path}: cannot be read as {kind} ({_first_line(exc)})", field) from None
 
 
 def _suffix(name: str) -> str:
