@@ -189,10 +189,12 @@ class _Linear4bitStandIn(torch.nn.Linear):
         self.bias = None
         if lin.bias is not None:
             self.bias = torch.nn.Parameter(torch.empty(lin.out_features, dtype=compute), requires_grad=False)
-        self.compute = compute
+        # named as on bitsandbytes' Linear4bit: PEFT places the adapters in this dtype (bf16 adapters under
+        # pure bf16), where the uint8 weight would leave them in fp32
+        self.compute_dtype = compute
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = _Dequant4bit.apply(x.to(self.compute), self.weight, (self.out_features, self.in_features))
+        out = _Dequant4bit.apply(x.to(self.compute_dtype), self.weight, (self.out_features, self.in_features))
         return out + self.bias if self.bias is not None else out
 
 
