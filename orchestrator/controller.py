@@ -33,6 +33,11 @@ EAGER_NEXT_REGION, even when its policy never switches (`Plan.switching` False):
   last (orchestrator/region_order.py);
 - `on_event(event, reason)` hears preempted / budget / succeeded / failed / cancelled (notifications).
 
+A relaunch comes after the cancel of the managed job it replaces, so one SkyPilot refuses would leave the
+run with no managed job: it is tried again every tick (an API server or network hiccup) up to
+`relaunch_tries`, and one SkyPilot refuses for good (no enabled cloud: `sky check`) ends the job FAILED
+at once, with SkyPilot's error on one line (`on_failed`, the `failed` event).
+
 Every switch is recorded (attempt, from, to, why) in the job folder's controller.json, with a heartbeat
 and where the controller runs; `ftorch status JOB` shows them. If the controller dies, the managed job
 keeps running under SkyPilot's own recovery with its current list; status says so, and
@@ -71,6 +76,8 @@ SWITCHING = ("deadline", "spot-fallback")
 STOP = "stop"
 #: the start of the reason of a relaunch after a preemption (the registry records it as a preemption)
 RELOCATED = "preempted in "
+#: SkyPilot's launch refusals that waiting does not cure (exception class names, SkyPilot 0.14.1)
+REFUSED_FOR_GOOD = ("NoCloudAccessError",)
 
 
 class SkyClient(Protocol):
@@ -141,6 +148,8 @@ class Config:
     stop_timeout_s: float = 600.0
     #: the controller counts as dead when its heartbeat is older than this many ticks
     dead_after_ticks: float = 3.0
+    #: a relaunch SkyPilot refuses is tried again next tick, at most this many times in all
+    relaunch_tries: int = 5
 
 
 @dataclass
@@ -197,6 +206,7 @@ class Controller:
         where: str | None = None,
         budget: Callable[[Mapping[str, Any] | None, Mapping[str, Any], float], str | None] | None = None,
         on_event: Callable[[str, str | None], None] | None = None,
+        on_failed: Callable[[str], None] | None = None,
     ) -> None:
         self.plan = plan
         self.client = client
@@ -208,6 +218,7 @@ class Controller:
         self.on_record = on_record  # e.g. keep the registry's attempts and cost in step with SkyPilot
         self.budget = budget  # a reason starting with "budget" when the job must stop now
         self.on_event = on_event  # notifications: preempted, budget, succeeded, failed, cancelled
+        self.on_failed = on_failed  # the job ends FAILED (a relaunch SkyPilot refused): its reason
         self.state = read_state(job_dir)
         self.state.setdefault("switches", [])
         self.state.setdefault("launches", [])
@@ -306,6 +317,11 @@ class Controller:
     def tick(self) -> bool:
         """Look, decide, act. False once the job is over (nothing left to control)."""
         now = self.clock()
+        retry = self.state.get("relaunch")
+        if retry:  # the managed job it replaces is cancelled: nothing else to look at
+            self._relaunch(Mode(retry["mode"]), retry["why"], now)
+            self._save()
+            return not self.state.get("ended")
         record = self._record()
         if self.on_record is not None and not self.state.get("pending"):
             self.on_record(record)  # not mid-switch: the stop it asked for is no preemption
@@ -332,7 +348,7 @@ class Controller:
             return not self.state.get("ended")
         if self._follow_placement(record, progress, now) or not self.plan.switching:
             self._save()
-            return True
+            return not self.state.get("ended")
         obs = self.observation(record, progress, now)
         decision = self.plan.policy.decide(obs)
         want = Mode.SPOT if decision.mode is Mode.NONE else decision.mode
@@ -340,7 +356,7 @@ class Controller:
         if want is not self.mode and want in self.plan.tasks:
             self._begin_switch(want, decision.reason, record, progress, now)
         self._save()
-        return True
+        return not self.state.get("ended")
 
     def _event(self, event: str, reason: str | None) -> None:
         if self.on_event is not None:
@@ -399,9 +415,13 @@ class Controller:
         try:
             self.launch(self.mode, f"{RELOCATED}{lost}: relaunched with that region last")
         except Exception as exc:  # e.g. a region SkyPilot's catalog lacks: the list it had, as it was
-            sys.stderr.write(f"controller: relaunch with {lost} last refused ({exc}); the list as it was\n")
+            from orchestrator.backends.skypilot_sdk import one_line
+
+            sys.stderr.write(
+                f"controller: relaunch with {lost} last refused ({one_line(exc)}); the list as it was\n"
+            )
             task["resources"]["ordered"] = entries
-            self.launch(self.mode, f"{RELOCATED}{lost}: relaunched (the reordered list was refused)")
+            self._relaunch(self.mode, f"{RELOCATED}{lost}: relaunched (the reordered list was refused)", now)
             return True
         self.state.setdefault("ordered", {})[self.mode.value] = moved
         return True
@@ -468,7 +488,35 @@ class Controller:
                 "waited_for_checkpoint_s": waited,
             }
         )
-        self.launch(to, pending["why"])
+        self._relaunch(to, pending["why"], now)
+
+    def _relaunch(self, mode: Mode, why: str, now: float) -> None:
+        """A launch after the cancel of the managed job it replaces: a refusal is kept to be tried again
+        next tick; one for good (REFUSED_FOR_GOOD), or the last try, ends the job FAILED."""
+        try:
+            self.launch(mode, why)
+        except Exception as exc:
+            from orchestrator.backends.skypilot_sdk import one_line
+
+            tries = int((self.state.get("relaunch") or {}).get("tries") or 0) + 1
+            line = one_line(exc)
+            self.state["relaunch"] = {
+                "mode": mode.value,
+                "why": why,
+                "tries": tries,
+                "at": now,
+                "error": line,
+            }
+            sys.stderr.write(f"controller: relaunch {tries} refused: {line}\n")
+            if exc.__class__.__name__ in REFUSED_FOR_GOOD or tries >= self.config.relaunch_tries:
+                reason = f"relaunch refused by SkyPilot{f' {tries} times' if tries > 1 else ''}: {line}"
+                reason += "; `ftorch resume JOB` continues from the checkpoint once SkyPilot accepts it"
+                self.state.update(relaunch=None, ended="relaunch refused", failed=reason)
+                if self.on_failed is not None:
+                    self.on_failed(reason)
+                self._event("failed", reason)
+            return
+        self.state["relaunch"] = None
 
     def run(
         self, stop: Callable[[], bool] = lambda: False, sleep: Callable[[float], None] = time.sleep
@@ -570,7 +618,9 @@ def status_fields(job_dir: Any, now: float | None = None, config: Config | None 
         }
     }
     if ended:
-        out["controller"]["note"] = f"ended with the job ({ended})"
+        out["controller"]["note"] = f"ended with the job ({ended})" + (
+            f": {state['failed']}" if state.get("failed") else ""
+        )
     elif not alive:
         out["controller"]["note"] = (
             f"not alive (last heartbeat {int(now - float(beat or 0))} s ago): the managed job keeps running "

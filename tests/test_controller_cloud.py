@@ -132,11 +132,15 @@ class Placements:
         self.cancelled: list[int] = []
 
     refuse_next = False
+    #: exceptions the next launches raise, in turn (SkyPilot refusing them)
+    refusals: list[Exception] = []
 
     def launch(self, task: dict[str, Any], name: str) -> int:
         if self.refuse_next:  # e.g. SkyPilot's API server refuses a region
             self.refuse_next = False
             raise ValueError("Invalid region")
+        if self.refusals:
+            raise self.refusals.pop(0)
         self.launched.append(copy.deepcopy(task))
         job_id = len(self.launched)
         self.records[job_id] = {"job_id": job_id, "status": "PENDING", "recovery_count": 0}
@@ -250,3 +254,27 @@ def test_a_preempted_job_is_relaunched_with_the_lost_region_last(
     assert controller.tick()
     assert client.cancelled == [1, 2] and len(client.launched) == 3
     assert client.launched[2]["resources"]["ordered"] == relaunched["resources"]["ordered"]
+
+    # a relaunch refused again (the API server down for a while): no managed job is left, so the
+    # controller does not take the cancelled job's end for the run's; it tries again next tick
+    progress(store, 30)
+    client.place(3, "RUNNING", f"{cloud}/{order[0][1]}")
+    controller.tick()
+    client.place(3, "RECOVERING", f"{cloud}/{order[0][1]}")
+    client.refusals = [ConnectionError("API server down")] * 2
+    assert controller.tick() and controller.state["relaunch"]["tries"] == 1
+    assert client.cancelled == [1, 2, 3] and len(client.launched) == 3
+    assert controller.tick() and len(client.launched) == 4 and controller.state["relaunch"] is None
+    assert registry.get("job-1").state is not JobState.CANCELLED
+    # one SkyPilot refuses for good (no enabled cloud): FAILED at once, with its line
+    progress(store, 40)
+    client.place(4, "RUNNING", f"{cloud}/{order[0][1]}")
+    controller.tick()
+    client.place(4, "RECOVERING", f"{cloud}/{order[0][1]}")
+    no_cloud = type("NoCloudAccessError", (Exception,), {})
+    client.refusals = [no_cloud("Cloud access is not set up. Run: sky check")] * 2
+    assert controller.tick() is False and controller.state["ended"] == "relaunch refused"
+    job = registry.get("job-1")
+    assert job.state is JobState.FAILED and job.reason.startswith(
+        "relaunch refused by SkyPilot: NoCloudAccessError: Cloud access is not set up."
+    )

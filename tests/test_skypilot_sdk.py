@@ -332,13 +332,6 @@ def _clean(env: dict[str, str]) -> dict[str, str]:
 
 
 @SERVER
-def test_sdk_queue_with_no_managed_jobs(sky_env: dict[str, str]) -> None:
-    result = _python("from orchestrator.backends import skypilot_sdk; print(skypilot_sdk.queue())", sky_env)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-1] == "[]"
-
-
-@SERVER
 def test_launch_without_cloud_access_fails_in_one_line(sky_env: dict[str, str], s3: str) -> None:
     result = subprocess.run(
         [str(Path(sys.executable).parent / "ftorch"), *_launch_args(s3)],
@@ -416,3 +409,46 @@ r.update("gone-1", backend_job_id="42")
     detail = json.loads(result.stdout)
     assert detail["state"] == "PENDING" and detail["backend"] == "skypilot"
     assert "no longer lists" in detail["reason"]
+
+
+@SERVER
+def test_the_controllers_sdk_calls_against_the_real_api_server(sky_env: dict[str, str]) -> None:
+    """The cloud controller's client (queue, cancel, launch) on SkyPilot's real server, offline
+    (tests/sky_server_checks.py): records the real queue returns, read as the controller reads them; a
+    preempted job relaunched with the lost region last, which the server validates (regions included)
+    and refuses only for want of a cloud; that refusal ends the job FAILED with SkyPilot's line."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "sky_server_checks.py")],
+        capture_output=True, text=True, timeout=240, env=_clean(sky_env), cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    # nothing in progress: an empty queue, and a cancel with nothing left to cancel is no error
+    assert out["queue_none"] == [] and out["cancel_none"] == "ok"
+    # the real records: job_id an int, status the enum's name, "-" placeholders and -1 read as unknown
+    records = out["records"]
+    assert out["record_ids"] == sorted(r["job_id"] for r in records.values())  # 999 is simply absent
+    lost_cloud, lost_region = out["lost"].split("/")
+    assert records["running"] == {
+        "job_id": records["running"]["job_id"], "status": "RUNNING", "recovery_count": 1, "cloud": "AWS",
+        "region": lost_region, "cluster_resources": "1x[L40S:1][Spot]", "last_recovered_at": 1500.0,
+    }  # fmt: skip
+    assert records["starting"]["status"] == "STARTING" and records["starting"]["cloud"] is None
+    assert records["starting"]["region"] is None and records["starting"]["last_recovered_at"] is None
+    assert records["recovering"]["status"] == "RECOVERING" and records["recovering"]["region"] == lost_region
+    # the controller read the RUNNING record's placement, then the RECOVERING one as a preemption
+    assert out["tick1"] is True and out["placed"]["cloud"] == lost_cloud == "aws"
+    assert out["placed"]["region"] == lost_region
+    queue, queue2, cancel, moved, as_was = out["calls"]
+    assert queue[0] == queue2[0] == "queue" and cancel == ["cancel", 7]
+    # the region-ordered task passed the server's validation (regions checked against the catalog)
+    # and was refused only at the optimizer, for want of an enabled cloud: no schema error
+    assert moved[1] == out["moved"] and moved[1][-1] == out["lost"]
+    assert moved[2] == "NoCloudAccessError" and "Cloud access is not set up" in moved[3]
+    assert as_was[2] == "NoCloudAccessError" and "/" not in "".join(as_was[1])  # the list as it was
+    # a refusal waiting cannot cure: the job ends FAILED at once, with SkyPilot's line and what to do
+    assert out["ended"] == "relaunch refused" and out["tick2"] is False
+    (reason,) = out["failed"]
+    assert reason.startswith("relaunch refused by SkyPilot: NoCloudAccessError: Cloud access is not set up")
+    assert "\x1b" not in reason and "ftorch resume JOB" in reason
+    assert out["events"] == [["preempted", f"preempted in {out['lost']}"], ["failed", reason]]

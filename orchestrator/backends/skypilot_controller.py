@@ -271,6 +271,7 @@ def build(registry: Any, job_id: str, plan: Plan, client: Any, store: Any, **kwa
     """A job's controller with its registry hooks: attempts and cost, the budget, notifications.
     `kwargs` go to Controller (tests: config, clock, where)."""
     from orchestrator.backends.skypilot_watch import CloudBudget, event_hook
+    from orchestrator.states import JobState
 
     on_launch, on_record = registry_hooks(registry, job_id)
     config = kwargs.pop("config", None) or Config()
@@ -285,6 +286,7 @@ def build(registry: Any, job_id: str, plan: Plan, client: Any, store: Any, **kwa
         on_record=on_record,
         budget=budget,
         on_event=event_hook(registry, job_id),
+        on_failed=lambda reason: registry.set_state(job_id, JobState.FAILED, reason),
         **kwargs,
     )
 

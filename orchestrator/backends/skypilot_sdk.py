@@ -115,7 +115,14 @@ def queue(job_ids: list[int] | None = None) -> list[dict[str, Any]]:
     return [_as_dict(r) for r in records or []]
 
 
+#: fields SkyPilot 0.14.1's queue fills with "-" when it does not know them (a job not placed yet, or
+#: one whose cluster is gone: sky/jobs/utils.py, "formatted_str() returns '-'")
+_PLACEHOLDER = ("cloud", "region", "zone", "infra", "cluster_resources", "cluster_resources_full")
+
+
 def _as_dict(record: Any) -> dict[str, Any]:
+    """A queue record as a dict: the status as its name, SkyPilot's "not known" markers as None ("-"
+    placeholders; `last_recovered_at` -1 before the first start)."""
     if isinstance(record, dict):
         out = dict(record)
     elif hasattr(record, "model_dump"):
@@ -124,6 +131,12 @@ def _as_dict(record: Any) -> dict[str, Any]:
         out = dict(vars(record))
     status = out.get("status")
     out["status"] = getattr(status, "value", status)
+    for key in _PLACEHOLDER:
+        if out.get(key) == "-":
+            out[key] = None
+    recovered = out.get("last_recovered_at")
+    if isinstance(recovered, int | float) and recovered < 0:
+        out["last_recovered_at"] = None
     return out
 
 
@@ -137,9 +150,15 @@ def tail_logs(sky_job_id: str, follow: bool) -> int:
 
 
 def cancel(sky_job_id: str) -> None:
-    """Cancel gracefully (the trainer gets its stop signal and checkpoints)."""
+    """Cancel the managed job (SkyPilot's graceful cancel waits for MOUNT_CACHED uploads only; the
+    trainer's checkpoint is asked for first, through the run store: controller.stop_then_cancel). A job
+    SkyPilot no longer has in progress is nothing to cancel."""
     sky_ = sky()
+    from sky import exceptions as sky_exceptions
+
     try:
         sky_.get(sky_.jobs.cancel(job_ids=[int(sky_job_id)], graceful=True))
+    except sky_exceptions.ClusterNotUpError:
+        return  # "No in-progress managed jobs" (the jobs controller is not up): nothing left to cancel
     except Exception as exc:
         raise UserError(f"SkyPilot: cannot cancel job {sky_job_id}: {one_line(exc)}") from None
