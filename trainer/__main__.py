@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # noise from libraries that says nothing about this run
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    # `datasets` (loading parquet, JSON, hub data) draws no bars in the log: the trainer logs its phases
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

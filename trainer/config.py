@@ -2,7 +2,8 @@
 
 This module imports no torch: the CLI validates job files and reads run stores without loading it.
 Every concept of the job file exists here; fields that a backend or the trainer cannot act on yet are
-validated here and refused by `unsupported_features` with a clear message.
+validated here and refused by `unsupported_features` with a clear message. Over 400 lines on purpose:
+the whole schema stays in one module, so the reference (docs/job-file.md) and every reader share it.
 """
 
 from __future__ import annotations

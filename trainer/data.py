@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -202,7 +203,11 @@ def _tokenise(
 ) -> tuple[list[Example], list[Example], int]:
     from trainer import data_source
 
+    if data_source.looks_like_hub_id(spec.path):
+        _log(f"loading {spec.path} (split {spec.split}) from the Hugging Face Hub")
+    started = time.monotonic()
     rows = data_source.load(spec.path, spec.format, spec.split, spec.subset, storage_options)
+    _log(f"read {len(rows):,} examples from {spec.path} in {time.monotonic() - started:.1f} s")
     train_rows, held_rows = data_source.held_out_split(spec, len(rows))
     examples, truncated = encode_dataset(rows, spec, tokenizer, spec.path, "tokenising")
     encoded = [e for e in (examples[i] for i in train_rows) if e is not None]
