@@ -50,6 +50,22 @@ def test_every_local_source_kind_gives_the_same_examples(tmp_path: Path, tokeniz
     assert len(expected) == 24
     for source in ("d.json", "d.parquet", "parts", "saved", "one"):
         assert _ids(load_dataset(_spec(tmp_path / source), tokenizer, 2, 0)) == expected, source
+    # the planner counts every kind with the same reader: the same tokens and examples
+    from orchestrator.spec import validate_job
+    from orchestrator.throughput import workload
+
+    def planned(source: Path) -> tuple:
+        job = {
+            "model": "m",
+            "data": {"path": str(source), "format": "instruction"},
+            "checkpoint": {"uri": "/r"},
+        }
+        work = workload(validate_job(job))
+        return work.tokens_per_epoch, work.sequences_per_epoch
+
+    assert planned(jsonl)[1] == 24
+    assert {planned(tmp_path / s) for s in ("d.parquet", "parts", "saved", "one")} == {planned(jsonl)}
+
     test_split = load_dataset(_spec(tmp_path / "saved", split="test"), tokenizer, 2, 0)
     assert _ids(test_split) == expected[:4]
     # another split of the same saved data set as the held-out set
