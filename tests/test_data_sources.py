@@ -156,6 +156,8 @@ def test_bad_data_settings_are_refused_at_validate_with_the_field(tmp_path: Path
         ({"path": str(data), "chat_template": "bad.jinja"}, None, "data.chat_template: not a valid Jinja"),
         ({"path": str(data), "chat_template": "none.jinja"}, None, "data.chat_template: "),
         ({"path": str(data), "split": "test"}, None, "data.split: 'test': files are one split"),
+        ({"path": str(data), "eval_split": "train"}, None, "data.eval_split: the held-out set would be the"),
+        ({"path": str(data), "eval_split": "test"}, None, "data.eval_split: 'test': files are one split"),
     ]
     for data_fields, train, expected in cases:
         with pytest.raises(SpecError) as caught:

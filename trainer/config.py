@@ -153,6 +153,11 @@ class DataSpec(_Strict):
         ]
         if len(given) > 1:
             raise ValueError(f"{given[1]}: give one held-out set, not both {given[0]} and {given[1]}")
+        if self.eval_source() == (self.path, self.split):
+            raise ValueError(
+                f"data.eval_split: the held-out set would be the training data itself ({self.path}, split "
+                f"{self.split}); give another split, or data.eval_fraction"
+            )
         if self.chat_template is not None and self.format != "chat":
             raise ValueError("data.chat_template: applies to data.format: chat")
         return self
