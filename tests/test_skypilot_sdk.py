@@ -354,7 +354,8 @@ def test_launch_without_cloud_access_fails_in_one_line(sky_env: dict[str, str], 
 
 @SERVER
 def test_launch_with_an_unwritable_store_fails_in_one_line(sky_env: dict[str, str], s3: str) -> None:
-    result = ftorch(*_launch_args(s3, bucket="no-such-bucket"), env=_clean(sky_env))
+    readable = ["--set", "data.path=s3://ckpt/data/train.jsonl"]  # the data is checked first, at load
+    result = ftorch(*_launch_args(s3, bucket="no-such-bucket"), *readable, env=_clean(sky_env))
     assert result.returncode == 2
     assert result.stderr.startswith(
         "error: checkpoint.uri: the run store is not writable: s3://no-such-bucket/ftorch/"
