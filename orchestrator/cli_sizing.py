@@ -78,12 +78,20 @@ def estimate_cmd(
 
     con = _console()
     con.print(estimate_view(spec, shape, est, traced, why))
-    peak = traced["total_gib"] if traced else est.peak_gib_per_gpu
+    # the trace measures the step; loading (estimated) can need more
+    peak = max(traced["total_gib"], est.load_gib_per_gpu) if traced else est.peak_gib_per_gpu
     fits = [g for g in COMMON_GPU_SIZES_GIB if peak <= g * (1 - HEADROOM)]
+    loading = peak <= est.load_gib_per_gpu
     con.print(
         f"fits GPUs of {fits[0]:g} GiB or more (with {HEADROOM:.0%} headroom)"
+        + (", set by loading the whole model on each GPU" if loading and est.n_gpus > 1 else "")
         if fits
-        else f"fits none of the common GPU sizes on {est.n_gpus} GPU(s); try --gpus 8"
+        else f"fits none of the common GPU sizes on {est.n_gpus} GPU(s)"
+        + (
+            ": loading puts the whole model on each GPU, more GPUs do not help"
+            if loading
+            else "; try --gpus 8"
+        )
     )
 
 

@@ -16,7 +16,9 @@ trainer as it runs:
 - the loss: one chunk of logits (the trainer's chunked cross-entropy), times bytes per logit element;
 - the optimizer step's temporaries (single-tensor AdamW: about two copies of the largest trainable tensor);
 
-taking the *peak over phases* (forward/backward, backward with gradients filled, optimizer step), then
+taking the *peak over phases* (forward/backward, backward with gradients filled, optimizer step, and the
+load before the first step: trainer/load_memory.py says what the trainer's loading puts on each GPU,
+the whole model today, so under FSDP a model that does not fit one GPU is refused for its load), then
 reserved = allocated x (1 + allocator slack) + the cuBLAS workspace, and the CUDA context on top
 (`peak_gib_per_gpu`, what the device must hold). The factors are fitted by bench/derive_memory_constants.py
 to traces over a grid of architectures and settings (orchestrator/data/memory_constants.json), never to a
@@ -33,10 +35,9 @@ from typing import Any
 
 from orchestrator.errors import SpecError
 from orchestrator.shapes import ModelShape, resolve_shape
+from trainer.load_memory import NF4_BYTES, NF4_DQ_BYTES, WeightCounts, load_peak_bytes
 
 GIB = 1024**3
-NF4_DQ_BYTES = 0.516  # 4 + 8/64 + 32/(64*256) bits (QLoRA paper, section 3)
-NF4_BYTES = 0.5625  # 4 + 32/64 bits without double quantization
 
 
 CONSTANTS_FILE = "memory_constants.json"
@@ -113,7 +114,7 @@ class MemoryEstimate:
     breakdown_gib: dict[str, float]
     params: int
     trainable_params: int
-    #: the phase that sets the peak: forward_backward | backward_grads | optimizer_step
+    #: the phase that sets the peak: forward_backward | backward_grads | optimizer_step | load
     peak_phase: str
     #: paged optimizer states live in unified memory and are evicted to the host under pressure
     paged_optimizer_gib: float = 0.0
@@ -123,6 +124,8 @@ class MemoryEstimate:
     #: torch.cuda.max_memory_allocated and max_memory_reserved as the estimate predicts them
     peak_allocated_gib: float = 0.0
     peak_reserved_gib: float = 0.0
+    #: what the trainer's loading holds per GPU at its peak (reserved + CUDA context), before the step
+    load_gib_per_gpu: float = 0.0
 
     def fits(self, gpu_memory_gib: float, headroom: float) -> bool:
         return self.peak_gib_per_gpu <= gpu_memory_gib * (1.0 - headroom)
@@ -137,6 +140,7 @@ class MemoryEstimate:
             "peak_allocated_gib": round(self.peak_allocated_gib, 3),
             "peak_reserved_gib": round(self.peak_reserved_gib, 3),
             "peak_phase": self.peak_phase,
+            "load_gib_per_gpu": round(self.load_gib_per_gpu, 3),
             "breakdown_gib": {k: round(v, 3) for k, v in self.breakdown_gib.items()},
             "phases_gib": {k: round(v, 3) for k, v in self.phases_gib.items()},
             "paged_optimizer_gib": round(self.paged_optimizer_gib, 3),
@@ -346,11 +350,19 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
     reserved = allocated * (1.0 + k.alloc_slack) + k.workspace_gib * GIB
     context = k.cuda_context_gib * GIB
     parts = dict(parts_by_phase[phase])
-    parts["overhead"] = reserved - allocated + context
+    parts["overhead"] = step_extra = reserved - allocated + context
+    load_allocated = sum(load_parts(shape, s, trainable).values())
+    load_reserved = load_allocated * (1.0 + k.alloc_slack)  # no matmul yet: no cuBLAS workspace
+    if load_reserved > reserved:  # the trainer cannot start: loading needs more than the step
+        phase, allocated, reserved = "load", load_allocated, load_reserved
+        parts = {key: 0.0 for key in parts}
+        parts["weights"] = load_allocated
+        parts["overhead"] = reserved - allocated + context
     settings = asdict(s)
     if isinstance(settings["lora_targets"], tuple):
         settings["lora_targets"] = list(settings["lora_targets"])
-    extra = reserved - allocated + context
+    phases_gib = {p: (v + step_extra) / GIB for p, v in phases.items()}
+    phases_gib["load"] = (load_reserved + context) / GIB
     return MemoryEstimate(
         model=shape.name,
         method=s.method,
@@ -363,9 +375,28 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
         paged_optimizer_gib=(optim / n if paged else 0.0) / GIB,
         sharding=sharding,
         settings=settings,
-        phases_gib={p: (v + extra) / GIB for p, v in phases.items()},
+        phases_gib=phases_gib,
         peak_allocated_gib=allocated / GIB,
         peak_reserved_gib=reserved / GIB,
+        load_gib_per_gpu=(load_reserved + context) / GIB,
+    )
+
+
+def load_parts(shape: ModelShape, s: Settings, trainable: int) -> dict[str, float]:
+    """Bytes per GPU at the peak of the trainer's loading (trainer/load_memory.py decides them)."""
+    counts = WeightCounts(
+        params=shape.params,
+        quantizable=shape.quantizable_params,
+        adapters=trainable if s.method != "full" else 0,
+        largest_quantizable=max(lin.d_in * lin.d_out for lin in shape.linears),
+    )
+    return load_peak_bytes(
+        s.method,
+        s.precision,
+        counts,
+        max(1, s.n_gpus),
+        double_quant=s.double_quant,
+        quant_compute=s.quant_compute,
     )
 
 

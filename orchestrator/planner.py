@@ -313,6 +313,8 @@ def make_plan(
         if need > offer.gpu_memory_gib * (1 - HEADROOM):
             usable = offer.gpu_memory_gib * (1 - HEADROOM)
             where = "on 1 GPU" if ranks == 1 else f"per GPU sharded over {ranks}"
+            if fit == "estimated" and need <= mem.load_gib_per_gpu:
+                where += " to load the model (the trainer puts all of it on each GPU before sharding)"
             rejected.append(
                 _reject(
                     offer,

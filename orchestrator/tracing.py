@@ -19,7 +19,16 @@ from typing import Any
 from orchestrator.shapes import ModelShape, ftorch_home
 
 #: the trainer files whose code decides what a traced step allocates
-TRACED_CODE = ("memtrace.py", "cuda_allocator.py", "model.py", "quant.py", "loop.py", "loss.py", "step.py")
+TRACED_CODE = (
+    "memtrace.py",
+    "cuda_allocator.py",
+    "model.py",
+    "load_memory.py",
+    "quant.py",
+    "loop.py",
+    "loss.py",
+    "step.py",
+)
 TRACE_TIMEOUT_S = 600.0
 
 
@@ -146,14 +155,21 @@ class TraceConfirmation:
             self.traced, self.error = result.results, result.error
 
     def _close(self, ranks: int, gpu_memory_gib: float) -> bool:
+        """A close fit set by the step (the trace measures the step; loading is only estimated)."""
+        mem = self.memory_for(ranks)
         usable = gpu_memory_gib * (1 - self.headroom)
-        return abs(self.memory_for(ranks).peak_gib_per_gpu - usable) <= self.margin * usable
+        return mem.peak_phase != "load" and abs(mem.peak_gib_per_gpu - usable) <= self.margin * usable
 
     def peak(self, ranks: int, gpu_memory_gib: float) -> tuple[float, str]:
+        """The peak per GPU and how it was judged: the traced step, unless loading needs more."""
+        mem = self.memory_for(ranks)
         traced = self.traced.get(ranks)
         if traced is not None and self._close(ranks, gpu_memory_gib):
-            return float(traced["total_gib"]), "traced"
-        return self.memory_for(ranks).peak_gib_per_gpu, "estimated"
+            total = float(traced["total_gib"])
+            if total >= mem.load_gib_per_gpu:
+                return total, "traced"
+            return mem.load_gib_per_gpu, "estimated"
+        return mem.peak_gib_per_gpu, "estimated"
 
     def note(self) -> str:
         if not self.asked:

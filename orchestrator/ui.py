@@ -455,6 +455,13 @@ def estimate_view(spec: Any, shape: Any, est: Any, trace: dict[str, Any] | None,
         peaks.add_row(label, f"{analytic:.2f}", *([f"{traced:.2f}"] if trace else []))
     peaks.add_row("peak phase", est.peak_phase, *([trace["peak_phase"]] if trace else []))
     tail = [Text(f"analytic peak set by: {est.peak_phase} (phases, GiB: {phases})")]
+    if est.peak_phase == "load":
+        tail.append(
+            Text(
+                "load: the trainer puts the whole model on each GPU before FSDP shards it "
+                f"({est.load_gib_per_gpu:.2f} GiB; trainer/load_memory.py)"
+            )
+        )
     if trace:
         at = ", ".join(f"{k} {v:.2f}" for k, v in trace["at_peak_gib"].items())
         tail.append(Text(f"traced one step in {trace['seconds']:.1f} s ({trace['cpu_seconds']:.1f} s CPU)"))

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from trainer.config import JobSpec
+from trainer.load_memory import base_dtype_name
 
 #: the dtype the forward computes in, per train.precision
 COMPUTE_DTYPES = {
@@ -18,6 +19,7 @@ COMPUTE_DTYPES = {
     "fp16-mixed": torch.float16,
 }
 MIXED = ("bf16-mixed", "fp16-mixed")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def pick_device(preference: str) -> torch.device:
@@ -34,12 +36,9 @@ def autocast_dtype(spec: JobSpec) -> torch.dtype | None:
 
 
 def base_dtype(spec: JobSpec) -> torch.dtype:
-    """The dtype the model loads in. Mixed precision keeps fp32 only what trains: a full fine-tune's
-    weights (the fp32 master copy), never the frozen base of LoRA/QLoRA, which stays in the compute dtype
-    (PEFT then makes the adapters fp32). Pure bf16 keeps everything, adapters too, in bf16."""
-    if spec.method == "full" and spec.train.precision in MIXED:
-        return torch.float32
-    return COMPUTE_DTYPES[spec.train.precision]
+    """The dtype the model loads in (trainer/load_memory.py decides it, for the planner's estimate too):
+    fp32 master weights for a full fine-tune under mixed precision, the compute dtype otherwise."""
+    return DTYPES[base_dtype_name(spec.method, spec.train.precision)]
 
 
 def load_tokenizer(spec: JobSpec) -> Any:
