@@ -79,22 +79,33 @@ def fault_proxy(s3_server: SeaweedS3) -> Iterator[FaultProxy]:
 
 @pytest.fixture(scope="session")
 def quickstart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """examples/quickstart.yaml next to freshly generated model and data (made once per session)."""
+    """examples/quickstart.yaml next to freshly generated model and data, made once per test run: the
+    parallel workers share one folder (its generation costs ~50 s of CPU), made under a file lock."""
     import shutil
     import subprocess
     import sys
 
+    from filelock import FileLock
     from helpers import REPO
 
-    folder = tmp_path_factory.mktemp("examples")
-    shutil.copy(REPO / "examples" / "quickstart.yaml", folder / "quickstart.yaml")
-    made = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "make_quickstart.py"), "--out", str(folder / "quickstart")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert made.returncode == 0, made.stderr
+    shared = tmp_path_factory.getbasetemp().parent  # the same for every xdist worker of this run
+    folder = shared / "quickstart-examples"
+    with FileLock(str(shared / "quickstart-examples.lock")):
+        if not (folder / "quickstart" / "model" / "config.json").exists():
+            folder.mkdir(exist_ok=True)
+            made = subprocess.run(
+                [
+                    sys.executable,
+                    str(REPO / "examples" / "make_quickstart.py"),
+                    "--out",
+                    str(folder / "quickstart"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert made.returncode == 0, made.stderr
+        shutil.copy(REPO / "examples" / "quickstart.yaml", folder / "quickstart.yaml")
     return folder
 
 

@@ -1,7 +1,9 @@
 """Every plan runs: for every example job, the trainer's layout check accepts each of the planner's top 10
 candidates, and a tiny stand-in of the job (the example's method, LoRA, quantisation, batch, precision
 and optimizer on a tiny model) trains on CPU in the layout of the chosen offer (ranks capped at 4),
-is preempted after its first steps (SIGTERM: save, exit 75), and resumes to the end in that layout."""
+is preempted after its first steps (SIGTERM: save, exit 75), and resumes to the end in that layout.
+Examples whose stand-ins are the same run (same job on the tiny model, same ranks and layout) train once:
+`TWINS` names them, and a test checks that they are indeed the same."""
 
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ from trainer.store import RunStore
 EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.yaml"))
 MAX_RANKS = 4
 STEPS = 4  # the notice comes after step 1; the trainer saves at the next step boundary, then resumes
+#: examples whose stand-in run is identical to another example's (the key's), checked by a test below
+TWINS = {"llama3-8b-qlora.yaml": ("llama2-7b-qlora.yaml", "llama3-8b-qlora-deadline.yaml")}
+RUN_ONCE = [name for name in EXAMPLES if not any(name in twins for twins in TWINS.values())]
 
 
 def example_spec(name: str, quickstart_dir: Path) -> Any:
@@ -65,7 +70,27 @@ def stand_in(spec: Any, tiny_model: Path, tmp: Path, ranks: int) -> dict[str, An
     return job
 
 
-@pytest.mark.parametrize("name", EXAMPLES)
+def _stand_in_run(name: str, quickstart_dir: Path, tiny_model: Path, tmp: Path) -> tuple[Any, int, Any]:
+    spec = example_spec(name, quickstart_dir)
+    chosen = make_plan(spec, offline=True).chosen
+    assert chosen is not None
+    ranks = min(MAX_RANKS, chosen.ranks)
+    job = stand_in(spec, tiny_model, tmp, ranks)
+    job.pop("name", None)
+    return job, ranks, layout_for(spec, ranks)
+
+
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_twin_examples_have_the_same_stand_in_run(
+    name: str, quickstart_dir: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    assert name in RUN_ONCE
+    run = _stand_in_run(name, quickstart_dir, tiny_model, tmp_path)
+    for twin in TWINS[name]:
+        assert _stand_in_run(twin, quickstart_dir, tiny_model, tmp_path) == run, twin
+
+
+@pytest.mark.parametrize("name", RUN_ONCE)
 def test_a_stand_in_trains_and_resumes_in_the_chosen_layout(
     name: str, quickstart_dir: Path, tiny_model: Path, tmp_path: Path
 ) -> None:
