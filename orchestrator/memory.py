@@ -17,8 +17,9 @@ trainer as it runs:
 - the optimizer step's temporaries (single-tensor AdamW: about two copies of the largest trainable tensor);
 
 taking the *peak over phases* (forward/backward, backward with gradients filled, optimizer step, and the
-load before the first step: trainer/load_memory.py says what the trainer's loading puts on each GPU,
-the whole model today, so under FSDP a model that does not fit one GPU is refused for its load), then
+load before the first step: trainer/load_memory.py says what the trainer's loading puts on each GPU;
+QLoRA loads its whole 4-bit model on every rank, so under FSDP a QLoRA model that does not fit one GPU
+is refused for its load), then
 reserved = allocated x (1 + allocator slack) + the cuBLAS workspace, and the CUDA context on top
 (`peak_gib_per_gpu`, what the device must hold). The factors are fitted by bench/derive_memory_constants.py
 to traces over a grid of architectures and settings (orchestrator/data/memory_constants.json), never to a
@@ -389,6 +390,7 @@ def load_parts(shape: ModelShape, s: Settings, trainable: int) -> dict[str, floa
         quantizable=shape.quantizable_params,
         adapters=trainable if s.method != "full" else 0,
         largest_quantizable=max(lin.d_in * lin.d_out for lin in shape.linears),
+        largest_tensor=max([shape.vocab * shape.hidden] + [lin.weight_params for lin in shape.linears]),
     )
     return load_peak_bytes(
         s.method,

@@ -314,7 +314,11 @@ def make_plan(
             usable = offer.gpu_memory_gib * (1 - HEADROOM)
             where = "on 1 GPU" if ranks == 1 else f"per GPU sharded over {ranks}"
             if fit == "estimated" and need <= mem.load_gib_per_gpu:
-                where += " to load the model (the trainer puts all of it on each GPU before sharding)"
+                where += " to load the model" + (
+                    " (QLoRA: the whole 4-bit model on each GPU before sharding)"
+                    if spec.method == "qlora"
+                    else ""
+                )
             rejected.append(
                 _reject(
                     offer,

@@ -48,6 +48,12 @@ class Parallel:
     def wrap(self, model: torch.nn.Module, spec: JobSpec) -> torch.nn.Module:
         return model
 
+    def load(self, spec: JobSpec, device: torch.device) -> torch.nn.Module:
+        """The job's model on `device`, ready to train (wrapped for this parallelism)."""
+        from trainer.model import load_model
+
+        return self.wrap(load_model(spec, device), spec)
+
     def local(self, examples: list[Example]) -> list[Example]:
         self._tokens = sum(len(e.input_ids) for e in examples)
         return examples
@@ -106,12 +112,26 @@ class Sharded(Parallel):
 
     # ---- model ---------------------------------------------------------------------------------
     def wrap(self, model: torch.nn.Module, spec: JobSpec) -> torch.nn.Module:
+        self._shard(model, spec)
+        seed_rank(spec.train.seed, self.rank, 0)
+        return model
+
+    def _shard(self, model: torch.nn.Module, spec: JobSpec) -> None:
         from torch.distributed.fsdp import fully_shard
 
         policy = mixed_precision(spec)
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=self.mesh, mp_policy=policy)
         fully_shard(model, mesh=self.mesh, mp_policy=policy)
+
+    def load(self, spec: JobSpec, device: torch.device) -> torch.nn.Module:
+        """Full fine-tuning and LoRA load sharded (trainer/sharded_load.py: no GPU holds the whole model);
+        QLoRA loads whole on each rank, quantized as it arrives, then shards."""
+        if spec.method == "qlora":
+            return super().load(spec, device)
+        from trainer.sharded_load import load_sharded
+
+        model = load_sharded(spec, device, self.rank, lambda m: self._shard(m, spec))
         seed_rank(spec.train.seed, self.rank, 0)
         return model
 

@@ -2,19 +2,23 @@
 planner's memory estimate, orchestrator/memory.py, asks this module; trainer/model.py takes its load
 dtype from here, so the two cannot drift apart).
 
-As trainer/model.py and trainer/quant.py load a model today, every rank puts the *whole* model on its
-GPU, and FSDP shards it only afterwards (`Sharded.wrap`, trainer/distributed.py):
+How the trainer loads (trainer/model.py, trainer/quant.py, trainer/sharded_load.py):
 
-- full fine-tuning and LoRA: `from_pretrained` on the CPU in `base_dtype_name` (fp32 master weights for a
-  full fine-tune under mixed precision, the compute dtype otherwise), adapters added, then `.to(device)`:
-  every weight and adapter on the GPU at once;
-- QLoRA: `from_pretrained(device_map={"": device})` quantizes each projection on the GPU as it arrives:
-  the packed 4-bit weights and their absmax, the rest of the base (embeddings, head, norms) in the
-  quantization compute dtype, and the 16-bit copy of the projection being quantized; adapters then.
+- one process (full fine-tuning and LoRA): `from_pretrained` on the CPU in `base_dtype_name` (fp32 master
+  weights for a full fine-tune under mixed precision, the compute dtype otherwise), adapters added, then
+  `.to(device)`: every weight and adapter on the GPU, as the step holds them;
+- full fine-tuning and LoRA under FSDP: sharded loading. Rank 0 loads on the CPU, every rank builds the
+  model on the meta device, shards it, allocates only its shards and receives rank 0's weights one tensor
+  at a time: a GPU holds its shard of everything plus one full tensor in flight (the largest: the
+  embedding or the largest projection group), never the whole model;
+- QLoRA (one process or FSDP): `from_pretrained(device_map={"": device})` quantizes each projection on
+  the GPU as it arrives, so every rank holds the whole packed 4-bit base and its absmax, the rest of the
+  base (embeddings, head, norms) in the quantization compute dtype, and the 16-bit copy of the projection
+  being quantized; adapters then; FSDP shards it only afterwards.
 
-On one GPU the step holds all of that and more (the estimate's weights term), so the load phase sets the
-peak only under FSDP, where the step keeps one shard: a job whose whole model does not fit one GPU cannot
-load there, whatever the GPU count.
+On one GPU the step holds all of that and more (the estimate's weights term), so the load sets the peak
+only for QLoRA under FSDP, where the step keeps one shard: a QLoRA job whose whole 4-bit model does not
+fit one GPU cannot load there, whatever the GPU count.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class WeightCounts:
     quantizable: int  # those in the projections bitsandbytes quantizes (QLoRA)
     adapters: int = 0  # LoRA parameters (0 for a full fine-tune)
     largest_quantizable: int = 0  # elements of the largest quantized projection
+    largest_tensor: int = 0  # elements of the largest parameter tensor (sharded loading's one in flight)
 
 
 def load_peak_bytes(
@@ -66,16 +71,20 @@ def load_peak_bytes(
     quant_compute: str = "bf16",
 ) -> dict[str, float]:
     """Bytes one GPU holds at the peak of the trainer's loading, by part ("weights", "adapters",
-    "quantizing"), on `ranks` GPUs. Today every rank loads the whole model before FSDP shards it, so the
-    figure does not depend on `ranks` (see the module docstring)."""
-    del ranks  # every rank holds the whole model until Sharded.wrap
-    if method == "qlora":
+    "in_flight": the 16-bit projection being quantized, or the full tensor being broadcast), on `ranks`
+    GPUs (see the module docstring)."""
+    adapters = float(adapter_bytes(precision) * counts.adapters) if method != "full" else 0.0
+    if method == "qlora":  # whole on every rank, quantized as it loads
         packed = NF4_DQ_BYTES if double_quant else NF4_BYTES
         c = DTYPE_BYTES[quant_compute]
         weights = packed * counts.quantizable + c * (counts.params - counts.quantizable)
-        quantizing = float(c * counts.largest_quantizable)  # the 16-bit projection being quantized
-    else:
-        weights = float(DTYPE_BYTES[base_dtype_name(method, precision)] * counts.params)
-        quantizing = 0.0
-    adapters = float(adapter_bytes(precision) * counts.adapters) if method != "full" else 0.0
-    return {"weights": float(weights), "adapters": adapters, "quantizing": quantizing}
+        return {"weights": weights, "adapters": adapters, "in_flight": float(c * counts.largest_quantizable)}
+    size = DTYPE_BYTES[base_dtype_name(method, precision)]
+    if ranks <= 1:
+        return {"weights": float(size * counts.params), "adapters": adapters, "in_flight": 0.0}
+    # sharded loading: this rank's shards, and one full tensor broadcast from rank 0
+    return {
+        "weights": float(size * counts.params) / ranks,
+        "adapters": adapters / ranks,
+        "in_flight": float(size * counts.largest_tensor),
+    }

@@ -24,7 +24,7 @@ from trainer.interruptions import how_it_ended
 from trainer.layout import check as check_layout
 from trainer.layout import total_steps as steps_for
 from trainer.loss import evaluate_batch, shifted_labels
-from trainer.model import autocast_dtype, count_parameters, load_model, load_tokenizer, pick_device
+from trainer.model import autocast_dtype, count_parameters, load_tokenizer, pick_device
 from trainer.notices import start_watcher
 from trainer.packing import example_count, uses_flat_batches
 from trainer.packing_check import verify as verify_packing
@@ -203,7 +203,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     steps = total_steps(spec, dataset)
     loading = time.monotonic()
     log(f"loading the model {spec.model} ({spec.method}, {spec.train.precision})")
-    model = par.wrap(load_model(spec, device), spec)
+    model = par.load(spec, device)
     log(f"model loaded in {time.monotonic() - loading:.1f} s")
     params, trainable = count_parameters(model)
     optimizer = make_optimizer(spec, model)

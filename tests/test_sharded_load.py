@@ -1,0 +1,89 @@
+"""Sharded loading under FSDP (trainer/sharded_load.py): rank 0 loads on the CPU, the others build the
+model on the meta device, and every rank materialises only its shards. On 2 ranks (gloo, CPU) the model
+it gives is bitwise the one the whole-model path gave (every rank loading everything, then sharding):
+parameters (local shards), buffers, dtypes, what trains, and each rank's RNG after loading."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+from helpers import job_dict
+
+RANKS = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _snapshot(model: torch.nn.Module) -> dict[str, Any]:
+    from torch.distributed.tensor import DTensor
+
+    out: dict[str, Any] = {}
+    for name, p in model.named_parameters():
+        local = p.to_local() if isinstance(p, DTensor) else p
+        out[name] = (local.detach().clone(), p.dtype, p.requires_grad, tuple(p.shape))
+    for name, b in model.named_buffers():
+        out[f"buffer:{name}"] = (b.detach().clone(), b.dtype, False, tuple(b.shape))
+    out["rng"] = (torch.get_rng_state(), torch.uint8, False, ())
+    return out
+
+
+def _compare(rank: int, port: int, jobs: list[dict[str, Any]]) -> None:
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(RANKS), MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    from trainer.config import JobSpec
+    from trainer.distributed import Sharded
+    from trainer.model import load_model
+
+    cpu = torch.device("cpu")
+    par = Sharded(cpu)
+    for job in jobs:
+        tied = job.pop("tied", False)
+        spec = JobSpec.model_validate(job)
+        old = _snapshot(par.wrap(load_model(spec, cpu), spec))  # every rank loads all, then shards
+        new_model = par.load(spec, cpu)
+        new = _snapshot(new_model)
+        assert old.keys() == new.keys(), (spec.method, set(old) ^ set(new))
+        for key, (tensor, dtype, trains, shape) in old.items():
+            got = new[key]
+            assert (got[1], got[2], got[3]) == (dtype, trains, shape), (spec.method, key)
+            assert torch.equal(got[0].view(torch.uint8), tensor.view(torch.uint8)), (spec.method, key)
+        if tied:
+            base = new_model.get_base_model() if hasattr(new_model, "get_base_model") else new_model
+            assert base.lm_head.weight is base.model.embed_tokens.weight
+    par.dist.destroy_process_group()
+
+
+def test_sharded_load_gives_the_whole_model_paths_parameters_bitwise(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_model)
+    config.tie_word_embeddings = True
+    tied = tmp_path / "tied"
+    torch.manual_seed(1)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tied)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_model / name).exists():
+            (tied / name).write_bytes((tiny_model / name).read_bytes())
+    data, ck = tmp_path / "d.jsonl", tmp_path / "ck"
+    jobs = [
+        job_dict(tiny_model, data, ck, lora={"dropout": 0.0}),  # fp32, adapters on q/v/lm_head
+        job_dict(tiny_model, data, ck, train={"precision": "bf16-mixed"}),  # bf16 base, fp32 adapters
+        job_dict(tiny_model, data, ck, method="full", train={"precision": "bf16-mixed"}),  # fp32 master
+        job_dict(tied, data, ck, method="full", train={"precision": "bf16"}),  # tied embeddings
+    ]
+    jobs[-1]["tied"] = True
+    mp.spawn(_compare, args=(_free_port(), jobs), nprocs=RANKS, join=True)
