@@ -55,7 +55,9 @@ def _reader(store: RunStore, data_dir: str) -> Any:
 
     class SafeReader(FsspecReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-            path = self._get_metadata_path(kwargs.get("rank"))
+            rank = kwargs.get("rank")  # per-rank metadata files exist from torch 2.9 on; 2.8 has one
+            name = DCP_METADATA if rank is None else f"__{rank}{DCP_METADATA}"
+            path = self.fs.concat_path(self.path, name)
             with self.fs.create_stream(path, "rb") as handle:
                 metadata = _MetadataUnpickler(handle).load()
             if not isinstance(metadata, Metadata):

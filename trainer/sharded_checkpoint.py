@@ -152,7 +152,6 @@ class ShardedWriter:
         """Start writing a checkpoint of this step (all ranks); the result says how long it blocked."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         started = time.time()
@@ -180,11 +179,11 @@ class ShardedWriter:
         meta = {"kind": KIND, "world_size": self.par.world, "attempt": state.extra.get("attempt")}
         payload = {"model": model_sd, "optim": optim_sd}
         if self.async_saves and not wait:
-            stager = DefaultStager(StagingOptions(False, False, False, False))
+            staging = _plain_staging()
             future = dcp.async_save(
-                payload, storage_writer=writer, process_group=self.par.io_group, async_stager=stager
+                payload, storage_writer=writer, process_group=self.par.io_group, **staging
             )
-            self.pending = _Pending(step, future, blobs, meta, started, stager, result)
+            self.pending = _Pending(step, future, blobs, meta, started, staging.get("async_stager"), result)
         else:
             dcp.save(payload, storage_writer=writer, process_group=self.par.io_group)
             self.pending = _Pending(step, _done(), blobs, meta, started, None, result)
@@ -370,3 +369,13 @@ def _done() -> Future:
     future: Future = Future()
     future.set_result(None)
     return future
+
+
+def _plain_staging() -> dict[str, Any]:
+    """async_save's staging as a plain blocking copy to CPU (no pinned or shared memory, no background
+    copy). torch >= 2.9 takes it as a stager; torch 2.8 has no stager argument and stages exactly so."""
+    try:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    except ImportError:  # torch 2.8
+        return {}
+    return {"async_stager": DefaultStager(StagingOptions(False, False, False, False))}
