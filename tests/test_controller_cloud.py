@@ -27,6 +27,7 @@ from orchestrator.states import JobState, Outcome
 from trainer.config import JobSpec
 from trainer.interruptions import STOP_REQUEST, request_stop
 from trainer.store import RunStore
+from trainer.trackers import run_facts
 
 REPO = Path(__file__).resolve().parent.parent
 H = 3600.0
@@ -86,6 +87,8 @@ def test_budget_stops_a_skypilot_job_cleanly_through_the_controller(
             asked_at_step = sky.step
         spend = store.read_json_or_none(SPEND_FILE)  # the run store knows the price and the spend
         assert spend["hourly_usd"] == 2.0 and spend["budget_usd"] == 1.0
+        facts = run_facts(store, environ={})  # what the trainer's trackers log as run/cost_usd
+        assert facts["hourly_usd"] == 2.0 and facts["cost_usd"] >= spend["spent_usd"]
         if not going:
             break
     assert asked_at_step is not None and sky.saved == asked_at_step  # the trainer acknowledged: saved

@@ -26,6 +26,8 @@ DEFAULT_MTBF_S = 3600.0
 #: MTBF used for an offer that is never interrupted (on-demand, Lambda): 30 days
 NEVER_S = 30 * 86400.0
 STOP_REQUEST = "control/stop.json"
+#: the cloud controller's spend record (price, spend so far, budget, when): the trainer logs the cost from it
+SPEND_RECORD = "control/spend.json"
 #: epoch record `ended` values that are not interruptions
 NOT_INTERRUPTIONS = ("finished", "stopped")
 

@@ -16,7 +16,8 @@ for `wandb sync` later. The job's settings are the run's config, without storage
 
 Logged to both: loss, lr, grad norm, tokens/s (`train/...`), the held-out loss (`eval/loss`), the attempt
 number and the preemptions before it (`run/attempt`, `run/preemptions`), and the cost so far
-(`run/cost_usd`) where the trainer knows the price (the local backend passes it in FTORCH_HOURLY_USD).
+(`run/cost_usd`) where the trainer knows the price: the local backend passes it in FTORCH_HOURLY_USD; on
+SkyPilot the job's controller writes it to the run store (`control/spend.json`) every tick.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def run_facts(store: RunStore, environ: dict[str, str] | None = None) -> dict[st
 
     The local supervisor passes what it knows (FTORCH_PREEMPTIONS, FTORCH_COST_USD, FTORCH_HOURLY_USD);
     elsewhere the preemptions are the earlier attempts that ended neither finished nor stopped (fencing
-    records in the run store), and the cost is not known to the trainer."""
-    from trainer.interruptions import NOT_INTERRUPTIONS
+    records in the run store), and the cost comes from the cloud controller's spend record, brought
+    forward to now at its price (no record: no cost logged)."""
+    from trainer.interruptions import NOT_INTERRUPTIONS, SPEND_RECORD
 
     env = os.environ if environ is None else environ
     facts: dict[str, float] = {}
@@ -61,7 +63,15 @@ def run_facts(store: RunStore, environ: dict[str, str] | None = None) -> dict[st
         if env.get("FTORCH_HOURLY_USD"):
             facts["hourly_usd"] = float(env["FTORCH_HOURLY_USD"])
             facts["cost_usd"] = float(env.get("FTORCH_COST_USD") or 0.0)
-    except (ValueError, OSError):  # advisory
+        else:
+            spend = store.read_json_or_none(SPEND_RECORD)
+            if isinstance(spend, dict) and spend.get("hourly_usd") is not None:
+                hourly, at = float(spend["hourly_usd"]), float(spend.get("at") or time.time())
+                facts["hourly_usd"] = hourly
+                facts["cost_usd"] = (
+                    float(spend.get("spent_usd") or 0.0) + hourly * max(0.0, time.time() - at) / 3600
+                )
+    except (ValueError, TypeError, OSError):  # advisory
         pass
     return facts
 

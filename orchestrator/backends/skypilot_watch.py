@@ -24,8 +24,9 @@ from orchestrator.backends import skypilot_state
 from orchestrator.budget import BudgetGuard
 from orchestrator.notify import notify_job
 from orchestrator.registry import JobState, Outcome, Registry
+from trainer.interruptions import SPEND_RECORD
 
-SPEND_FILE = "control/spend.json"
+SPEND_FILE = SPEND_RECORD
 #: the trainer's stop-request poll on a cloud VM (trainer/stop_request.py) plus a save and exit
 STOP_REACTION_S = 10.0 + 30.0
 
