@@ -97,6 +97,7 @@ class Settings:
     seq_len: int = 512
     grad_ckpt: bool = False
     attn: str = "sdpa"  # sdpa | flash_attention_2 | eager
+    packing: bool = False  # data.packing: a block-diagonal mask for sdpa / eager (trainer/packing.py)
     lora_r: int = 16
     lora_targets: str | tuple[str, ...] = "all-linear"
     lora_dropout: float = 0.05
@@ -258,6 +259,10 @@ def activation_bytes(shape: ModelShape, s: Settings, k: Constants) -> float:
         saved = shape.layers * (factor * layer + scores)
     if s.attn == "eager":
         saved += _compute_bytes(s) * s.seq_len * s.seq_len * s.micro_batch  # the 4-D causal mask
+    if s.packing:
+        from trainer.packing import mask_bytes
+
+        saved += mask_bytes(s.micro_batch, s.seq_len, s.attn, _compute_bytes(s))
     return saved + (4 + 2 * _compute_bytes(s)) * shape.hidden * tokens  # final norm, head input
 
 
@@ -420,6 +425,7 @@ def settings_from_spec(spec: Any, n_gpus: int | None = None) -> Settings:
         seq_len=spec.data.max_seq_len,
         grad_ckpt=spec.train.gradient_checkpointing,
         attn=spec.train.attn_implementation,
+        packing=spec.data.packing,
         lora_r=spec.lora.r,
         lora_targets=targets if isinstance(targets, str) else tuple(targets),
         lora_dropout=spec.lora.dropout,

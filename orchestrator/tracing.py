@@ -146,6 +146,7 @@ class TraceConfirmation:
         margin: float,
     ) -> None:
         self.memory_for, self.headroom, self.margin = memory_for, headroom, margin
+        self.spec = spec
         close = {ranks for ranks, gib in sizes if self._close(ranks, gib)}
         self.traced: dict[int, dict[str, Any]] = {}
         self.error: str | None = None
@@ -165,11 +166,21 @@ class TraceConfirmation:
         mem = self.memory_for(ranks)
         traced = self.traced.get(ranks)
         if traced is not None and self._close(ranks, gpu_memory_gib):
-            total = float(traced["total_gib"])
+            total = float(traced["total_gib"]) + self._packing_mask_gib(ranks)
             if total >= mem.load_gib_per_gpu:
                 return total, "traced"
             return mem.load_gib_per_gpu, "estimated"
         return mem.peak_gib_per_gpu, "estimated"
+
+    def _packing_mask_gib(self, ranks: int) -> float:
+        """The trace runs unpacked micro-batches; packing's attention mask is added as the estimate has it."""
+        if not getattr(self.spec.data, "packing", False):
+            return 0.0
+        from orchestrator.memory import _compute_bytes, settings_from_spec
+        from trainer.packing import mask_bytes
+
+        s = settings_from_spec(self.spec, ranks)
+        return mask_bytes(s.micro_batch, s.seq_len, s.attn, _compute_bytes(s)) / 2**30
 
     def note(self) -> str:
         if not self.asked:

@@ -230,3 +230,32 @@ def test_the_load_phase_is_part_of_the_peak():
     assert confirm.peak(4, 22.35) == (20.5, "estimated")
     confirm.traced = {4: {"total_gib": 20.7}}
     assert confirm.peak(4, 22.35) == (20.7, "traced")
+
+
+def test_packing_adds_its_attention_mask_where_the_kernel_needs_one():
+    """A packed micro-batch carries a block-diagonal mask (trainer.packing.mask_bytes) for sdpa and
+    eager; flash attention reads position ids instead. 8 x 8,192 tokens: 0.5 GiB of booleans, and sdpa's
+    bf16 bias copy on top."""
+    shape = bundled_shape("meta-llama/Meta-Llama-3-8B")
+    base = Settings(method="lora", micro_batch=8, seq_len=8192, grad_ckpt=True)
+    gib = 2**30
+    for attn, extra in (("sdpa", 8 * 8192 * 8192 * 3), ("eager", 8 * 8192 * 8192), ("flash_attention_2", 0)):
+        plain = estimate(shape, replace(base, attn=attn))
+        packed = estimate(shape, replace(base, attn=attn, packing=True))
+        grown = (packed.peak_allocated_gib - plain.peak_allocated_gib) * gib
+        assert grown == pytest.approx(extra, rel=0.02, abs=2**20), attn
+    job = validate_job(
+        {
+            "name": "p",
+            "model": "meta-llama/Meta-Llama-3-8B",
+            "data": {"path": "d.jsonl", "max_seq_len": 8192, "packing": True},
+            "train": {"micro_batch_size": 8, "gradient_checkpointing": True},
+            "checkpoint": {"uri": "/tmp/x"},
+        }
+    )
+    assert (
+        estimate_memory(job).peak_gib_per_gpu
+        > estimate_memory(
+            job.model_copy(update={"data": job.data.model_copy(update={"packing": False})})
+        ).peak_gib_per_gpu
+    )

@@ -132,6 +132,17 @@ def uses_flat_batches(attn_implementation: str) -> bool:
     return attn_implementation.startswith("flash_attention")
 
 
+def mask_bytes(micro_batch: int, seq_len: int, attn_implementation: str, compute_bytes: int) -> int:
+    """What packing adds to a step's memory: the block-diagonal mask transformers builds from the position
+    ids, one boolean per query-key pair and row (micro_batch x seq_len^2), and for sdpa the kernel's copy
+    as an additive bias in the compute dtype. Eager attention builds a mask of that size with or without
+    packing (the estimate counts it already); flash attention reads the position ids and needs none."""
+    if uses_flat_batches(attn_implementation):
+        return 0
+    per_pair = 1 + (compute_bytes if attn_implementation == "sdpa" else 0)
+    return micro_batch * seq_len * seq_len * per_pair
+
+
 def collate(
     examples: Sequence[Packed], pad_id: int, device: Any = "cpu", flat: bool = False
 ) -> dict[str, Any]:
