@@ -1,8 +1,8 @@
 """Published peak-memory measurements vs ftorch's analytic estimate vs a trace of ftorch's own step.
 
 Reads ../shared/data/vram/calibration.csv (ms-swift's A100-80GB benchmark), and for every row it can
-model prints the measured peak, the analytic estimate (orchestrator/memory.py) and, with --trace, one
-step of ftorch's trainer traced on fake tensors (trainer/memtrace.py, classic allocator: the measured
+model prints the measured peak, the analytic estimate (orchestrator/sizing/memory.py) and, with --trace, one
+step of ftorch's trainer traced on fake tensors (trainer/memory/memtrace.py, classic allocator: the measured
 stack predates expandable segments), and the median absolute error of each. Nothing is fitted here: the
 estimator's constants come from traces (bench/derive_memory_constants.py), never from this file.
 
@@ -25,8 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.memory import Constants, Settings, estimate  # noqa: E402
-from orchestrator.shapes import ModelShape, shape_from_config  # noqa: E402
+from orchestrator.sizing.memory import Constants, Settings, estimate  # noqa: E402
+from orchestrator.sizing.shapes import ModelShape, shape_from_config  # noqa: E402
 
 DEFAULT_CSV = REPO.parent / "shared" / "data" / "vram" / "calibration.csv"
 
@@ -116,7 +116,7 @@ def _trace_row(args: tuple) -> float | None:
     import torch
 
     from trainer.config import JobSpec
-    from trainer.memtrace import TraceUnsupported, trace
+    from trainer.memory.memtrace import TraceUnsupported, trace
 
     torch.set_num_threads(1)
     config, s = args

@@ -1,9 +1,9 @@
-"""Calibrate the time model (orchestrator/throughput.py) on published fine-tuning throughputs.
+"""Calibrate the time model (orchestrator/sizing/throughput.py) on published fine-tuning throughputs.
 
 Reads ../shared/data/throughput/published_fms_acceleration.csv (fms-acceleration's reference runs: plain
 HF Trainer, A100-SXM 80GB, flash attention 2, gradient checkpointing, 4096-token packed sequences,
 micro-batch 4 on 1 GPU and 2 per GPU on 2 GPUs with FSDP), predicts every row with the uncalibrated
-constants (orchestrator.throughput.RAW) and with constants fitted on a TRAINING subset, and prints the
+constants (orchestrator.sizing.throughput.RAW) and with constants fitted on a TRAINING subset, and prints the
 ratio predicted/measured on every row and the median / worst ratio on the HELD-OUT subset side by side.
 
 Split: the CSV has one source and one GPU type, so whole *models* are held out: the fit sees only
@@ -34,9 +34,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.memory import Settings  # noqa: E402
-from orchestrator.shapes import bundled_shape  # noqa: E402
-from orchestrator.throughput import RAW, TimeConstants, Workload, accelerator, estimate_time  # noqa: E402
+from orchestrator.sizing.memory import Settings  # noqa: E402
+from orchestrator.sizing.shapes import bundled_shape  # noqa: E402
+from orchestrator.sizing.throughput import RAW, TimeConstants, Workload, accelerator, estimate_time  # noqa: E402
 
 DEFAULT_CSV = REPO.parent / "shared" / "data" / "throughput" / "published_fms_acceleration.csv"
 OUT = REPO / "orchestrator" / "data" / "throughput_calibration.json"

@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 import torch  # noqa: E402
 from s3server import SeaweedS3, s3_env  # noqa: E402
 
-from trainer.async_checkpoint import AsyncCheckpointer  # noqa: E402
-from trainer.checkpoint import TrainerState, serialize, snapshot  # noqa: E402
-from trainer.store import RunStore  # noqa: E402
+from trainer.checkpoints.async_save import AsyncCheckpointer  # noqa: E402
+from trainer.checkpoints.checkpoint import TrainerState, serialize, snapshot  # noqa: E402
+from trainer.runstore.store import RunStore  # noqa: E402
 
 
 def make_state(params: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:

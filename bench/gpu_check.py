@@ -11,11 +11,11 @@ and go through the trainer's own code: `trainer.model.prepare_model` (gradient c
 model's loss where that module is absent); QLoRA's decoder projections are bitsandbytes NF4 with double
 quantization. It runs warm-up steps, then times `--steps` optimizer steps. Peak memory is
 torch.cuda.max_memory_allocated / max_memory_reserved (the CPU mode reports the process's peak RSS
-instead), printed next to the trace of the same job (trainer/memtrace.py, on fake tensors) and the
-analytic estimate (orchestrator/memory.py), allocated and reserved each. MFU = model FLOPs per token x tokens/s / the GPU's dense bf16
+instead), printed next to the trace of the same job (trainer/memory/memtrace.py, on fake tensors) and the
+analytic estimate (orchestrator/sizing/memory.py), allocated and reserved each. MFU = model FLOPs per token x tokens/s / the GPU's dense bf16
 peak, with model FLOPs = 6N (full) or 4N (adapters: no weight gradients for the frozen base) plus
 12 * layers * hidden * seq for attention; recomputation is not counted. A second table puts the measured
-tokens/s next to the time model's (orchestrator/throughput.py with its calibrated constants) for the GPU
+tokens/s next to the time model's (orchestrator/sizing/throughput.py with its calibrated constants) for the GPU
 found; two extra LoRA cases at 512 tokens (micro-batch 1 and 8) check its micro-batch dependence.
 """
 
@@ -76,7 +76,7 @@ class Result:
     estimate_gib: float
     estimate_phase: str
     skipped: str | None = None
-    #: orchestrator/throughput.py's tokens/s for this case on this GPU (None off CUDA / unknown GPU)
+    #: orchestrator/sizing/throughput.py's tokens/s for this case on this GPU (None off CUDA / unknown GPU)
     predicted_tokens_per_s: float | None = None
     estimate_allocated_gib: float | None = None
     estimate_reserved_gib: float | None = None
@@ -100,7 +100,7 @@ CPU_CASES = [
 
 
 def config_for(shape: str) -> dict[str, Any]:
-    from orchestrator.shapes import bundled_configs
+    from orchestrator.sizing.shapes import bundled_configs
 
     cfg = dict(TINY) if shape == "tiny" else dict(bundled_configs()[shape])
     cfg.pop("aliases", None)
@@ -186,7 +186,7 @@ def step_fn(case: Case, model: Any, optimizer: Any, ids: Any, device: Any) -> An
     """One optimizer step through the trainer's step functions (trainer/step.py when present)."""
     import torch
 
-    from trainer.data import Example
+    from trainer.data.dataset import Example
 
     spec = spec_for(case, "unused")
     try:
@@ -215,7 +215,7 @@ def step_fn(case: Case, model: Any, optimizer: Any, ids: Any, device: Any) -> An
 
 def traced_gib(case: Case) -> tuple[float | None, float | None]:
     """The same job traced on fake tensors (on the CPU): peak allocated and reserved."""
-    from trainer.memtrace import TraceUnsupported, trace
+    from trainer.memory.memtrace import TraceUnsupported, trace
 
     try:
         result = trace(spec_for(case, "unused"), config_for(case.shape), [1])[0]
@@ -225,7 +225,7 @@ def traced_gib(case: Case) -> tuple[float | None, float | None]:
 
 
 def estimate_for(case: Case) -> Any:
-    from orchestrator.memory import estimate_memory
+    from orchestrator.sizing.memory import estimate_memory
 
     if case.shape == "tiny":
         with tempfile.TemporaryDirectory() as tmp:
@@ -318,7 +318,7 @@ def run_case(case: Case, device: Any, steps: int, warmup: int) -> Result:
     return result
 
 
-#: CUDA device-name fragments -> orchestrator.throughput.ACCELERATORS keys (most specific first)
+#: CUDA device-name fragments -> orchestrator.sizing.throughput.ACCELERATORS keys (most specific first)
 DEVICE_KEYS = [
     ("GH200", "gh200"),
     ("H200", "h200"),
@@ -340,9 +340,9 @@ DEVICE_KEYS = [
 
 def predicted_tokens_per_s(case: Case, device_name: str, trainable: int) -> float | None:
     """The time model's tokens/s for this case on one GPU named `device_name` (None if not modelled)."""
-    from orchestrator.memory import Settings
-    from orchestrator.shapes import bundled_shape, shape_from_config
-    from orchestrator.throughput import ACCELERATORS, Workload, estimate_time
+    from orchestrator.sizing.memory import Settings
+    from orchestrator.sizing.shapes import bundled_shape, shape_from_config
+    from orchestrator.sizing.throughput import ACCELERATORS, Workload, estimate_time
 
     key = next((k for frag, k in DEVICE_KEYS if frag in device_name), None)
     if key is None:
@@ -361,7 +361,7 @@ def predicted_tokens_per_s(case: Case, device_name: str, trainable: int) -> floa
 
 
 def throughput_table(results: list[Result]) -> str:
-    """Measured tokens/s next to the time model's (orchestrator/throughput.py, calibrated constants)."""
+    """Measured tokens/s next to the time model's (orchestrator/sizing/throughput.py, calibrated constants)."""
     rows = [
         "| case | device | micro-batch x seq | measured tokens/s | time model tokens/s | model/measured |"
     ]

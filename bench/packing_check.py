@@ -4,9 +4,9 @@ device has, and how much padding packing removes.
     python bench/packing_check.py            # CPU: sdpa and eager; CUDA: also flash_attention_2 (bf16)
 
 Part 1 builds a small random Llama from a config (no downloads), packs 64 examples of random lengths
-(trainer/packing.py, 512-token packs) and compares, per attention implementation, each example's last
+(trainer/data/packing.py, 512-token packs) and compares, per attention implementation, each example's last
 hidden states inside its pack with the example run alone (max abs difference), runs the trainer's start
-check (trainer/packing_check.py), and compares the packed loss sum with the sum over the examples alone.
+check (trainer/data/packing_check.py), and compares the packed loss sum with the sum over the examples alone.
 flash_attention_2 runs in bf16 with the flattened (varlen) micro-batches the trainer gives it.
 Part 2 counts the padding of micro-batches with and without packing for lognormal example lengths
 (median 180 tokens, max_seq_len 2048, micro-batch 8): the share of computed tokens that are real.
@@ -26,10 +26,10 @@ def isolation(device: str) -> list[tuple[str, float, float, str]]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trainer.data import Example, collate
+    from trainer.data.dataset import Example, collate
+    from trainer.data.packing import IGNORE, pack, uses_flat_batches
+    from trainer.data.packing_check import verify
     from trainer.loss import hidden_states, loss_sum
-    from trainer.packing import IGNORE, pack, uses_flat_batches
-    from trainer.packing_check import verify
 
     rng = random.Random(0)
     examples = []
@@ -82,7 +82,7 @@ def isolation(device: str) -> list[tuple[str, float, float, str]]:
 
 
 def padding() -> tuple[float, float, int, int]:
-    from trainer.packing import plan_packs
+    from trainer.data.packing import plan_packs
 
     rng = random.Random(1)
     lengths = [min(2048, max(8, int(rng.lognormvariate(5.2, 0.9)))) for _ in range(20000)]

@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.policy import make_policy  # noqa: E402
-from orchestrator.simulator import JobNumbers, Summary, simulate, start_ticks, sweep  # noqa: E402
-from orchestrator.traces import Zones, load_zones  # noqa: E402
+from orchestrator.spot.policy import make_policy  # noqa: E402
+from orchestrator.spot.simulator import JobNumbers, Summary, simulate, start_ticks, sweep  # noqa: E402
+from orchestrator.spot.traces import Zones, load_zones  # noqa: E402
 
 HEADING = "## Spot policies on real traces"
 DEFAULT_TRACES = ROOT.parent / "shared/data/spot-traces/availability/1-node/aws-02-15-2023"

@@ -160,7 +160,7 @@ def check(run: Run, expected: dict[str, Any], total: int, options: dict[str, str
     import torch
     from safetensors.torch import load
 
-    from trainer.store import RunStore
+    from trainer.runstore.store import RunStore
 
     job = run.registry.get(run.job_id)
     store = RunStore(job.run_uri, options, retry_seconds=60)

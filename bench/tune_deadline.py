@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from simulate_policies import DEFAULT_TRACES, H, halves  # noqa: E402
 
-from orchestrator.policy import DeadlinePolicy, Policy, UniformProgressPolicy  # noqa: E402
-from orchestrator.simulator import JobNumbers, simulate, start_ticks  # noqa: E402
-from orchestrator.traces import Zones, load_zones  # noqa: E402
+from orchestrator.spot.policy import DeadlinePolicy, Policy, UniformProgressPolicy  # noqa: E402
+from orchestrator.spot.simulator import JobNumbers, simulate, start_ticks  # noqa: E402
+from orchestrator.spot.traces import Zones, load_zones  # noqa: E402
 
 CASES = ((8, 10), (8, 12), (8, 16), (24, 30), (24, 36), (24, 48))
 

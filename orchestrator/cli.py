@@ -92,7 +92,7 @@ def status(
     ] = None,
 ) -> None:
     """All jobs, or one job in detail."""
-    from orchestrator import overview
+    from orchestrator import status as job_status
 
     if plot is not None and job is None:
         raise UserError("--plot: give a JOB: `ftorch status JOB --plot loss.png`")
@@ -105,7 +105,7 @@ def status(
 
         raise typer.Exit(follow_mod.watch(job, show_all=show_all))
     if job is None:
-        rows = overview.status_all()
+        rows = job_status.status_all()
         if as_json:
             _print_json(rows)
         else:
@@ -113,7 +113,7 @@ def status(
 
             ui.print_jobs_table(rows, show_all=show_all)
         return
-    detail = overview.status_one(job)
+    detail = job_status.status_one(job)
     if plot is not None:
         from orchestrator.charts import plot_png
 

@@ -27,12 +27,12 @@ def export_cmd(
 ) -> None:
     """Write a PEFT adapter (or, with --merge, a merged model) from a checkpoint of JOB."""
     from orchestrator import jobs
-    from trainer.storage import join_uri
+    from trainer.runstore.storage import join_uri
 
     record = jobs.get_job(job)
     options = record.spec.get("checkpoint", {}).get("storage_options") or {}
     from trainer.export import ExportError, export, pick_checkpoint  # torch: only for this command
-    from trainer.store import RunStore
+    from trainer.runstore.store import RunStore
 
     try:
         if to is None:
@@ -73,7 +73,7 @@ def metrics_cmd(
     """The metric history of JOB across all attempts: step, attempt, loss, lr, grad norm, held-out loss
     (train.eval_every), tokens/s."""
     from orchestrator import jobs
-    from trainer.store import RunStore
+    from trainer.runstore.store import RunStore
 
     record = jobs.get_job(job)
     options = record.spec.get("checkpoint", {}).get("storage_options") or {}

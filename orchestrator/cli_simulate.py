@@ -75,9 +75,9 @@ def simulate_command(
     as_json: JsonOut = False,
 ) -> None:
     """Replay spot availability traces: cost, finish time and deadline of each policy."""
-    from orchestrator import simulator, traces
-    from orchestrator.policy import BASELINE_NAMES, POLICY_NAMES, make_policy
     from orchestrator.spec import load_job
+    from orchestrator.spot import simulator, traces
+    from orchestrator.spot.policy import BASELINE_NAMES, POLICY_NAMES, make_policy
 
     extra = list(ctx.args)
     bad = [a for a in extra if a.startswith("-")]

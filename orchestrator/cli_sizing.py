@@ -52,16 +52,16 @@ def estimate_cmd(
     online: Online = False,
 ) -> None:
     """Peak GPU memory per GPU for a job, with its breakdown (analytic; traced with --trace)."""
-    from orchestrator.memory import estimate_memory
     from orchestrator.planner import HEADROOM
-    from orchestrator.shapes import resolve_shape
+    from orchestrator.sizing.memory import estimate_memory
+    from orchestrator.sizing.shapes import resolve_shape
 
     spec = _load(job_file, set_)
     shape = resolve_shape(spec.model, online=online)
     est = estimate_memory(spec, gpus, shape=shape)
     traced, why = None, None
     if trace:
-        from orchestrator.tracing import trace_job
+        from orchestrator.sizing.tracing import trace_job
 
         result = trace_job(spec, shape, [est.n_gpus])
         traced, why = result.results.get(est.n_gpus), result.error

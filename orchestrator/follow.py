@@ -43,14 +43,15 @@ def _frame(job_id: str | None, show_all: bool, width: int, with_log: bool) -> tu
     from rich.console import Group
     from rich.text import Text
 
-    from orchestrator import overview, ui
+    from orchestrator import status as job_status
+    from orchestrator import ui
 
     stamp = Text(f"ftorch status --watch · {time.strftime('%H:%M:%S')} · Ctrl-C stops watching", style="dim")
     if job_id is None:
-        rows = overview.status_all()
+        rows = job_status.status_all()
         done = all(r["state"] in TERMINAL for r in rows)
         return Group(ui.render_jobs(rows, width, show_all), stamp), done
-    detail = overview.status_one(job_id)
+    detail = job_status.status_one(job_id)
     parts: list[Any] = [ui.render_detail(detail, width)]
     if with_log:
         lines = _log_tail(detail["job_id"])
@@ -133,9 +134,9 @@ def follow(job_id: str, poll_s: float = 0.25, out: Any = None, since: Mark | Non
             _stream(job.job_id, poll_s, since)
         except KeyboardInterrupt:
             return _interrupted(job.job_id)
-    from orchestrator import overview
+    from orchestrator import status as job_status
 
-    detail = overview.status_one(job.job_id)
+    detail = job_status.status_one(job.job_id)
     _summary(detail)
     return FOLLOW_EXIT_CODES.get(detail["state"], 1)
 

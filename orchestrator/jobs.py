@@ -1,5 +1,5 @@
 """What the CLI's job commands do: launch, logs, cancel, resume. Backend-neutral: each backend's part
-goes through `orchestrator.backends.base.Backend`; status is `orchestrator.overview`. No torch, no sky."""
+goes through `orchestrator.backends.base.Backend`; status is `orchestrator.status`. No torch, no sky."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from orchestrator.registry import RESUMABLE, Job, JobState, Registry
 
 if TYPE_CHECKING:
     from trainer.config import JobSpec
-    from trainer.store import RunStore
+    from trainer.runstore.store import RunStore
 
 # `status` must not load pydantic, yaml or fsspec: the job-file and store modules are imported where used
 
@@ -40,8 +40,8 @@ def _resolved_spec(spec: JobSpec, run_id: str, output_uri: str) -> dict[str, Any
 def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[str, Any]:
     """Validate, record and start a job. Nothing is recorded or started when the input is wrong."""
     from orchestrator.spec import load_job
-    from trainer.storage import StoreError, join_uri, preflight
-    from trainer.store import RunStore
+    from trainer.runstore.storage import StoreError, join_uri, preflight
+    from trainer.runstore.store import RunStore
 
     spec = load_job(job_file, overrides)
     check_data(spec)
@@ -97,8 +97,8 @@ def check_data(spec: JobSpec) -> list[str]:
     format's keys), other sources' columns and records, the splits, the held-out set. Local data must pass;
     remote data is checked when it can be read now (when it cannot, the trainer reports it, with the same
     messages); a hub data set is not fetched here. Returns notes on what was not checked."""
-    from trainer import data_source
-    from trainer.data_check import DataError, check_row
+    from trainer.data import source as data_source
+    from trainer.data.check import DataError, check_row
 
     data = spec.data
     options = dict(spec.checkpoint.storage_options)

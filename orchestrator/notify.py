@@ -116,7 +116,7 @@ def send(
 def notify_job(registry: Any, job_id: str, event: str, log: Callable[[str], None]) -> list[str]:
     """Build the payload from the job's status and send it; records a `notify` event. Never raises."""
     try:
-        from orchestrator.overview import job_row
+        from orchestrator.status import job_row
 
         job = registry.get(job_id)
         spec_notify = job.spec.get("notify")

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.catalog import Catalog, Offer, load_catalog
-from orchestrator.memory import MemoryEstimate, estimate, settings_from_spec
-from orchestrator.shapes import ModelShape, resolve_shape
-from orchestrator.throughput import Workload, accelerator, estimate_time, workload
-from orchestrator.tracing import TraceConfirmation
-from trainer.checkpoint_interval import young_interval
-from trainer.interruptions import mtbf_from_rate
+from orchestrator.sizing.memory import MemoryEstimate, estimate, settings_from_spec
+from orchestrator.sizing.shapes import ModelShape, resolve_shape
+from orchestrator.sizing.throughput import Workload, accelerator, estimate_time, workload
+from orchestrator.sizing.tracing import TraceConfirmation
+from trainer.checkpoints.interval import young_interval
 from trainer.layout import Layout, layout_for
+from trainer.stops.interruptions import mtbf_from_rate
 
 HEADROOM = 0.10  # fraction of each GPU's memory kept free (fragmentation, spikes, estimate error)
 TRACE_MARGIN = 0.15  # estimated fits this close to usable memory are confirmed by a trace
@@ -98,7 +98,7 @@ class Candidate:
     peak_gib_per_gpu: float
     regions: list[str] = field(default_factory=list)
     tokens_per_s: float = 0.0
-    #: how the memory fit was judged: "traced" (one step traced, trainer/memtrace.py) or "estimated"
+    #: how the memory fit was judged: "traced" (one step traced, trainer/memory/memtrace.py) or "estimated"
     fit: str = "estimated"
     nodes: int = 1  # instances of `instance_type`; prices and `count` are per instance
     layout: Layout | None = None  # ranks, micro-batch per rank, accumulation, sharding (trainer/layout.py)

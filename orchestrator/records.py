@@ -54,8 +54,8 @@ class Job:
         return dict((self.spec.get("checkpoint") or {}).get("storage_options") or {})
 
     def run_store(self, retry_seconds: float = 5.0) -> Any:
-        """The job's run store (`trainer.store.RunStore`; imported here, on use, to keep status light)."""
-        from trainer.store import RunStore
+        """The job's run store (`trainer.runstore.store.RunStore`; imported here, on use, to keep status light)."""
+        from trainer.runstore.store import RunStore
 
         return RunStore(self.run_uri, self.storage_options, retry_seconds=retry_seconds)
 

@@ -130,7 +130,7 @@ def _resolve_local_path(value: str, base: Path) -> str:
 def _resolve_data_path(value: str, base: Path, field: str) -> str:
     """A local data path resolved against the job file's folder (it must exist), a URL, or a hub id (a
     name like 'owner/name' that is no path here: the trainer loads it from the Hugging Face Hub)."""
-    from trainer.data_source import looks_like_hub_id
+    from trainer.data.source import looks_like_hub_id
 
     if "://" in value:
         return value
@@ -145,7 +145,7 @@ def _resolve_data_path(value: str, base: Path, field: str) -> str:
 def _chat_template(value: str, base: Path) -> str:
     """data.chat_template as the template's text (a file's content is stored with the job, so the trainer
     needs no copy of the file wherever it runs)."""
-    from trainer.data_check import DataError, chat_template_text
+    from trainer.data.check import DataError, chat_template_text
 
     if "{{" not in value and "{%" not in value:
         value = _resolve_local_path(os.path.expanduser(value), base)

@@ -459,7 +459,7 @@ def estimate_view(spec: Any, shape: Any, est: Any, trace: dict[str, Any] | None,
         tail.append(
             Text(
                 "load: the trainer puts the whole model on each GPU before FSDP shards it "
-                f"({est.load_gib_per_gpu:.2f} GiB; trainer/load_memory.py)"
+                f"({est.load_gib_per_gpu:.2f} GiB; trainer/memory/load_memory.py)"
             )
         )
     if trace:

@@ -126,7 +126,16 @@ SLOW_FIRST = (
 )
 
 
+#: the long suites, left out by `pytest -m "not slow"` (the fast inner loop); the README's test command
+#: runs everything. Every test under tests/end_to_end/ is slow, and these elsewhere:
+SLOW_ELSEWHERE = ("test_fsdp.py", "test_reshard.py", "test_policy_local.py", "test_qlora.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "end_to_end" in item.path.parts or item.path.name in SLOW_ELSEWHERE:
+            item.add_marker(pytest.mark.slow)
+
     def rank(item: pytest.Item) -> int:
         name = item.path.name
         return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)

@@ -102,7 +102,7 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
 
 def set_nproc(run_uri: str, nproc: int) -> None:
     """What `ftorch resume --set local.nproc=N` amounts to for the trainer: the run's spec changes."""
-    from trainer.store import RunStore
+    from trainer.runstore.store import RunStore
 
     store = RunStore(run_uri)
     spec = store.read_spec()
@@ -123,7 +123,7 @@ def output_weights(run_uri: str) -> dict[str, Any]:
     """The final weights from the run store (local or s3://)."""
     from safetensors.torch import load
 
-    from trainer.store import RunStore
+    from trainer.runstore.store import RunStore
 
     store = RunStore(run_uri)
     names = store.listdir("output")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -139,8 +140,8 @@ def job_dict(model: Path, data_path: Path, ckpt: Path, **sections: Any) -> dict[
 def prepare_run(job: dict[str, Any], run_id: str = "run") -> str:
     """Write a run store by hand (what `ftorch launch` does), for running the trainer directly."""
     from orchestrator.spec import validate_job
-    from trainer.storage import join_uri
-    from trainer.store import RunStore
+    from trainer.runstore.storage import join_uri
+    from trainer.runstore.store import RunStore
 
     spec = validate_job(job)
     run_uri = join_uri(spec.checkpoint.uri, run_id)

@@ -10,8 +10,8 @@ from typing import Any
 from helpers import REPO, trainer_cmd
 from s3server import s3_env
 
-from trainer.storage import join_uri
-from trainer.store import RunStore
+from trainer.runstore.storage import join_uri
+from trainer.runstore.store import RunStore
 
 
 def prepare_s3_run(job: dict[str, Any], run_id: str, endpoint: str) -> RunStore:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.stop_request import STOP_REQUEST
+from trainer.stops.stop_request import STOP_REQUEST
 
 
 @dataclass
@@ -40,7 +40,7 @@ class ReplaySky:
     up: list[bool]  # spot capacity per trace tick
     gap_s: float
     clock: Clock
-    store: Any  # trainer.store.RunStore
+    store: Any  # trainer.runstore.store.RunStore
     total_steps: int
     step_s: float
     ckpt_steps: int

@@ -1,5 +1,5 @@
 """The cloud controller's SDK calls against SkyPilot 0.14.1's real local API server, offline (run by
-tests/test_skypilot_sdk.py in a subprocess with a private HOME and port; prints one JSON line).
+tests/orchestrator/backends/test_skypilot_sdk.py in a subprocess with a private HOME and port; prints one JSON line).
 
 No cloud has credentials, so a launch can get as far as SkyPilot's optimizer ("Cloud access is not set
 up"); a hand-written catalog (common accelerators, and the regions of the task's entries) stands in for
@@ -24,11 +24,11 @@ from typing import Any
 
 from orchestrator.backends.skypilot import render_job
 from orchestrator.backends.skypilot_render import regions_of
-from orchestrator.controller import Config, Controller, Plan, SdkClient, split_resources
-from orchestrator.policy import Mode, make_policy
-from orchestrator.region_order import cloud_of, entry_key, lost_region_last, region_of
 from orchestrator.spec import load_job
-from trainer.store import RunStore
+from orchestrator.spot.controller import Config, Controller, Plan, SdkClient, split_resources
+from orchestrator.spot.policy import Mode, make_policy
+from orchestrator.spot.region_order import cloud_of, entry_key, lost_region_last, region_of
+from trainer.runstore.store import RunStore
 
 out: dict[str, Any] = {}
 client = SdkClient()

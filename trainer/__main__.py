@@ -15,7 +15,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-from trainer import allocator  # noqa: E402 - no torch: the setting must precede CUDA's first use
+from trainer.memory import allocator  # noqa: E402 - no torch: the setting must precede CUDA's first use
 
 allocator.configure()
 
@@ -39,10 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
 
     from trainer import exitcodes
-    from trainer.data import DataError
+    from trainer.data.dataset import DataError
     from trainer.layout import LayoutError
-    from trainer.progress import log
-    from trainer.store import Fenced
+    from trainer.runstore.progress import log
+    from trainer.runstore.store import Fenced
 
     try:
         from trainer.loop import run

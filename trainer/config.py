@@ -401,7 +401,7 @@ def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
             problems.append(("train.attn_implementation", problem))
     replaying = (
         spec.resources.backend == "local" and spec.local.chaos is not None and bool(spec.local.chaos.trace)
-    ) or spec.resources.backend == "skypilot"  # the cloud controller (orchestrator/controller.py)
+    ) or spec.resources.backend == "skypilot"  # the cloud controller (orchestrator/spot/controller.py)
     if (spec.resources.deadline is not None or spec.resources.policy is not None) and not replaying:
         field = "resources.deadline" if spec.resources.deadline is not None else "resources.policy"
         problems.append(

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from trainer.config import JobSpec
-from trainer.data import Example
+from trainer.data.dataset import Example
 
 PR_SET_PDEATHSIG = 1
 

@@ -8,7 +8,7 @@
 - full fine-tuning: the checkpoint holds every weight; they go into the base and it is saved whole.
 
 Single-process and sharded (FSDP, DCP) checkpoints alike: a sharded one is read whole in this process
-(trainer/dcp_io.py: only the model's tensors, with safe unpickling), whatever the number of ranks that
+(trainer/checkpoints/dcp_io.py: only the model's tensors, with safe unpickling), whatever the number of ranks that
 saved it.
 """
 
@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from trainer import dcp_io
-from trainer.checkpoint import WEIGHTS
+from trainer.checkpoints import dcp_io
+from trainer.checkpoints.checkpoint import WEIGHTS
 from trainer.config import JobSpec
 from trainer.model import base_dtype, hide_bitsandbytes, load_tokenizer, lora_config, trainable_parameters
-from trainer.store import CorruptCheckpoint, RunStore
+from trainer.runstore.store import CorruptCheckpoint, RunStore
 
 
 class ExportError(Exception):

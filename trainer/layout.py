@@ -132,7 +132,7 @@ def total_steps(
 ) -> int:
     """Optimizer steps of a job whose epoch holds `sequences` training sequences (examples, or packs with
     data.packing): whole micro-batches per epoch x epochs, then whole steps. The trainer's count, and the
-    planner's (orchestrator/throughput.py) on its estimate of the sequences."""
+    planner's (orchestrator/sizing/throughput.py) on its estimate of the sequences."""
     if max_steps:
         return max_steps
     return max(1, int(epochs * (sequences // micro_batch_size) // grad_accum))

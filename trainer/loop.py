@@ -11,29 +11,30 @@ from typing import Any
 
 import torch
 
-from trainer import allocator, exitcodes
-from trainer.async_checkpoint import AsyncCheckpointer
-from trainer.checkpoint import Decoded, TrainerState, UnloadableCheckpoint, decode, restore
-from trainer.checkpointer import Checkpointer, CheckpointWriter
+from trainer import exitcodes
+from trainer.checkpoints.async_save import AsyncCheckpointer
+from trainer.checkpoints.checkpoint import Decoded, TrainerState, UnloadableCheckpoint, decode, restore
+from trainer.checkpoints.checkpointer import Checkpointer, CheckpointWriter
+from trainer.checkpoints.sharded import ShardedWriter, load_newest, newest_is_sharded
 from trainer.config import JobSpec
-from trainer.data import IGNORE, Dataset, collate, load_dataset
+from trainer.data.dataset import IGNORE, Dataset, collate, load_dataset
+from trainer.data.packing import example_count, uses_flat_batches
+from trainer.data.packing_check import verify as verify_packing
 from trainer.distributed import Parallel, Sharded
 from trainer.distributed import setup as setup_parallel
 from trainer.faults import maybe_crash
-from trainer.interruptions import how_it_ended
 from trainer.layout import check as check_layout
 from trainer.layout import total_steps as steps_for
 from trainer.loss import evaluate_batch, shifted_labels
+from trainer.memory import allocator
 from trainer.model import autocast_dtype, count_parameters, load_tokenizer, pick_device
-from trainer.notices import start_watcher
-from trainer.packing import example_count, uses_flat_batches
-from trainer.packing_check import verify as verify_packing
-from trainer.preemption import PreemptionFlag, install_signal_handlers
-from trainer.progress import ProgressReporter, log
-from trainer.sharded_checkpoint import ShardedWriter, load_newest, newest_is_sharded
+from trainer.runstore.progress import ProgressReporter, log
+from trainer.runstore.store import CorruptCheckpoint, RunStore
 from trainer.step import accumulate, make_scaler, restore_scaler, save_scaler, update
-from trainer.stop_request import start_stop_watcher
-from trainer.store import CorruptCheckpoint, RunStore
+from trainer.stops.interruptions import how_it_ended
+from trainer.stops.notices import start_watcher
+from trainer.stops.preemption import PreemptionFlag, install_signal_handlers
+from trainer.stops.stop_request import start_stop_watcher
 from trainer.trackers import Trackers
 
 
@@ -236,7 +237,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     checkpointer = Checkpointer(store, spec, _writer(store, spec, par, attempt), state.step, agree=par.any)
     reporter = par.reporter(ProgressReporter(store, resolved["run_id"], attempt, steps, output_uri))
     reporter.last_checkpoint(checkpointer.last_step if resumed else None)
-    cuda_allocator = allocator.record(device.type)  # expandable segments (trainer/allocator.py)
+    cuda_allocator = allocator.record(device.type)  # expandable segments (trainer/memory/allocator.py)
     if cuda_allocator:
         reporter.extra["cuda_allocator"] = cuda_allocator
         log(f"CUDA allocator: {cuda_allocator['setting']} (set by {cuda_allocator['source']})")

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from trainer.data import IGNORE, Example
+from trainer.data.dataset import IGNORE, Example
 
 #: logit elements per chunk: 2**26 is 256 MiB in fp32 (523 tokens for a 128k vocabulary)
 CHUNK_ELEMENTS = 1 << 26
@@ -61,7 +61,7 @@ def _body(base: torch.nn.Module) -> torch.nn.Module | None:
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     """What the model is called with: input ids and a 2D attention mask, or input ids and the position
-    ids of packed examples (trainer/packing.py; no mask and no cache, so transformers keeps the examples
+    ids of packed examples (trainer/data/packing.py; no mask and no cache, so transformers keeps the examples
     apart: it reads the packing from the position ids only then)."""
     inputs: dict[str, Any] = {
         k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from trainer.config import JobSpec
-from trainer.load_memory import base_dtype_name
+from trainer.memory.load_memory import base_dtype_name
 
 #: the dtype the forward computes in, per train.precision
 COMPUTE_DTYPES = {
@@ -36,7 +36,7 @@ def autocast_dtype(spec: JobSpec) -> torch.dtype | None:
 
 
 def base_dtype(spec: JobSpec) -> torch.dtype:
-    """The dtype the model loads in (trainer/load_memory.py decides it, for the planner's estimate too):
+    """The dtype the model loads in (trainer/memory/load_memory.py decides it, for the planner's estimate too):
     fp32 master weights for a full fine-tune under mixed precision, the compute dtype otherwise."""
     return DTYPES[base_dtype_name(spec.method, spec.train.precision)]
 
@@ -46,7 +46,7 @@ def load_tokenizer(spec: JobSpec) -> Any:
 
     tokenizer = AutoTokenizer.from_pretrained(spec.model)
     if spec.data.chat_template:  # data.chat_template replaces the model's (and is saved with the output)
-        from trainer.data_check import chat_template_text
+        from trainer.data.check import chat_template_text
 
         tokenizer.chat_template = chat_template_text(spec.data.chat_template)
     if tokenizer.pad_token_id is None:
@@ -86,7 +86,7 @@ def load_model(spec: JobSpec, device: torch.device) -> torch.nn.Module:
 def prepare_model(model: torch.nn.Module, spec: JobSpec, device: torch.device) -> torch.nn.Module:
     """Gradient checkpointing and LoRA adapters on a loaded base, placed on `device`.
 
-    trainer/memtrace.py runs this same function on a base built from the config on fake tensors, so
+    trainer/memory/memtrace.py runs this same function on a base built from the config on fake tensors, so
     everything that decides memory after loading (dtypes of trainable weights, checkpointing, adapters)
     belongs here or in `base_dtype`, not in `load_model`.
     """

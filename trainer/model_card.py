@@ -198,8 +198,8 @@ def _example_prompt(s: dict[str, Any]) -> str:
 
 
 def prompt_format(fmt: str) -> str:
-    """How training prompts looked, for the card (trainer side: reads trainer.data's templates)."""
-    from trainer.data import INSTRUCTION_PROMPT, INSTRUCTION_PROMPT_WITH_INPUT
+    """How training prompts looked, for the card (trainer side: reads trainer.data.dataset's templates)."""
+    from trainer.data.dataset import INSTRUCTION_PROMPT, INSTRUCTION_PROMPT_WITH_INPUT
 
     if fmt == "instruction":
         return f"{INSTRUCTION_PROMPT}{WITH_INPUT}{INSTRUCTION_PROMPT_WITH_INPUT}"

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from trainer.config import JobSpec
-from trainer.data import DataError
+from trainer.data.dataset import DataError
 
 COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -91,7 +91,7 @@ def load_quantized(spec: JobSpec, device: torch.device) -> torch.nn.Module:
 
 
 def prepare_quantized(model: torch.nn.Module, spec: JobSpec) -> torch.nn.Module:
-    """A 4-bit base made ready for adapters (also run by trainer/memtrace.py on a stand-in)."""
+    """A 4-bit base made ready for adapters (also run by trainer/memory/memtrace.py on a stand-in)."""
 
     model.config.use_cache = False
     # Not peft's prepare_model_for_kbit_training: it casts every non-4-bit parameter (embeddings, lm_head,

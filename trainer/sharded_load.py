@@ -8,7 +8,7 @@ adapters as one process gets); every rank builds the same model on the meta devi
 dict may leave out (the rotary tables are not persistent), are broadcast from rank 0 too.
 
 QLoRA still loads whole on each rank (bitsandbytes quantizes as it loads on the device); what each
-loading holds per GPU is in trainer/load_memory.py, which the planner's estimate asks.
+loading holds per GPU is in trainer/memory/load_memory.py, which the planner's estimate asks.
 """
 
 from __future__ import annotations

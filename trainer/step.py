@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from trainer.config import JobSpec
-from trainer.data import Example, collate
+from trainer.data.dataset import Example, collate
+from trainer.data.packing import uses_flat_batches
 from trainer.loss import label_tokens, loss_sum
 from trainer.model import autocast_dtype
-from trainer.packing import uses_flat_batches
 
 SCALER_KEY = "grad_scaler"
 

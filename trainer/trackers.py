@@ -28,7 +28,7 @@ import tempfile
 import time
 from typing import Any
 
-from trainer.store import RunStore
+from trainer.runstore.store import RunStore
 
 FOLDER = "tensorboard"
 WANDB_FOLDER = "wandb"
@@ -37,7 +37,7 @@ FLUSH_EVERY_S = float(os.environ.get("FTORCH_TRACKER_FLUSH_S", "30"))
 
 
 def _missing(name: str, extra: str) -> Exception:
-    from trainer.data_check import DataError
+    from trainer.data.check import DataError
 
     return DataError(f"train.report_to: {name} is not installed here; pip install 'ftorch[{extra}]'")
 
@@ -49,7 +49,7 @@ def run_facts(store: RunStore, environ: dict[str, str] | None = None) -> dict[st
     elsewhere the preemptions are the earlier attempts that ended neither finished nor stopped (fencing
     records in the run store), and the cost comes from the cloud controller's spend record, brought
     forward to now at its price (no record: no cost logged)."""
-    from trainer.interruptions import NOT_INTERRUPTIONS, SPEND_RECORD
+    from trainer.stops.interruptions import NOT_INTERRUPTIONS, SPEND_RECORD
 
     env = os.environ if environ is None else environ
     facts: dict[str, float] = {}
@@ -204,8 +204,8 @@ class Trackers:
     def _start_wandb(self, store: RunStore, run_id: str, job: dict[str, Any]) -> None:
         """W&B not installed is the job's error (exit 2); W&B unreachable or refusing the key is logged
         and training goes on without it (a spot attempt is not lost to a tracker)."""
-        from trainer.data_check import DataError
-        from trainer.progress import log
+        from trainer.data.check import DataError
+        from trainer.runstore.progress import log
 
         try:
             self.sinks.append(_WandB(store, run_id, job))

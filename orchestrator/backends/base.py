@@ -1,7 +1,7 @@
 """The one interface every backend implements, and the registry that finds a backend by its name.
 
 A backend is what runs a job's attempts somewhere (this machine, a cloud through SkyPilot). The
-backend-neutral code (`orchestrator.jobs`, `orchestrator.overview`) validates, records and reports; it
+backend-neutral code (`orchestrator.jobs`, `orchestrator.status`) validates, records and reports; it
 never asks which backend a job uses, it calls `backend_for(job.backend)`. To add a backend: subclass
 `Backend`, implement its methods, and add `name: "module:Class"` to `BACKENDS` (and the name to
 `resources.backend` in `trainer/config.py`). Backends are imported on first use, so `ftorch status`

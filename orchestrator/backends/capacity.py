@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from orchestrator.policy import (
+from orchestrator.spot.policy import (
     Decision,
     Mode,
     Observation,
@@ -39,7 +39,7 @@ class TraceCapacity:
         chaos = spec.local.chaos
         if chaos is None or not chaos.trace:
             return None
-        from orchestrator.traces import load_zones
+        from orchestrator.spot.traces import load_zones
 
         zones = load_zones(list(chaos.trace), nodes=spec.resources.nodes)
         rows = zones.up.T.tolist()

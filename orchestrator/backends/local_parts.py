@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.registry import Registry, is_busy
 from trainer.config import ChaosSpec
-from trainer.runfiles import checked_progress
+from trainer.runstore.runfiles import checked_progress
 
 
 @dataclass
@@ -136,9 +136,9 @@ def policy_inputs(progress: dict[str, Any], step: int | None) -> tuple[int, int,
 def record_run_facts(registry: Registry, job_id: str, spent_usd: float) -> None:
     """Cost and preemptions into the output's model card and training_summary.json (the trainer
     wrote them without: only the supervisor knows)."""
-    from orchestrator.overview import preempted
+    from orchestrator.status import preempted
     from trainer import model_card
-    from trainer.store import RunStore
+    from trainer.runstore.store import RunStore
 
     job = registry.get(job_id)
     preemptions = sum(1 for a in registry.attempts(job_id) if preempted(a))

@@ -32,17 +32,17 @@ from orchestrator.backends.local_parts import (
     store_failure_reason,
     trainer_command,
 )
-from orchestrator.budget import BudgetGuard
 from orchestrator.logtail import LogTail
 from orchestrator.notify import notify_job
-from orchestrator.overview import cost_usd
-from orchestrator.policy import Mode
 from orchestrator.registry import Registry
+from orchestrator.spot.budget import BudgetGuard
+from orchestrator.spot.policy import Mode
 from orchestrator.states import AttemptEnd, JobState, Outcome
+from orchestrator.status import cost_usd
 from trainer import exitcodes
 from trainer.config import JobSpec
-from trainer.interruptions import request_stop
-from trainer.store import RunStore
+from trainer.runstore.store import RunStore
+from trainer.stops.interruptions import request_stop
 
 POLL_S = 0.05
 
@@ -212,7 +212,7 @@ class Supervisor:
                 self.registry.set_state(self.job_id, JobState.RUNNING)
             if self.cancelled or (now - last > 1.0 and self.registry.get(self.job_id).cancel_requested):
                 self.cancelled = True
-                request_stop(self.store, "cancel")  # not an interruption (trainer/interruptions.py)
+                request_stop(self.store, "cancel")  # not an interruption (trainer/stops/interruptions.py)
                 self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
                 break
             if guard.budget_usd is not None and now - last_budget_check >= 1.0:

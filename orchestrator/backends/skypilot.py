@@ -25,8 +25,8 @@ from orchestrator.backends import skypilot_state as sky_state
 from orchestrator.backends.base import Backend
 from orchestrator.backends.skypilot_cost import offer_prices
 from orchestrator.errors import SpecError, UserError
-from orchestrator.policy import Mode
 from orchestrator.registry import Job, JobState, Registry
+from orchestrator.spot.policy import Mode
 from trainer.config import JobSpec
 
 
@@ -226,11 +226,11 @@ class SkyPilotBackend(Backend):
 def cancel_job(registry: Registry, job: Job, client: Any = None, store: Any = None, **wait: Any) -> str:
     """`ftorch cancel` on a SkyPilot job: checkpoint first (bounded wait), then cancel; the run store
     keeps the checkpoints. `client`/`store`/`wait` are for tests (a SkyPilot double, a clock)."""
-    from orchestrator.controller import SdkClient, stop_then_cancel
+    from orchestrator.spot.controller import SdkClient, stop_then_cancel
 
     spec = JobSpec.model_validate(job.spec)
     if store is None:
-        from trainer.store import RunStore
+        from trainer.runstore.store import RunStore
 
         options = job.spec.get("checkpoint", {}).get("storage_options") or {}
         store = RunStore(job.run_uri, options, retry_seconds=30)

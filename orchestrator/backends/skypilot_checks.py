@@ -82,7 +82,7 @@ def check_data_readable(spec: JobSpec, timeout_s: float = 10.0) -> str | None:
     When the store cannot be reached from here, a warning line (the VM may reach it). Hub ids pass."""
     from fsspec.core import url_to_fs
 
-    from trainer.data_source import looks_like_hub_id
+    from trainer.data.source import looks_like_hub_id
 
     options = dict(spec.checkpoint.storage_options)
     sources = [("data.path", spec.data.path)]

@@ -1,4 +1,4 @@
-"""Wiring of the cloud controller (orchestrator/controller.py) into the SkyPilot backend.
+"""Wiring of the cloud controller (orchestrator/spot/controller.py) into the SkyPilot backend.
 
 A job gets a controller when its policy switches, when it has `resources.budget_usd` or `notify:`, or
 when it has spot offers under EAGER_NEXT_REGION (a relaunch after a preemption with the lost region
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from orchestrator.controller import (  # noqa: F401 - read_state, write_state, status_fields: for the backend
+from orchestrator.spot.controller import (  # noqa: F401 - read_state, write_state, status_fields: for the backend
     RELOCATED,
     SWITCHING,
     Config,
@@ -30,7 +30,7 @@ from orchestrator.controller import (  # noqa: F401 - read_state, write_state, s
     status_fields,
     write_state,
 )
-from orchestrator.policy import Mode
+from orchestrator.spot.policy import Mode
 
 
 def describe_plan(
@@ -67,14 +67,14 @@ TASKS_FILE = "controller_tasks.json"
 
 
 def policy_of(spec: Any) -> str:
-    from orchestrator.policy import policy_name_for
+    from orchestrator.spot.policy import policy_name_for
 
     return policy_name_for(spec.resources)
 
 
 def needs_controller(spec: Any, task: Mapping[str, Any]) -> bool:
     """A switching policy, a budget, notifications, or spot offers to move away from a lost region."""
-    from orchestrator.controller import recovery_strategy
+    from orchestrator.spot.controller import recovery_strategy
 
     spot = any(e.get("use_spot") for e in task["resources"]["ordered"])
     eager = recovery_strategy(task) == "EAGER_NEXT_REGION"
@@ -132,7 +132,7 @@ def dry_run_lines(
 
 def watch_lines(spec: Any, task: Mapping[str, Any], config: Config | None = None) -> list[str]:
     """The budget, notification and region plan of a job's controller (for `launch --dry-run`)."""
-    from orchestrator.controller import recovery_strategy
+    from orchestrator.spot.controller import recovery_strategy
 
     config = config or Config()
     lines = []
@@ -235,10 +235,10 @@ def registry_hooks(registry: Any, job_id: str) -> tuple[Any, Any]:
 def for_job(job_id: str) -> Controller:
     """The controller of a launched job, from the registry and what the backend saved at launch."""
     from orchestrator.backends import skypilot_render as render
-    from orchestrator.policy import make_policy
     from orchestrator.registry import Registry
+    from orchestrator.spot.policy import make_policy
     from trainer.config import JobSpec, deadline_seconds
-    from trainer.store import RunStore
+    from trainer.runstore.store import RunStore
 
     registry = Registry()
     job = registry.get(job_id)

@@ -54,7 +54,7 @@ def scheme(uri: str) -> str:
 
 def require_remote(spec: JobSpec) -> None:
     """A cloud instance reads and writes the run store, the data and the model: none can be local."""
-    from trainer.data_source import looks_like_hub_id
+    from trainer.data.source import looks_like_hub_id
 
     for field, value in (
         ("checkpoint.uri", spec.checkpoint.uri),
@@ -91,7 +91,7 @@ def disk_gb(spec: JobSpec) -> int:
     if spec.resources.disk_gb:
         return spec.resources.disk_gb
     try:
-        from orchestrator.shapes import resolve_shape
+        from orchestrator.sizing.shapes import resolve_shape
 
         params = resolve_shape(spec.model).params
     except Exception:  # an unknown model: a generous default
@@ -173,10 +173,10 @@ def regions_of(plan: Any) -> dict[str, list[str]]:
 
 
 def interruption_envs(plan: Any) -> dict[str, str]:
-    """The planner's interruption rates for the trainer's checkpoint interval (trainer/interruptions.py):
+    """The planner's interruption rates for the trainer's checkpoint interval (trainer/stops/interruptions.py):
     per cloud and GPUs per node (the highest of the offers the task may land on), and the chosen offer's
     MTBF as the fallback."""
-    from trainer.interruptions import mtbf_from_rate, rate_key
+    from trainer.stops.interruptions import mtbf_from_rate, rate_key
 
     rates: dict[str, float] = {}
     for c in plan.candidates:

@@ -150,7 +150,7 @@ def status_fields(registry: Registry, job: Job) -> dict[str, Any]:
     usd = cost.cost_usd(state)
     if usd is not None:
         fields["cost_usd"] = usd
-    from orchestrator.controller import status_fields as controller_fields
+    from orchestrator.spot.controller import status_fields as controller_fields
 
     fields.update(controller_fields(registry.job_dir(job.job_id)))
     return {k: v for k, v in fields.items() if v is not None}

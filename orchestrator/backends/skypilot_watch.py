@@ -1,9 +1,9 @@
-"""The cloud controller's budget and notifications for a SkyPilot job (hooks for orchestrator/controller.py).
+"""The cloud controller's budget and notifications for a SkyPilot job (hooks for orchestrator/spot/controller.py).
 
 - Spend: what `ftorch status` shows for the job, skypilot_cost's price x SkyPilot's running time summed
   over placements (the registry's `skypilot.json`, kept in step each tick by `on_record`); the price is
   the current placement's (the plan's offer it landed on, times its nodes).
-- The rule is the local supervisor's (orchestrator.budget.BudgetGuard): stop when the spend plus the next
+- The rule is the local supervisor's (orchestrator.spot.budget.BudgetGuard): stop when the spend plus the next
   checkpoint interval would pass `resources.budget_usd`, with the controller's reaction time (a tick, and
   the trainer's stop-request poll) as the margin.
 - The run store knows both: `control/spend.json` (price, spend, budget, when) is written every tick.
@@ -21,13 +21,13 @@ from typing import Any
 
 from orchestrator.backends import skypilot_cost as cost
 from orchestrator.backends import skypilot_state
-from orchestrator.budget import BudgetGuard
 from orchestrator.notify import notify_job
 from orchestrator.registry import JobState, Outcome, Registry
-from trainer.interruptions import SPEND_RECORD
+from orchestrator.spot.budget import BudgetGuard
+from trainer.stops.interruptions import SPEND_RECORD
 
 SPEND_FILE = SPEND_RECORD
-#: the trainer's stop-request poll on a cloud VM (trainer/stop_request.py) plus a save and exit
+#: the trainer's stop-request poll on a cloud VM (trainer/stops/stop_request.py) plus a save and exit
 STOP_REACTION_S = 10.0 + 30.0
 
 

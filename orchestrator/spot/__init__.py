@@ -1,0 +1,1 @@
+"""Spot capacity: availability traces, the spot / on-demand policies, the simulator and the cloud controller."""

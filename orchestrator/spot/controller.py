@@ -1,0 +1,630 @@
+"""The controller for cloud jobs: applies the job's spot policy to a SkyPilot managed job.
+(Over 400 lines: the switch protocol (stop request, wait for the checkpoint, cancel, relaunch), the
+budget stop and the relaunch after a preemption share one tick, one state file and their records, and
+must change together; the SkyPilot wiring itself lives in backends/skypilot_controller.py.)
+
+SkyPilot recovers a managed job by itself, but only by walking its resources list from the top (spot
+first) and never back from on demand. The controller decides instead, with the same policy objects as
+the simulator and the local supervisor (orchestrator.spot.policy): every `tick_s` it reads SkyPilot's queue
+record and the run store's progress, asks the policy, and when the policy wants the other kind of
+capacity it switches:
+
+1. asks the trainer to checkpoint, through the run store (`control/stop.json`, written by
+   trainer.stops.interruptions.request_stop; the trainer polls it and stops as on a preemption notice,
+   recording the attempt as stopped), and waits for the checkpoint (at most `stop_timeout_s`);
+2. cancels the managed job;
+3. launches the same run again with the other resources list: spot entries only, or on-demand entries
+   only. The run id is the ftorch job id, so the new attempt resumes from the run store.
+
+Spot capacity is not observable on a cloud without asking for it, so the controller infers it: a spot
+launch that has not started running `spot_wait_s` after it was submitted (or after a preemption) means
+no spot capacity; after that, spot is presumed back `spot_retry_s` later, when the policy may try it.
+Policy mode NONE (wait) keeps the spot launch pending: SkyPilot keeps trying spot meanwhile.
+
+The same loop runs for every SkyPilot job with a budget, a `notify:` section or spot offers under
+EAGER_NEXT_REGION, even when its policy never switches (`Plan.switching` False):
+- budget (`budget`, a hook built in backends/skypilot_controller.py on orchestrator.spot.budget's rule and
+  skypilot_cost's spend): when the spend plus the next checkpoint interval would pass
+  `resources.budget_usd`, the same stop as a switch (checkpoint asked through the run store, bounded
+  wait, cancel), but no relaunch: the job ends STOPPED "budget: ...";
+- a preemption (the managed job leaves RUNNING for RECOVERING without a stop being asked): SkyPilot
+  0.14.1 relaunches in the lost region first (EAGER_NEXT_REGION does not block it, notes/skypilot.md
+  §6), so the controller cancels the recovering job and relaunches it with the lost region's entries
+  last (orchestrator/spot/region_order.py);
+- `on_event(event, reason)` hears preempted / budget / succeeded / failed / cancelled (notifications).
+
+A relaunch comes after the cancel of the managed job it replaces, so one SkyPilot refuses would leave the
+run with no managed job: it is tried again every tick (an API server or network hiccup) up to
+`relaunch_tries`, and one SkyPilot refuses for good (no enabled cloud: `sky check`) ends the job FAILED
+at once, with SkyPilot's error on one line (`on_failed`, the `failed` event).
+
+Every switch is recorded (attempt, from, to, why) in the job folder's controller.json, with a heartbeat
+and where the controller runs; `ftorch status JOB` shows them. If the controller dies, the managed job
+keeps running under SkyPilot's own recovery with its current list; status says so, and
+`ftorch controller JOB` (or `ftorch resume`) starts a new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from orchestrator.spot.policy import Mode, Observation, Policy
+from orchestrator.spot.region_order import lost_region_last
+from trainer.stops.interruptions import STOP_REQUEST, request_stop
+
+STATE_FILE = "controller.json"
+#: SkyPilot statuses in which the job is over (for the controller: nothing left to control)
+FINAL = {
+    "SUCCEEDED",
+    "CANCELLED",
+    "FAILED",
+    "FAILED_SETUP",
+    "FAILED_PRECHECKS",
+    "FAILED_NO_RESOURCE",
+    "FAILED_CONTROLLER",
+}
+#: policies with something to switch; spot-only and on-demand keep one resources list for good
+SWITCHING = ("deadline", "spot-fallback")
+#: `pending["to"]` of a stop without a relaunch (the budget)
+STOP = "stop"
+#: the start of the reason of a relaunch after a preemption (the registry records it as a preemption)
+RELOCATED = "preempted in "
+#: SkyPilot's launch refusals that waiting does not cure (exception class names, SkyPilot 0.14.1)
+REFUSED_FOR_GOOD = ("NoCloudAccessError",)
+
+
+class SkyClient(Protocol):
+    """The three SkyPilot calls the controller makes (the real SDK, or a test double)."""
+
+    def launch(self, task: dict[str, Any], name: str) -> int: ...
+
+    def queue(self, job_ids: list[int]) -> list[dict[str, Any]]: ...
+
+    def cancel(self, job_id: int) -> None: ...
+
+
+class SdkClient:
+    """SkyPilot 0.14.1's SDK, through the SkyPilot backend's helpers."""
+
+    def __init__(self, secret_names: list[str] | None = None) -> None:
+        self.secret_names = secret_names or []
+
+    def launch(self, task: dict[str, Any], name: str) -> int:
+        from orchestrator.backends import skypilot_sdk
+
+        return skypilot_sdk.submit(name, task, self.secret_names)
+
+    def queue(self, job_ids: list[int]) -> list[dict[str, Any]]:
+        from orchestrator.backends import skypilot_sdk
+
+        return skypilot_sdk.queue(job_ids)
+
+    def cancel(self, job_id: int) -> None:
+        from orchestrator.backends import skypilot_sdk
+
+        skypilot_sdk.cancel(str(job_id))
+
+
+class Store(Protocol):
+    """What the controller needs of the run store (trainer.runstore.store.RunStore has it)."""
+
+    def read_progress(self) -> dict[str, Any] | None: ...
+
+    def write_json(self, rel: str, payload: Any, atomic: bool = True) -> None: ...
+
+    def remove_file(self, rel: str) -> None: ...
+
+    def read_json_or_none(self, rel: str) -> Any: ...
+
+
+def split_resources(task: Mapping[str, Any]) -> dict[Mode, dict[str, Any]]:
+    """The task with spot entries only, and with on-demand entries only (a kind with none is left out)."""
+    entries = task["resources"]["ordered"]
+    out: dict[Mode, dict[str, Any]] = {}
+    for mode, spot in ((Mode.SPOT, True), (Mode.ON_DEMAND, False)):
+        kept = [e for e in entries if bool(e.get("use_spot")) is spot]
+        if kept:
+            copy = json.loads(json.dumps(task))
+            copy["resources"]["ordered"] = kept
+            out[mode] = copy
+    return out
+
+
+@dataclass
+class Config:
+    tick_s: float = 60.0
+    #: a spot launch not running this long after it was submitted (or preempted) means no spot capacity
+    spot_wait_s: float = 600.0
+    #: after spot was found missing, presume it back this much later (the policy may then try it)
+    spot_retry_s: float = 1800.0
+    #: how long to wait for the trainer's checkpoint before cancelling anyway
+    stop_timeout_s: float = 600.0
+    #: the controller counts as dead when its heartbeat is older than this many ticks
+    dead_after_ticks: float = 3.0
+    #: a relaunch SkyPilot refuses is tried again next tick, at most this many times in all
+    relaunch_tries: int = 5
+
+
+@dataclass
+class Plan:
+    """What the controller needs to know about a job, fixed at launch."""
+
+    job_id: str
+    policy: Policy
+    tasks: dict[Mode, dict[str, Any]]
+    #: seconds on the controller's clock; None = no deadline
+    start_s: float
+    deadline_s: float | None
+    restart_overhead_s: float
+    #: planned compute seconds, used until the run store reports steps and a measured rate
+    work_s_hint: float = 0.0
+    #: planned seconds per training step, until the run store has a measured rate
+    step_s_hint: float = 1.0
+    #: False: the policy keeps one list (the controller is there for the budget, notify, regions)
+    switching: bool = True
+    #: regions of each offer ("cloud|GPU|count" -> regions), to spread a cloud-wide entry over its
+    #: regions when one is lost; {} = cloud-wide entries stay as they are
+    regions: dict[str, list[str]] = field(default_factory=dict)
+
+
+def read_state(job_dir: Any) -> dict[str, Any]:
+    try:
+        return json.loads((job_dir / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(job_dir: Any, state: Mapping[str, Any]) -> None:
+    path = job_dir / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(state, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+class Controller:
+    """One job's controller: `tick()` once per `config.tick_s`; `run()` loops until the job is over."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        client: SkyClient,
+        store: Store,
+        job_dir: Any,
+        config: Config | None = None,
+        clock: Callable[[], float] = time.time,
+        on_launch: Callable[[int, Mode, str], int | None] | None = None,
+        on_record: Callable[[dict[str, Any] | None], None] | None = None,
+        where: str | None = None,
+        budget: Callable[[Mapping[str, Any] | None, Mapping[str, Any], float], str | None] | None = None,
+        on_event: Callable[[str, str | None], None] | None = None,
+        on_failed: Callable[[str], None] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.client = client
+        self.store = store
+        self.job_dir = job_dir
+        self.config = config or Config()
+        self.clock = clock
+        self.on_launch = on_launch
+        self.on_record = on_record  # e.g. keep the registry's attempts and cost in step with SkyPilot
+        self.budget = budget  # a reason starting with "budget" when the job must stop now
+        self.on_event = on_event  # notifications: preempted, budget, succeeded, failed, cancelled
+        self.on_failed = on_failed  # the job ends FAILED (a relaunch SkyPilot refused): its reason
+        self.state = read_state(job_dir)
+        self.state.setdefault("switches", [])
+        self.state.setdefault("launches", [])
+        self.state.setdefault("preemptions_before", 0)
+        self.state["where"] = where or f"{platform.node()} (pid {os.getpid()})"
+        self.state["pid"] = os.getpid()
+        for mode, entries in (self.state.get("ordered") or {}).items():  # relaunch orders kept
+            if Mode(mode) in plan.tasks:
+                plan.tasks[Mode(mode)]["resources"]["ordered"] = entries
+
+    # ---- state ----------------------------------------------------------------------------------
+    @property
+    def mode(self) -> Mode:
+        """The resources list of the current launch (SPOT or ON_DEMAND)."""
+        return Mode(self.state.get("mode", Mode.SPOT.value))
+
+    def _save(self) -> None:
+        self.state["heartbeat_at"] = self.clock()
+        write_state(self.job_dir, self.state)
+
+    def launch(self, mode: Mode, why: str) -> int:
+        """Submit the run with `mode`'s resources list; record it."""
+        sky_job_id = self.client.launch(self.plan.tasks[mode], self.plan.job_id)
+        now = self.clock()
+        self.state.update(
+            mode=mode.value, sky_job_id=sky_job_id, launched_at=now, down_since=now, placed=None
+        )
+        self.state["launches"].append({"sky_job_id": sky_job_id, "mode": mode.value, "at": now, "why": why})
+        if self.on_launch is not None:
+            attempt = self.on_launch(sky_job_id, mode, why)  # the run's attempt number it will be
+            if attempt is not None and self.state["switches"] and why != "launch":
+                self.state["switches"][-1]["attempt"] = attempt
+        self._save()
+        return sky_job_id
+
+    # ---- what the controller sees -------------------------------------------------------------
+    def _record(self) -> dict[str, Any] | None:
+        job_id = self.state.get("sky_job_id")
+        if job_id is None:
+            return None
+        records = self.client.queue([int(job_id)])
+        return next((r for r in records if str(r.get("job_id")) == str(job_id)), None)
+
+    def _spot_available(self, record: Mapping[str, Any] | None, now: float) -> bool:
+        status = str((record or {}).get("status") or "")
+        if self.mode is Mode.SPOT:
+            if status == "RUNNING":
+                self.state.update(down_since=None, spot_missing_at=None, spot_misses=0, probing=False)
+                return True
+            if self.state.get("down_since") is None:
+                self.state["down_since"] = now  # preempted (RECOVERING) or waiting for capacity
+            if now - float(self.state["down_since"]) >= self.config.spot_wait_s:
+                if self.state.get("spot_missing_at") is None or self.state.get("probing"):
+                    self.state["spot_misses"] = int(self.state.get("spot_misses") or 0) + 1
+                self.state.update(spot_missing_at=now, probing=False)
+                return False
+            return True
+        missing = self.state.get("spot_missing_at")
+        if missing is None:
+            return True
+        # after a spot try that found none, wait twice as long before the next
+        backoff = 2 ** min(1, max(0, int(self.state.get("spot_misses") or 1) - 1))
+        return now - float(missing) >= self.config.spot_retry_s * backoff
+
+    def observation(
+        self, record: Mapping[str, Any] | None, progress: Mapping[str, Any], now: float
+    ) -> Observation:
+        status = str((record or {}).get("status") or "")
+        total = int(progress.get("total_steps") or 0)
+        step = int(progress.get("step") or 0)
+        rate = float(progress.get("steps_per_s") or 0.0)
+        per_step = 1.0 / rate if rate > 0 else self.plan.step_s_hint
+        if total <= 0:  # no progress yet: the plan's estimate of the whole
+            total, per_step = 1, self.plan.work_s_hint
+        saved = progress.get("last_checkpoint_step") or 0
+        if self.mode is Mode.ON_DEMAND:
+            mode = Mode.ON_DEMAND
+        else:
+            mode = Mode.SPOT if status == "RUNNING" else Mode.NONE
+        recoveries = int((record or {}).get("recovery_count") or 0) if self.mode is Mode.SPOT else 0
+        return Observation(
+            now_s=now,
+            start_s=self.plan.start_s,
+            deadline_s=self.plan.deadline_s,
+            work_done_s=step * per_step,
+            work_total_s=max(total, step) * per_step,
+            restart_overhead_s=self.plan.restart_overhead_s,
+            spot_available=self._spot_available(record, now),
+            mode=mode,
+            unsaved_work_s=max(0, step - int(saved)) * per_step,
+            tick_s=self.config.tick_s,
+            preemptions=int(self.state["preemptions_before"]) + recoveries,
+        )
+
+    # ---- one tick -----------------------------------------------------------------------------
+    def tick(self) -> bool:
+        """Look, decide, act. False once the job is over (nothing left to control)."""
+        now = self.clock()
+        retry = self.state.get("relaunch")
+        if retry:  # the managed job it replaces is cancelled: nothing else to look at
+            self._relaunch(Mode(retry["mode"]), retry["why"], now)
+            self._save()
+            return not self.state.get("ended")
+        record = self._record()
+        if self.on_record is not None and not self.state.get("pending"):
+            self.on_record(record)  # not mid-switch: the stop it asked for is no preemption
+        progress = self.store.read_progress() or {}
+        status = str((record or {}).get("status") or "")
+        if progress.get("state") == "finished" or status in FINAL and not self.state.get("pending"):
+            self.state["ended"] = status or "finished"
+            self._save()
+            self._event(end_event(status, progress), (record or {}).get("failure_reason"))
+            return False
+        pending = self.state.get("pending")
+        if pending:
+            self._continue_switch(pending, record, progress, now)
+            self._save()
+            return not self.state.get("ended")
+        if self._stop_asked(now):  # `ftorch cancel` is stopping the job: no decision of ours meanwhile
+            self.state["placed"] = None
+            self._save()
+            return True
+        over = self.budget(record, progress, now) if self.budget is not None else None
+        if over:
+            self._begin_switch(STOP, over, record, progress, now)
+            self._save()
+            return not self.state.get("ended")
+        if self._follow_placement(record, progress, now) or not self.plan.switching:
+            self._save()
+            return not self.state.get("ended")
+        obs = self.observation(record, progress, now)
+        decision = self.plan.policy.decide(obs)
+        want = Mode.SPOT if decision.mode is Mode.NONE else decision.mode
+        self.state["last_decision"] = {"at": now, "mode": decision.mode.value, "why": decision.reason}
+        if want is not self.mode and want in self.plan.tasks:
+            self._begin_switch(want, decision.reason, record, progress, now)
+        self._save()
+        return not self.state.get("ended")
+
+    def _event(self, event: str, reason: str | None) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(event, reason)
+            except Exception as exc:  # a notification must never break the controller
+                sys.stderr.write(f"controller: {event}: {exc.__class__.__name__}: {exc}\n")
+
+    def _stop_asked(self, now: float) -> bool:
+        """A stop request in the run store from someone else (`ftorch cancel`), recent enough to be
+        waited on (one left behind by a cancel that died must not keep the controller idle for good)."""
+        try:
+            request = self.store.read_json_or_none(STOP_REQUEST)
+        except Exception:  # advisory
+            return False
+        if not isinstance(request, dict):
+            return False
+        return now - float(request.get("at") or 0.0) <= self.config.stop_timeout_s + 2 * self.config.tick_s
+
+    def _follow_placement(
+        self, record: Mapping[str, Any] | None, progress: Mapping[str, Any], now: float
+    ) -> bool:
+        """Where the job runs; on a preemption, the event and (EAGER_NEXT_REGION) a relaunch with the
+        lost region last. True when it relaunched.
+
+        SkyPilot shows a crash restart (max_restarts_on_errors) as RECOVERING too, and a relaunch is a
+        new managed job whose restart count starts again: so after one relaunch, the next needs training
+        progress since (a trainer crashing at the same step is left to SkyPilot's restart limit)."""
+        record = record or {}
+        status, sky_job_id = str(record.get("status") or ""), self.state.get("sky_job_id")
+        if status == "RUNNING" and record.get("cloud"):
+            cloud, region = str(record["cloud"]).lower(), record.get("region")
+            self.state["placed"] = {"sky_job_id": sky_job_id, "cloud": cloud, "region": region}
+            return False
+        placed = self.state.get("placed")
+        if status not in ("RECOVERING", "PENDING", "STARTING") or not placed:
+            return False
+        self.state["placed"] = None
+        if placed.get("sky_job_id") != sky_job_id:
+            return False
+        lost = "/".join(p for p in (placed["cloud"], placed.get("region")) if p)
+        self._event("preempted", f"preempted in {lost}")
+        task = self.plan.tasks.get(self.mode)
+        if not task or not placed.get("region") or recovery_strategy(task) != "EAGER_NEXT_REGION":
+            return False  # FAILOVER asks for the same region first: SkyPilot's own recovery does that
+        entries = task["resources"]["ordered"]
+        moved = lost_region_last(entries, placed["cloud"], placed["region"], self.plan.regions)
+        step = int(progress.get("step") or 0)
+        before = self.state.get("relocated_step")
+        if moved == entries or (before is not None and step <= int(before)):
+            return False
+        self.state["relocated_step"] = step
+        self.client.cancel(int(sky_job_id))  # nothing trains while it recovers: nothing to save
+        self.state.setdefault("relocations", []).append({"at": now, "lost": lost, "sky_job_id": sky_job_id})
+        task["resources"]["ordered"] = moved
+        try:
+            self.launch(self.mode, f"{RELOCATED}{lost}: relaunched with that region last")
+        except Exception as exc:  # e.g. a region SkyPilot's catalog lacks: the list it had, as it was
+            from orchestrator.backends.skypilot_sdk import one_line
+
+            sys.stderr.write(
+                f"controller: relaunch with {lost} last refused ({one_line(exc)}); the list as it was\n"
+            )
+            task["resources"]["ordered"] = entries
+            self._relaunch(self.mode, f"{RELOCATED}{lost}: relaunched (the reordered list was refused)", now)
+            return True
+        self.state.setdefault("ordered", {})[self.mode.value] = moved
+        return True
+
+    def _begin_switch(
+        self,
+        to: Mode | str,
+        why: str,
+        record: Mapping[str, Any] | None,
+        progress: Mapping[str, Any],
+        now: float,
+    ) -> None:
+        target = to.value if isinstance(to, Mode) else to
+        pending = {"to": target, "why": why, "at": now, "step": int(progress.get("step") or 0)}
+        self.state["pending"] = pending
+        if str((record or {}).get("status")) == "RUNNING":
+            request_stop(self.store, why if to == STOP else f"policy switch to {target}: {why}")
+            pending["asked_checkpoint"] = True
+        else:  # nothing is training: nothing to save
+            self._finish_switch(pending, record, now)
+
+    def _continue_switch(
+        self,
+        pending: dict[str, Any],
+        record: Mapping[str, Any] | None,
+        progress: Mapping[str, Any],
+        now: float,
+    ) -> None:
+        saved = checkpoint_saved(progress, int(pending["step"]))
+        stopped = str((record or {}).get("status") or "") != "RUNNING"
+        if saved or stopped or now - float(pending["at"]) >= self.config.stop_timeout_s:
+            self._finish_switch(pending, record, now)
+
+    def _finish_switch(self, pending: dict[str, Any], record: Mapping[str, Any] | None, now: float) -> None:
+        old_mode, old_id = self.mode, self.state.get("sky_job_id")
+        if old_id is not None and str((record or {}).get("status") or "") not in FINAL:
+            self.client.cancel(int(old_id))
+        if old_mode is Mode.SPOT:
+            self.state["preemptions_before"] = int(self.state["preemptions_before"]) + int(
+                (record or {}).get("recovery_count") or 0
+            )
+        try:
+            self.store.remove_file(STOP_REQUEST)
+        except FileNotFoundError:
+            pass
+        waited = round(now - float(pending["at"]), 1)
+        if pending["to"] == STOP:  # the budget: no relaunch
+            saved = checkpoint_saved(self.store.read_progress(), int(pending["step"]))
+            self.state.update(pending=None, ended="budget")
+            self.state["stopped"] = {"at": now, "why": pending["why"], "waited_for_checkpoint_s": waited}
+            self.state["stopped"]["checkpoint_saved"] = saved or not pending.get("asked_checkpoint")
+            self._event("budget", pending["why"])
+            return
+        to = Mode(pending["to"])
+        self.state["pending"] = None
+        self.state["probing"] = to is Mode.SPOT and self.state.get("spot_missing_at") is not None
+        self.state["switches"].append(
+            {
+                "attempt": len(self.state["launches"]) + 1,
+                "at": now,
+                "from": old_mode.value,
+                "to": to.value,
+                "why": pending["why"],
+                "waited_for_checkpoint_s": waited,
+            }
+        )
+        self._relaunch(to, pending["why"], now)
+
+    def _relaunch(self, mode: Mode, why: str, now: float) -> None:
+        """A launch after the cancel of the managed job it replaces: a refusal is kept to be tried again
+        next tick; one for good (REFUSED_FOR_GOOD), or the last try, ends the job FAILED."""
+        try:
+            self.launch(mode, why)
+        except Exception as exc:
+            from orchestrator.backends.skypilot_sdk import one_line
+
+            tries = int((self.state.get("relaunch") or {}).get("tries") or 0) + 1
+            line = one_line(exc)
+            self.state["relaunch"] = {
+                "mode": mode.value,
+                "why": why,
+                "tries": tries,
+                "at": now,
+                "error": line,
+            }
+            sys.stderr.write(f"controller: relaunch {tries} refused: {line}\n")
+            if exc.__class__.__name__ in REFUSED_FOR_GOOD or tries >= self.config.relaunch_tries:
+                reason = f"relaunch refused by SkyPilot{f' {tries} times' if tries > 1 else ''}: {line}"
+                reason += "; `ftorch resume JOB` continues from the checkpoint once SkyPilot accepts it"
+                self.state.update(relaunch=None, ended="relaunch refused", failed=reason)
+                if self.on_failed is not None:
+                    self.on_failed(reason)
+                self._event("failed", reason)
+            return
+        self.state["relaunch"] = None
+
+    def run(
+        self, stop: Callable[[], bool] = lambda: False, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
+        while not stop():
+            try:
+                if not self.tick():
+                    return
+            except Exception as exc:  # a flaky API server: keep the job, try again next tick
+                sys.stderr.write(f"controller: {exc.__class__.__name__}: {exc}\n")
+                self._save()  # still alive
+            sleep(self.config.tick_s)
+
+
+def end_event(status: str, progress: Mapping[str, Any]) -> str:
+    """The notification event of a job that ended with SkyPilot `status`."""
+    if progress.get("state") == "finished" or status == "SUCCEEDED":
+        return "succeeded"
+    return "cancelled" if status == "CANCELLED" else "failed"
+
+
+def recovery_strategy(task: Mapping[str, Any]) -> str:
+    recovery = task.get("resources", {}).get("job_recovery") or "EAGER_NEXT_REGION"
+    name = recovery.get("strategy") if isinstance(recovery, Mapping) else recovery
+    return str(name or "EAGER_NEXT_REGION").upper()
+
+
+# ---- a stop that waits for the checkpoint (policy switches and `ftorch cancel`) -------------------------
+def checkpoint_saved(progress: Mapping[str, Any] | None, step: int) -> bool:
+    """The trainer has saved (at or after `step`) and left, after a stop request."""
+    progress = progress or {}
+    return progress.get("state") in ("preempted", "finished") or (
+        int(progress.get("last_checkpoint_step") or -1) >= step and progress.get("state") != "running"
+    )
+
+
+def stop_then_cancel(
+    client: SkyClient,
+    store: Any,
+    sky_job_id: int,
+    reason: str,
+    timeout_s: float = Config.stop_timeout_s,
+    poll_s: float = 10.0,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Ask a running trainer to checkpoint (run store control/stop.json), wait for it (at most
+    `timeout_s`), then cancel the managed job. Returns what happened (for the caller's message)."""
+
+    def record() -> Mapping[str, Any]:
+        found = [r for r in client.queue([sky_job_id]) if str(r.get("job_id")) == str(sky_job_id)]
+        return found[0] if found else {}
+
+    status = str(record().get("status") or "")
+    outcome: dict[str, Any] = {"asked_checkpoint": False, "saved": False, "waited_s": 0.0}
+    if status == "RUNNING":
+        progress = store.read_progress() or {}
+        step = int(progress.get("step") or 0)
+        start = clock()
+        request_stop(store, reason)
+        outcome["asked_checkpoint"] = True
+        while clock() - start < timeout_s:
+            sleep(min(poll_s, max(0.0, timeout_s - (clock() - start))))
+            if checkpoint_saved(store.read_progress(), step):
+                outcome["saved"] = True
+                break
+            status = str(record().get("status") or "")
+            if status != "RUNNING":
+                break
+        outcome["waited_s"] = round(clock() - start, 1)
+    if status not in FINAL:
+        client.cancel(int(sky_job_id))
+    if outcome["asked_checkpoint"]:
+        try:
+            store.remove_file(STOP_REQUEST)
+        except FileNotFoundError:
+            pass
+    return outcome
+
+
+# ---- status --------------------------------------------------------------------------------------
+def status_fields(job_dir: Any, now: float | None = None, config: Config | None = None) -> dict[str, Any]:
+    """What `ftorch status` shows about the controller: where it runs, alive or not, its switches."""
+    state = read_state(job_dir)
+    if not state:
+        return {}
+    now = time.time() if now is None else now
+    config = config or Config()
+    beat = state.get("heartbeat_at")
+    alive = beat is not None and now - float(beat) <= config.dead_after_ticks * config.tick_s + 5
+    ended = state.get("ended")
+    out: dict[str, Any] = {
+        "controller": {
+            "where": state.get("where"),
+            "alive": bool(alive) and not ended,
+            "mode": state.get("mode"),
+            "switches": state.get("switches") or [],
+            "last_decision": state.get("last_decision"),
+        }
+    }
+    if ended:
+        out["controller"]["note"] = f"ended with the job ({ended})" + (
+            f": {state['failed']}" if state.get("failed") else ""
+        )
+    elif not alive:
+        out["controller"]["note"] = (
+            f"not alive (last heartbeat {int(now - float(beat or 0))} s ago): the managed job keeps running "
+            "under SkyPilot's own recovery with its current resources list; `ftorch resume JOB` starts a "
+            "new controller"
+        )
+    return out

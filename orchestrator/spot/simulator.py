@@ -1,0 +1,344 @@
+"""Replay spot availability traces through a policy: cost, finish time, deadline, preemptions, waste.
+
+The model, tick by tick (one tick = the trace's gap_seconds):
+- at the start of each tick, a job on spot whose zone went down is preempted: the work since its last
+  checkpoint is lost and the instance is gone (mode NONE);
+- the policy then decides SPOT, ON_DEMAND or NONE from an `Observation`; spot is available when any zone
+  is up, and a new spot instance goes to the first zone that is up (a job on spot stays in its zone);
+- every start of an instance (first start, a switch between spot and on demand, a move to another zone
+  after a preemption) pays the restart overhead: billed time with no progress;
+- a voluntary stop or switch checkpoints first (nothing is lost); checkpoints are free and happen every
+  `checkpoint_interval_s` of progress;
+- billing is per second, on spot or on demand, for every second an instance runs (overhead included);
+- after the end of the trace spot is unavailable.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from orchestrator.errors import SpecError, UserError
+from orchestrator.spot.policy import Mode, Observation, Policy
+from orchestrator.spot.traces import Zones
+
+
+@dataclass(frozen=True)
+class JobNumbers:
+    """The few numbers the simulator needs about a job (from the planner, or given by hand)."""
+
+    work_s: float
+    spot_hourly_usd: float
+    ondemand_hourly_usd: float
+    checkpoint_interval_s: float
+    restart_overhead_s: float
+    #: seconds from launch; None = no deadline
+    deadline_s: float | None = None
+
+    def ondemand_only_s(self) -> float:
+        """Time on demand alone needs: one start, then the work."""
+        return self.restart_overhead_s + self.work_s
+
+    def ondemand_only_usd(self) -> float:
+        return self.ondemand_only_s() * self.ondemand_hourly_usd / 3600.0
+
+
+@dataclass
+class Result:
+    policy: str
+    start_tick: int
+    finished: bool
+    #: seconds from launch to the end of training; None if it did not finish within the trace
+    finish_s: float | None
+    deadline_s: float | None
+    deadline_met: bool | None
+    cost_usd: float
+    #: cost / the cost of on demand alone (one start + the work)
+    cost_vs_ondemand: float
+    spot_s: float
+    ondemand_s: float
+    wait_s: float
+    #: billed seconds spent starting instances (no progress)
+    overhead_s: float
+    work_done_s: float
+    work_lost_s: float
+    preemptions: int
+    starts: int
+    zone_moves: int
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def simulate(
+    policy: Policy,
+    job: JobNumbers,
+    zones: Zones,
+    start_tick: int = 0,
+    max_ticks: int | None = None,
+) -> Result:
+    """Run one job from `start_tick` of the traces until it finishes or time runs out.
+
+    Time runs out at the end of the trace plus what on demand alone would need (so a policy that falls
+    back at the very end can still finish), or after `max_ticks` ticks.
+    """
+    up, first = zones.as_lists()
+    n = len(first)
+    gap = zones.gap_s
+    work, overhead_s, interval = job.work_s, job.restart_overhead_s, job.checkpoint_interval_s
+    spot_rate, od_rate = job.spot_hourly_usd / 3600.0, job.ondemand_hourly_usd / 3600.0
+    limit = n + math.ceil(job.ondemand_only_s() / gap) + 2
+    if max_ticks is not None:
+        limit = min(limit, start_tick + max_ticks)
+    deadline = job.deadline_s
+    spot, none = Mode.SPOT, Mode.NONE
+
+    mode, zone = none, -1
+    done = unsaved = overhead_left = 0.0
+    spot_s = od_s = wait_s = paid_overhead = lost = 0.0
+    preemptions = starts = moves = 0
+    last_zone = -1
+    finish: float | None = None
+    obs = Observation(0.0, 0.0, deadline, 0.0, work, overhead_s, False, none, 0.0, gap, 0)
+    decide = policy.decide
+    tick = start_tick
+    now = 0.0
+    while tick < limit:
+        fz = first[tick] if tick < n else -1
+        if mode is spot and (tick >= n or not up[zone][tick]):
+            preemptions += 1
+            done -= unsaved
+            lost += unsaved
+            unsaved = overhead_left = 0.0
+            mode = none
+        obs.now_s = now
+        obs.work_done_s = done
+        obs.spot_available = fz >= 0
+        obs.mode = mode
+        obs.unsaved_work_s = unsaved
+        obs.preemptions = preemptions
+        want = decide(obs).mode
+        if want is spot and fz < 0:
+            want = none
+        if want is not mode:
+            unsaved = 0.0  # a voluntary stop or switch checkpoints first
+            if want is not none:
+                starts += 1
+                overhead_left = overhead_s
+            if want is spot:
+                if last_zone >= 0 and fz != last_zone:
+                    moves += 1
+                zone = last_zone = fz
+            mode = want
+        if mode is none:
+            wait_s += gap
+        else:
+            ov = overhead_left if overhead_left < gap else gap
+            overhead_left -= ov
+            progress = gap - ov
+            if done + progress >= work:
+                used = ov + (work - done)
+                finish = now + used
+                billed, done = used, work
+            else:
+                billed = gap
+                done += progress
+                unsaved += progress
+                if interval > 0.0 and unsaved >= interval:
+                    unsaved %= interval
+                elif interval <= 0.0:
+                    unsaved = 0.0
+            paid_overhead += ov
+            if mode is spot:
+                spot_s += billed
+            else:
+                od_s += billed
+            if finish is not None:
+                break
+        now += gap
+        tick += 1
+
+    cost = spot_s * spot_rate + od_s * od_rate
+    baseline = job.ondemand_only_usd()
+    met = None if deadline is None else (finish is not None and finish <= deadline + 1e-6)
+    return Result(
+        policy=policy.name,
+        start_tick=start_tick,
+        finished=finish is not None,
+        finish_s=finish,
+        deadline_s=deadline,
+        deadline_met=met,
+        cost_usd=cost,
+        cost_vs_ondemand=cost / baseline if baseline > 0 else math.nan,
+        spot_s=spot_s,
+        ondemand_s=od_s,
+        wait_s=wait_s,
+        overhead_s=paid_overhead,
+        work_done_s=done,
+        work_lost_s=lost,
+        preemptions=preemptions,
+        starts=starts,
+        zone_moves=moves,
+    )
+
+
+@dataclass
+class Summary:
+    """One policy over many start offsets."""
+
+    policy: str
+    runs: int
+    met_share: float | None
+    finished_share: float
+    mean_cost_vs_ondemand: float
+    median_cost_vs_ondemand: float
+    max_cost_vs_ondemand: float
+    mean_finish_h: float | None
+    mean_preemptions: float
+    mean_wait_h: float
+    mean_work_lost_h: float
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def start_ticks(zones: Zones, count: int, tail_s: float) -> list[int]:
+    """`count` evenly spread start ticks that leave at least `tail_s` of trace after each start."""
+    last = zones.n_ticks - math.ceil(tail_s / zones.gap_s)
+    if last < 0:
+        return [0]
+    if count <= 1:
+        return [0]
+    return sorted({round(i * last / (count - 1)) for i in range(count)})
+
+
+def summarize(results: list[Result]) -> Summary:
+    ratios = sorted(r.cost_vs_ondemand for r in results)
+    finished = [r for r in results if r.finished]
+    met = [r.deadline_met for r in results if r.deadline_met is not None]
+    n = len(results)
+    return Summary(
+        policy=results[0].policy,
+        runs=n,
+        met_share=(sum(met) / len(met)) if met else None,
+        finished_share=len(finished) / n,
+        mean_cost_vs_ondemand=sum(ratios) / n,
+        median_cost_vs_ondemand=ratios[n // 2] if n % 2 else (ratios[n // 2 - 1] + ratios[n // 2]) / 2,
+        max_cost_vs_ondemand=ratios[-1],
+        mean_finish_h=(sum(r.finish_s or 0.0 for r in finished) / len(finished) / 3600.0)
+        if finished
+        else None,
+        mean_preemptions=sum(r.preemptions for r in results) / n,
+        mean_wait_h=sum(r.wait_s for r in results) / n / 3600.0,
+        mean_work_lost_h=sum(r.work_lost_s for r in results) / n / 3600.0,
+    )
+
+
+def sweep(policies: list[Policy], job: JobNumbers, zones: Zones, starts: list[int]) -> list[Summary]:
+    """Each policy from each start tick, summarized per policy."""
+    return [summarize([simulate(p, job, zones, s) for s in starts]) for p in policies]
+
+
+# ---- a job's numbers from the planner, and one `ftorch simulate` run ------------------------------------
+#: JobNumbers inputs: (attribute of the planner's chosen Candidate, the option that overrides it)
+PLAN_FIELDS = {
+    "hours": ("est_hours", "--hours"),
+    "spot_price": ("spot_hourly_usd", "--spot-price"),
+    "ondemand_price": ("ondemand_hourly_usd", "--ondemand-price"),
+    "checkpoint_interval_s": ("checkpoint_interval_s", "--checkpoint-interval"),
+    "restart_overhead_s": ("restart_overhead_s", "--restart-overhead"),
+}
+_NUMBER_OPTIONS = tuple(option for _, option in PLAN_FIELDS.values())
+
+
+def _from_planner(spec: Any) -> tuple[dict[str, float | None], str]:
+    """The chosen offer's numbers, and a one-line description of it."""
+    try:
+        from orchestrator.planner import make_plan
+    except ImportError:
+        raise UserError(
+            "the planner is not available in this build; give " + ", ".join(_NUMBER_OPTIONS)
+        ) from None
+    plan = make_plan(spec, offline=True)
+    chosen = getattr(plan, "chosen", None)
+    if chosen is None:
+        raise UserError("the planner found no offer for this job; give " + ", ".join(_NUMBER_OPTIONS))
+    where = " ".join(
+        str(getattr(chosen, k)) for k in ("cloud", "instance_type", "accelerator") if getattr(chosen, k, None)
+    )
+    count = getattr(chosen, "count", None)
+    offer = f"{where}{f' x{count}' if count else ''}"
+    numbers: dict[str, float | None] = {}
+    for key, (attr, _option) in PLAN_FIELDS.items():
+        value = getattr(chosen, attr, None)
+        numbers[key] = None if value is None else float(value)
+    return numbers, offer
+
+
+def job_numbers(
+    spec: Any, given: dict[str, float | None], deadline: str | None
+) -> tuple[JobNumbers, dict[str, str]]:
+    """JobNumbers from the given values (keys of PLAN_FIELDS), the planner filling what is not given;
+    and where each came from. `deadline` overrides resources.deadline."""
+    from trainer.config import deadline_seconds
+
+    sources = {k: "given" for k, v in given.items() if v is not None}
+    values = dict(given)
+    if any(v is None for v in values.values()):
+        planned, offer = _from_planner(spec)
+        for key, value in values.items():
+            if value is None:
+                if planned.get(key) is None:
+                    option = PLAN_FIELDS[key][1]
+                    raise UserError(f"the planner's offer ({offer}) has no value for {option}; give {option}")
+                values[key] = planned[key]
+                sources[key] = f"planner ({offer})"
+    field = "--deadline" if deadline is not None else "resources.deadline"
+    text = deadline if deadline is not None else spec.resources.deadline
+    deadline_s = None
+    if text is not None:
+        try:
+            deadline_s = deadline_seconds(str(text))
+        except ValueError as exc:
+            raise SpecError(field, str(exc)) from None
+    job = JobNumbers(
+        work_s=float(values["hours"] or 0.0) * 3600.0,
+        spot_hourly_usd=float(values["spot_price"] or 0.0),
+        ondemand_hourly_usd=float(values["ondemand_price"] or 0.0),
+        checkpoint_interval_s=float(values["checkpoint_interval_s"] or 0.0),
+        restart_overhead_s=float(values["restart_overhead_s"] or 0.0),
+        deadline_s=deadline_s,
+    )
+    if job.work_s <= 0:
+        raise SpecError("--hours", "the job's compute time must be > 0")
+    return job, sources
+
+
+def run(
+    policies: list[Policy], job: JobNumbers, zones: Zones, start_tick: int, windows: int
+) -> dict[str, Any]:
+    """What `ftorch simulate` reports: the job, the traces, and per policy one result (one start) or a
+    summary over `windows` start offsets spread over the traces."""
+    began = time.perf_counter()
+    payload: dict[str, Any] = {
+        "job": dict(job.__dict__),
+        "traces": {
+            "zones": zones.names,
+            "gap_s": zones.gap_s,
+            "ticks": zones.n_ticks,
+            "available_share": float(zones.any_up.mean()),
+            "start_h": start_tick * zones.gap_s / 3600.0,
+            "note": "traces are used as the spot availability signal for the job's instance type",
+        },
+    }
+    if windows > 1:
+        tail = (job.deadline_s or 0.0) + job.ondemand_only_s()
+        starts = start_ticks(zones, windows, tail)
+        payload["windows"] = len(starts)
+        payload["summaries"] = [s.as_dict() for s in sweep(policies, job, zones, starts)]
+    else:
+        payload["results"] = [simulate(p, job, zones, start_tick).as_dict() for p in policies]
+    payload["elapsed_s"] = time.perf_counter() - began
+    return payload

@@ -1,0 +1,313 @@
+"""What `ftorch status` knows about a job: progress, cost so far and projected, checkpoint age, where.
+
+It answers from the registry and the run stores without torch, sky, pydantic or fsspec on the common
+path: a local run store is read with a plain file read, and a finished job's last progress is cached in
+the registry (an event of kind `final_progress`), so listing 1,000 jobs reads no store at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from orchestrator.backends.base import backend_for, get_job, reconcile
+from orchestrator.registry import ACTIVE, Attempt, Job, JobState, Outcome, Registry
+
+CACHE_KIND = "final_progress"
+PROGRESS_FILE = "progress.json"
+
+
+# ---- reading progress ---------------------------------------------------------------------------
+def _local_path(uri: str) -> str | None:
+    if uri.startswith("file://"):
+        return uri[len("file://") :]
+    return None if "://" in uri else uri
+
+
+def read_progress(job: Job) -> dict[str, Any]:
+    """The job's progress.json, or {} when there is none, the store cannot be read, or the file does not
+    check out (then one warning line on stderr names it)."""
+    local = _local_path(job.run_uri)
+    try:
+        if local is not None:
+            with open(os.path.join(local, PROGRESS_FILE), encoding="utf-8") as handle:
+                data = json.load(handle)
+        else:
+            data = job.run_store().read_json_or_none(PROGRESS_FILE)
+    except Exception:  # a missing, half-written or unreachable progress file must not break status
+        return {}
+    return checked_or_warn(data, f"{job.run_uri.rstrip('/')}/{PROGRESS_FILE}")
+
+
+def checked_or_warn(data: Any, where: str) -> dict[str, Any]:
+    """A progress snapshot that checks out, or {} after one warning line naming the file."""
+    import sys
+
+    from trainer.runstore.runfiles import progress_problem
+
+    if data is None:
+        return {}
+    problem = progress_problem(data)
+    if problem is None:
+        return data
+    sys.stderr.write(f"warning: {where} ignored: {problem}\n")
+    return {}
+
+
+# ---- the numbers --------------------------------------------------------------------------------
+def attempt_cost(attempt: Attempt, state: JobState, now: float, until: float | None = None) -> float:
+    """An attempt's cost: its duration at its hourly price. A running attempt counts up to `now` (while
+    the job runs); `until` cuts it at that time (cost so far at a step)."""
+    if attempt.ended_at is not None:
+        end = attempt.ended_at
+    else:
+        end = now if not state.terminal else attempt.started_at
+    if until is not None:
+        end = min(end, until) if attempt.ended_at is not None else until
+    return max(0.0, end - attempt.started_at) / 3600.0 * attempt.hourly_usd
+
+
+def cost_usd(attempts: list[Attempt], state: JobState, now: float) -> float:
+    return sum(attempt_cost(a, state, now) for a in attempts)
+
+
+def preempted(attempt: Attempt) -> bool:
+    return attempt.outcome is Outcome.PREEMPTED
+
+
+def stop_reason(job: Job) -> str | None:
+    """A short word for why a job stopped: budget, cancelled, failed, succeeded; None while active.
+    STOPPED is the budget guard's stop (the only thing that stops a job short of its end)."""
+    if not job.state.terminal:
+        return None
+    return "budget" if job.state is JobState.STOPPED else job.state.lower()
+
+
+def summarize(job: Job, attempts: list[Attempt], progress: dict[str, Any], now: float) -> dict[str, Any]:
+    """One job's status row (the `status --json` fields of DESIGN.md and more)."""
+    state = job.state
+    active = state in ACTIVE
+    step = progress.get("step") or 0
+    total = progress.get("total_steps")
+    rate = progress.get("steps_per_s") or 0.0
+    remaining_steps = max(0, total - step) if total else None
+    if state is JobState.SUCCEEDED:
+        remaining_s: float | None = 0.0
+    elif active and progress.get("eta_s") is not None and state is JobState.RUNNING:
+        remaining_s = float(progress["eta_s"])
+    elif remaining_steps is not None and rate > 0:
+        remaining_s = remaining_steps / rate
+    else:
+        remaining_s = None
+    last = attempts[-1] if attempts else None
+    hourly = last.hourly_usd if last is not None else job.hourly_usd
+    cost = cost_usd(attempts, state, now)
+    if state is JobState.SUCCEEDED:
+        projected: float | None = cost
+    elif remaining_s is not None:
+        projected = cost + remaining_s / 3600.0 * hourly
+    else:
+        projected = None
+    ckpt_at = progress.get("last_checkpoint_at")
+    spot = last.spot if last is not None else None
+    market = None if spot is None else ("spot" if spot else "on-demand")
+    budget = (job.spec.get("resources") or {}).get("budget_usd")
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "backend": job.backend,
+        "state": state,
+        "reason": job.reason,
+        "stop_reason": stop_reason(job),
+        "step": step,
+        "total_steps": total,
+        "fraction_done": (step / total) if total else None,
+        "loss": progress.get("loss"),
+        "attempts": len(attempts),
+        "preemptions": sum(1 for a in attempts if preempted(a)),
+        "cost_usd": round(cost, 6),
+        "projected_cost_usd": None if projected is None else round(projected, 6),
+        "budget_usd": budget,
+        "hourly_usd": hourly,
+        "eta_s": remaining_s if (active or state is JobState.SUCCEEDED) else None,
+        "remaining_s": remaining_s,
+        "run_uri": job.run_uri,
+        "output_uri": job.output_uri,
+        "last_checkpoint_step": progress.get("last_checkpoint_step"),
+        "last_checkpoint_at": ckpt_at,
+        "last_checkpoint_age_s": (now - ckpt_at) if ckpt_at else None,
+        "tokens_per_s": progress.get("tokens_per_s"),
+        "steps_per_s": rate or None,
+        "where": last.instance if last is not None else None,
+        "spot": spot,
+        "market": market,
+        "created_at": job.created_at,
+        "updated_at": max(job.updated_at, progress.get("updated_at") or 0.0),
+        "ended_at": job.ended_at,
+    }
+
+
+def with_backend_fields(registry: Registry, job: Job, row: dict[str, Any]) -> dict[str, Any]:
+    """A backend may know more (recoveries, where, its own cost): merge it, keep the projection."""
+    cost_before = row["cost_usd"]
+    row.update(backend_for(job.backend).status_fields(registry, job))
+    if row["projected_cost_usd"] is not None and row["cost_usd"] != cost_before:
+        row["projected_cost_usd"] = round(row["projected_cost_usd"] - cost_before + row["cost_usd"], 6)
+    return row
+
+
+def job_row(registry: Registry, job: Job, progress: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One job's status row, with its backend's fields."""
+    if progress is None:
+        progress = read_progress(job)
+    return with_backend_fields(
+        registry, job, summarize(job, registry.attempts(job.job_id), progress, time.time())
+    )
+
+
+# ---- bulk reading for the jobs table ------------------------------------------------------------
+def _cached(details: dict[str, str]) -> dict[str, dict[str, Any]]:
+    from trainer.runstore.runfiles import checked_progress
+
+    parsed: dict[str, dict[str, Any]] = {}
+    for job_id, detail in details.items():
+        try:
+            entry = json.loads(detail)
+        except (TypeError, json.JSONDecodeError):
+            continue
+        if isinstance(entry, dict) and checked_progress(entry.get("progress")) is not None:
+            parsed[job_id] = entry  # an entry cached before progress files were checked may not be
+    return parsed
+
+
+def cache_final_progress(registry: Registry, job: Job, progress: dict[str, Any]) -> None:
+    """Remember a finished job's last progress, valid while the job stays ended at `job.ended_at`."""
+    if job.state.terminal and progress:
+        registry.event(job.job_id, CACHE_KIND, json.dumps({"ended_at": job.ended_at, "progress": progress}))
+
+
+def _progress_for(registry: Registry, job: Job, cached: dict[str, Any] | None) -> dict[str, Any]:
+    if job.state.terminal and cached and cached.get("ended_at") == job.ended_at:
+        return cached.get("progress") or {}
+    progress = read_progress(job)
+    if job.state.terminal:
+        cache_final_progress(registry, job, progress)
+    return progress
+
+
+def status_all(registry: Registry | None = None) -> list[dict[str, Any]]:
+    """Every job's status row, oldest first."""
+    registry = registry or Registry()
+    jobs, attempts, details = registry.snapshot(CACHE_KIND)
+    cached = _cached(details)
+    rows = []
+    for job in jobs:
+        job_attempts = attempts.get(job.job_id, [])
+        if not job.state.terminal:
+            job = reconcile(registry, job)
+            if job.state.terminal:
+                job_attempts = registry.attempts(job.job_id)
+        progress = _progress_for(registry, job, cached.get(job.job_id))
+        rows.append(with_backend_fields(registry, job, summarize(job, job_attempts, progress, time.time())))
+    return rows
+
+
+# ---- one job in detail --------------------------------------------------------------------------
+def timeline(
+    attempts: list[Attempt], state: str, now: float, current_step: int | None = None
+) -> list[dict[str, Any]]:
+    """Each attempt with what it gained (steps that survived) and what it lost (steps and seconds).
+
+    A running attempt has no end step yet: its gain so far is `current_step` (from progress)."""
+    rows = []
+    for i, a in enumerate(attempts):
+        following = attempts[i + 1] if i + 1 < len(attempts) else None
+        start = a.start_step or 0
+        kept = following.start_step if following and following.start_step is not None else a.end_step
+        if kept is None and a.ended_at is None and following is None and current_step is not None:
+            kept = current_step
+        steps_lost = max(0, (a.end_step or 0) - kept) if kept is not None and a.end_step is not None else 0
+        time_lost = None
+        if following is not None and a.ended_at and following.first_step_at:
+            time_lost = following.first_step_at - a.ended_at
+            if a.end_step and a.first_step_at and a.end_step > start:
+                per_step = (a.ended_at - a.first_step_at) / max(1, a.end_step - start)
+                time_lost += steps_lost * per_step
+        rows.append(
+            {
+                "n": a.n,
+                "instance": a.instance,
+                "spot": a.spot,
+                "hourly_usd": a.hourly_usd,
+                "started_at": a.started_at,
+                "first_step_at": a.first_step_at,
+                "ended_at": a.ended_at,
+                "exit_code": a.exit_code,
+                "end_reason": a.end_reason,
+                "outcome": a.outcome,
+                "start_step": a.start_step,
+                "end_step": a.end_step,
+                "steps_gained": max(0, (kept or 0) - start) if kept is not None else None,
+                "steps_lost": steps_lost,
+                "time_lost_s": None if time_lost is None else round(time_lost, 2),
+                "cost_usd": round(attempt_cost(a, state, now), 6),
+            }
+        )
+    return rows
+
+
+def lost_time_per_preemption(timeline_rows: list[dict[str, Any]]) -> list[float]:
+    """For each preemption: seconds from the end of the attempt to the next attempt's first step."""
+    lost = []
+    for previous, following in zip(timeline_rows, timeline_rows[1:], strict=False):
+        if previous.get("outcome") == Outcome.PREEMPTED and following.get("first_step_at"):
+            lost.append(round(following["first_step_at"] - previous["ended_at"], 2))
+    return lost
+
+
+def cost_curve(metrics: list[dict[str, Any]], attempts: list[Attempt], state: JobState) -> list[list[float]]:
+    """[step, cost so far] at each logged step: what the run had cost when it got there."""
+    curve = []
+    for row in metrics:
+        at = row.get("time")
+        if at is None:
+            continue
+        spent = sum(attempt_cost(a, state, at, until=at) for a in attempts if a.started_at < at)
+        curve.append([row["step"], round(spent, 6)])
+    return curve
+
+
+def status_one(job_ref: str) -> dict[str, Any]:
+    """One job in detail: the row, the attempt timeline, checkpoints, loss and cost curves, events."""
+    import sys
+
+    registry = Registry()
+    job = get_job(job_ref, registry)
+    attempts = registry.attempts(job.job_id)
+    checkpoints: list[dict[str, Any]] = []
+    metrics: list[dict[str, Any]] = []
+    try:
+        store = job.run_store()
+        progress = checked_or_warn(store.read_json_or_none(PROGRESS_FILE), store.uri(PROGRESS_FILE))
+        checkpoints = [
+            {"step": c.step, "created_at": c.created_at, "size_bytes": c.size_bytes, "uri": store.uri(c.path)}
+            for c in store.complete_checkpoints()
+        ]
+        metrics = store.read_metrics()
+    except Exception as exc:
+        progress = {}
+        sys.stderr.write(f"warning: cannot read the run store {job.run_uri}: {exc.__class__.__name__}\n")
+    now = time.time()
+    detail = with_backend_fields(registry, job, summarize(job, attempts, progress, now))
+    detail["attempt_timeline"] = timeline(attempts, job.state, now, progress.get("step"))
+    detail["events"] = [e for e in registry.events(job.job_id) if e["kind"] != CACHE_KIND]
+    detail["checkpoints"] = checkpoints
+    detail["loss_curve"] = [[m["step"], m["loss"]] for m in metrics if m.get("loss") is not None]
+    detail["cost_curve"] = cost_curve(metrics, attempts, job.state)
+    detail["preemption_steps"] = [a.end_step for a in attempts if preempted(a) and a.end_step is not None]
+    detail["eval_before"] = progress.get("eval_before")
+    detail["eval_after"] = progress.get("eval_after")
+    detail["lost_time_s"] = lost_time_per_preemption(detail["attempt_timeline"])
+    return detail

@@ -1,0 +1,114 @@
+"""Local HTTP servers that stand in for outside services: a webhook receiver and the clouds' instance
+metadata services (AWS IMDSv2, GCE, Azure scheduled events), all on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class Hook:
+    """A webhook receiver: records each POST; answers with `status`."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        self.status = 200
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                hook.received.append(
+                    {"path": self.path, "type": self.headers["Content-Type"], "body": json.loads(body)}
+                )
+                self.send_response(hook.status)
+                self.end_headers()
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+TOKEN = "tok-123"
+
+
+class FakeMetadata:
+    """One fake metadata service: `provider` is aws, gcp or azure; `notice` flips the answer."""
+
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+        self.notice = threading.Event()
+        self.requests: list[tuple[str, str]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_args: object) -> None:
+                pass
+
+            def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+                self.send_response(status)
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_PUT(self) -> None:  # noqa: N802
+                outer.requests.append(("PUT", self.path))
+                ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+                if outer.provider == "aws" and self.path == "/latest/api/token" and ttl:
+                    self._send(200, TOKEN.encode())
+                else:
+                    self._send(404)
+
+            def do_GET(self) -> None:  # noqa: N802
+                outer.requests.append(("GET", self.path))
+                p = outer.provider
+                if p == "aws" and self.path == "/latest/meta-data/spot/instance-action":
+                    if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
+                        self._send(401)
+                    elif outer.notice.is_set():
+                        body = {"action": "terminate", "time": "2026-01-01T00:02:00Z"}
+                        self._send(200, json.dumps(body).encode())
+                    else:
+                        self._send(404)
+                elif p == "gcp" and self.path == "/computeMetadata/v1/instance/preempted":
+                    if self.headers.get("Metadata-Flavor") != "Google":
+                        self._send(403)
+                    else:
+                        body = b"TRUE" if outer.notice.is_set() else b"FALSE"
+                        self._send(200, body, {"Metadata-Flavor": "Google"})
+                elif p == "azure" and self.path.startswith("/metadata/scheduledevents"):
+                    events = [{"EventType": "Preempt", "NotBefore": "soon"}] if outer.notice.is_set() else []
+                    self._send(200, json.dumps({"DocumentIncarnation": 1, "Events": events}).encode())
+                else:
+                    self._send(404)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeMetadata:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"

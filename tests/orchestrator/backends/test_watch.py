@@ -1,0 +1,178 @@
+"""The live view: it ends by itself when the job ends, survives a resize, and Ctrl-C only stops the
+watching (the job and its supervisor go on). One real run: `launch --follow` in a terminal, with a
+simulated preemption and notifications."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import os
+import pty
+import re
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from fakejobs import add_job
+from helpers import REPO, job_dict, write_data
+from http_fakes import Hook
+from rich.console import Console
+
+from orchestrator import follow
+from orchestrator import status as job_status
+from orchestrator.registry import Registry
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]|\x1b[()][0-9A-Za-z]|\r")
+
+
+def terminal(width: int = 100) -> Console:
+    return Console(file=io.StringIO(), force_terminal=True, width=width, height=60, record=True)
+
+
+@pytest.fixture()
+def running(tmp_path: Path, ftorch_home: Path) -> Registry:
+    """A RUNNING job whose 'supervisor' is this test process (alive, so nothing reconciles it away)."""
+    registry = Registry(ftorch_home)
+    add_job(
+        registry, tmp_path / "runs", "llama3-8b-support-a1b2c3", "RUNNING", 212, total=600,
+        attempts=[
+            {"start": 0, "end": 131, "reason": "preempted (with notice, random)", "seconds": 2620},
+            {"start": 130, "end": 212, "reason": None, "seconds": 1640},
+        ],
+        checkpoints=[150, 180, 210], supervisor_pid=os.getpid(),
+    )  # fmt: skip
+    return registry
+
+
+def test_watch_of_one_job_ends_when_the_job_ends(running: Registry) -> None:
+    threading.Timer(1.0, running.set_state, ("llama3-8b-support-a1b2c3", "SUCCEEDED")).start()
+    out = terminal()
+    started = time.time()
+    assert follow.watch("llama3", out=out, poll_s=0.2) == 0
+    assert time.time() - started < 10
+    text = out.export_text()
+    assert "SUCCEEDED" in text and "output:" in text  # the last frame stays on screen
+
+
+def test_watch_of_all_jobs_ends_when_none_is_active(running: Registry) -> None:
+    threading.Timer(1.0, running.set_state, ("llama3-8b-support-a1b2c3", "CANCELLED")).start()
+    out = terminal(60)
+    assert follow.watch(None, out=out, poll_s=0.2) == 0
+    assert "CANCELLED" in out.export_text()
+
+
+def _set_size(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class Pty:
+    """A command on a pseudo-terminal of a given size, its output collected in the background."""
+
+    def __init__(self, argv: list[str], cols: int, rows: int = 50, env: dict[str, str] | None = None) -> None:
+        self.master, slave = pty.openpty()
+        _set_size(slave, rows, cols)
+        env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in ("COLUMNS", "LINES")}
+        self.proc = subprocess.Popen(
+            argv, stdin=slave, stdout=slave, stderr=slave, cwd=REPO, env={**env, "TERM": "xterm-256color"},
+            start_new_session=True,
+        )  # fmt: skip
+        os.close(slave)
+        self.chunks: list[bytes] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            self.chunks.append(data)
+
+    def text(self, since: int = 0) -> str:
+        return ANSI.sub("", b"".join(self.chunks[since:]).decode("utf-8", "replace"))
+
+    def wait_for(self, needle: str, timeout: float, since: int = 0) -> str:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if needle in self.text(since):
+                return self.text(since)
+            if self.proc.poll() is not None:
+                time.sleep(0.3)
+                break
+            time.sleep(0.1)
+        assert needle in self.text(since), f"{needle!r} not seen; output:\n{self.text()[-3000:]}"
+        return self.text(since)
+
+    def resize(self, rows: int, cols: int) -> None:
+        _set_size(self.master, rows, cols)
+        os.killpg(self.proc.pid, signal.SIGWINCH)
+
+    def ctrl_c(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)  # what the terminal does: the whole foreground group
+
+
+def test_ctrl_c_stops_watching_and_leaves_the_job_alone_after_a_resize(running: Registry) -> None:
+    before = running.events("llama3-8b-support-a1b2c3")
+    exe = Path(sys.executable).parent / "ftorch"
+    term = Pty([str(exe), "status", "--watch", "llama3"], cols=120)
+    term.wait_for("WHERE", timeout=30)  # the wide attempts table
+    mark = len(term.chunks)
+    term.resize(40, 50)  # a phone: the attempts become one line each
+    term.wait_for("#1 aws:g5.2xlarge", timeout=15, since=mark)
+    assert term.proc.poll() is None
+    term.ctrl_c()
+    assert term.proc.wait(timeout=15) == 0
+    assert "stopped watching; the job goes on" in term.text()
+    job = running.get("llama3-8b-support-a1b2c3")
+    assert job.state == "RUNNING" and not job.cancel_requested
+    assert running.events("llama3-8b-support-a1b2c3") == before
+
+
+def test_launch_follow_in_a_terminal_with_a_preemption_and_notifications(
+    tmp_path: Path, tiny_model: Path, ftorch_home: Path
+) -> None:
+    hook = Hook()
+    try:
+        data = write_data(tmp_path / "d.jsonl", "instruction", 64)
+        marker = tmp_path / "notified.txt"
+        job = job_dict(
+            tiny_model, data, tmp_path / "runs", train={"max_steps": 20},
+            local={"chaos": {"preempt_at_steps": [8], "notice": True, "grace_s": 20}, "hourly_usd": 3.6},
+            notify={
+                "webhook": hook.url, "command": f'echo "$FTORCH_EVENT" >> {marker}',
+                "on": ["succeeded", "failed", "preempted"],
+            },
+        )  # fmt: skip
+        job_file = tmp_path / "job.yaml"
+        job_file.write_text(yaml.safe_dump(job))
+        exe = Path(sys.executable).parent / "ftorch"
+        term = Pty([str(exe), "launch", str(job_file), "--follow"], cols=110)
+        assert term.proc.wait(timeout=240) == 0, term.text()[-3000:]
+        text = term.text()
+        # the live view drew the job, then the summary the quickstart relies on
+        assert "attempts" in text and "Ctrl-C stops watching" in text
+        assert "trained adapter:" in text and "time lost per preemption" in text and "preemptions 1" in text
+        assert "cost $" in text
+        events = [r["body"]["event"] for r in hook.received]
+        assert events == ["preempted", "succeeded"], events
+        assert (
+            hook.received[1]["body"]["state"] == "SUCCEEDED" and hook.received[1]["body"]["preemptions"] == 1
+        )
+        assert marker.read_text().split() == ["preempted", "succeeded"]
+        job_id = hook.received[1]["body"]["job_id"]
+        detail = job_status.status_one(job_id)
+        notes = [e["detail"] for e in detail["events"] if e["kind"] == "notify"]
+        assert notes == ["preempted: sent", "succeeded: sent"]
+        assert json.dumps(detail, default=str)  # the detail stays JSON-able
+    finally:
+        hook.close()

@@ -1,0 +1,100 @@
+"""The budget guard: the rule on its own, then on a real local run priced with local.hourly_usd."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+from helpers import ftorch, job_dict, write_data
+from http_fakes import Hook
+
+from orchestrator import status as job_status
+from orchestrator.spot.budget import MARGIN_S, BudgetGuard
+
+
+def test_the_rule_counts_the_next_checkpoint_interval() -> None:
+    guard = BudgetGuard(budget_usd=1.0, hourly_usd=360.0, every_steps=10)  # $0.10 per second
+    assert guard.check(0.0) is None  # no step rate yet: only the margin counts
+    assert guard.check(1.0 - MARGIN_S * 0.1 + 0.01) is not None
+    guard.observe_step(0, 100.0)
+    guard.observe_step(20, 110.0)  # 2 steps/s: the next 10-step interval takes 5 s
+    assert guard.interval_s() == 5.0
+    assert guard.check(0.29) is None
+    reason = guard.check(0.31)
+    assert reason is not None and reason.startswith("budget: $0.3100 spent + $0.7000 for the next")
+    roomy = BudgetGuard(budget_usd=100.0, hourly_usd=3600.0, every_steps=10, prior_rate=2.0)
+    assert roomy.interval_s() == 5.0 and roomy.check(92.9) is None and roomy.check(93.1) is not None
+    timed = BudgetGuard(budget_usd=100.0, hourly_usd=3600.0, every_seconds=30.0)
+    assert timed.check(67.9) is None and timed.check(68.1) is not None
+    auto = BudgetGuard(budget_usd=100.0, hourly_usd=3600.0)
+    assert auto.interval_s() == 60.0
+    auto.observe_checkpoint(1000.0)
+    auto.observe_checkpoint(1000.0)
+    auto.observe_checkpoint(1012.0)
+    assert auto.interval_s() == 12.0
+    assert BudgetGuard(budget_usd=None, hourly_usd=5.0).check(1e9) is None
+    assert BudgetGuard(budget_usd=1.0, hourly_usd=0.0).check(1e9) is None  # free machines never stop
+
+
+def _wait(job_id: str, predicate, timeout: float = 150.0) -> dict:  # type: ignore[no-untyped-def]
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        detail = job_status.status_one(job_id)
+        if predicate(detail):
+            return detail
+        time.sleep(0.3)
+    raise AssertionError(json.dumps(job_status.status_one(job_id), default=str)[:3000])
+
+
+def test_a_real_run_stops_at_its_budget_and_resumes_with_a_higher_one(
+    tmp_path: Path, tiny_model: Path, ftorch_home: Path
+) -> None:
+    hook = Hook()
+    try:
+        data = write_data(tmp_path / "d.jsonl", "instruction", 64)
+        budget = 0.5  # at $72/h: 25 s of this machine, trainer start-up included
+        job = job_dict(
+            tiny_model, data, tmp_path / "runs", train={"max_steps": 100000}, checkpoint={"every": 10},
+            resources={"budget_usd": budget}, local={"hourly_usd": 72.0},
+            notify={"webhook": hook.url, "on": ["budget", "cancelled"]},
+        )  # fmt: skip
+        job_file = tmp_path / "job.yaml"
+        job_file.write_text(yaml.safe_dump(job))
+        done = ftorch("launch", str(job_file), "--json")
+        assert done.returncode == 0, done.stderr
+        job_id = json.loads(done.stdout)["job_id"]
+
+        detail = _wait(job_id, lambda d: d["state"] in ("STOPPED", "FAILED", "SUCCEEDED", "CANCELLED"))
+        assert detail["state"] == "STOPPED" and detail["stop_reason"] == "budget", detail["reason"]
+        assert detail["reason"].startswith("budget: $") and "would pass budget_usd $0.5" in detail["reason"]
+        assert detail["cost_usd"] <= budget, detail["cost_usd"]  # stopped before the budget, not after
+        assert detail["cost_usd"] > budget * 0.8  # ...and not long before it
+        # the trainer got its notice and saved where it stopped: nothing lost
+        stopped_at = detail["step"]
+        assert stopped_at > 0 and detail["last_checkpoint_step"] == stopped_at
+        assert detail["checkpoints"][-1]["step"] == stopped_at
+        assert [e["kind"] for e in detail["events"]].count("budget") == 1
+        # ...and said so: status, the webhook
+        table = ftorch("status", env={"COLUMNS": "120"}).stdout
+        assert "STOPPED·budget" in table
+        body = hook.received[0]["body"]
+        assert body["event"] == "budget" and body["job_id"] == job_id and body["budget_usd"] == budget
+
+        # resuming with the same budget stops again at once, without starting an attempt
+        assert ftorch("resume", job_id).returncode == 0
+        again = _wait(
+            job_id, lambda d: d["state"] == "STOPPED" and len(d["events"]) > len(detail["events"]) + 2
+        )
+        assert again["attempts"] == 1 and again["stop_reason"] == "budget"
+
+        # a higher budget continues from the checkpoint
+        assert ftorch("resume", job_id, "--set", "resources.budget_usd=50").returncode == 0
+        more = _wait(job_id, lambda d: d["state"] == "RUNNING" and d["step"] > stopped_at + 2)
+        assert more["attempt_timeline"][1]["start_step"] == stopped_at and more["budget_usd"] == 50
+        assert ftorch("cancel", job_id).returncode == 0
+        assert job_status.status_one(job_id)["state"] == "CANCELLED"
+        assert [r["body"]["event"] for r in hook.received] == ["budget", "budget", "cancelled"]
+    finally:
+        hook.close()

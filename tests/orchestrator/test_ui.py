@@ -1,0 +1,214 @@
+"""`ftorch status` and `status JOB`: rendering at phone, laptop and wide widths (rich's recording console),
+the JSON fields, the cache that keeps 1,000 jobs fast, no heavy imports, the charts and the PNG plot."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fakejobs import bulk_registry, demo_registry
+from helpers import REPO, ftorch
+from rich.console import Console
+
+from orchestrator import status as job_status
+from orchestrator import ui
+from orchestrator.charts import MARK, loss_chart
+from orchestrator.registry import Registry
+
+WIDTHS = (40, 80, 160)
+#: what `ftorch status` must not load (typer itself brings pydantic; the job-file schema stays out)
+HEAVY = ("torch", "sky", "fsspec", "matplotlib", "yaml", "trainer.config", "transformers")
+
+
+def flat(text: str) -> str:
+    """The text without whitespace, so that wrapped long paths still match."""
+    return re.sub(r"\s+", "", text)
+
+
+def render(renderable: object, width: int) -> str:
+    out = Console(record=True, width=width, file=io.StringIO(), force_terminal=False, color_system=None)
+    out.print(renderable)
+    text = out.export_text()
+    assert all(len(line) <= width for line in text.splitlines()), f"a line is wider than {width}:\n{text}"
+    return text
+
+
+@pytest.fixture()
+def demo(tmp_path: Path, ftorch_home: Path) -> Registry:
+    return demo_registry(ftorch_home, tmp_path / "runs")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_jobs_table_answers_at_a_glance_at_every_width(demo: Registry, width: int) -> None:
+    text = render(ui.render_jobs(job_status.status_all(), width), width)
+    # the running job, the one stopped on its budget, the recent success; the old failure collapses
+    assert "RUNNING" in text and "STOPPED·budget" in text and "SUCCEEDED" in text
+    assert "llama3-8b-support-a" in text and "qwen-7b-sql-d4e5f6" in text
+    assert "212/600" in text and "140/400" in text and "300/300" in text
+    assert "█" in text and "░" in text  # the progress bar
+    assert "$3.0" in text  # cost so far (2 attempts at $2.50/h)
+    assert "old-experiment" not in text and "1 older job hidden (1 failed): --all" in text
+    if width >= 120:
+        assert "WHERE" in text and "aws:g5.2xlarge (spot)" in text and "(on-demand)" in text
+        assert "→$8." in text  # projected total at the current price
+        assert "35%" in text and "210, " in text and " ago" in text
+    elif width >= 80:
+        assert "PROGRESS" in text and "WHERE" not in text and "CKPT" in text
+    else:  # a phone: one card per job, nothing cut off that matters
+        assert "PROGRESS" not in text
+        assert "loss 0.4910" in text and "eta 2h" in text and "on aws:g5.2xlarge (spot)" in text
+        assert "preempted 1" in text and "ckpt 210," in text
+
+
+def test_all_shows_old_finished_jobs(demo: Registry) -> None:
+    text = render(ui.render_jobs(job_status.status_all(), 160, show_all=True), 160)
+    assert "old-experiment-111111" in text and "FAILED" in text and "hidden" not in text
+
+
+def test_no_jobs_says_how_to_start_one(ftorch_home: Path) -> None:
+    assert "ftorch launch" in render(ui.render_jobs(job_status.status_all(), 80), 80)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_detail_shows_timeline_checkpoints_chart(demo: Registry, width: int) -> None:
+    detail = job_status.status_one("llama3")
+    text = render(ui.render_detail(detail, width), width)
+    assert "llama3-8b-support-a1b2c3" in text and "RUNNING" in text and "212/600" in text
+    assert "attempts" in text and "preempted (with notice" in text and "running" in text
+    assert "checkpoints" in text and "4.0 KiB" in text
+    assert "loss" in text and "█" in text and MARK in text  # the chart, with the preemption marked
+    assert "projected $8." in text
+    if width >= 80:
+        assert "step-00000210" in text and "GAINED" in text and "LOST" in text
+        assert "+130" in text and "1 st + " in text  # 131 steps run, 130 kept: one step and time lost
+        assert "time lost per preemption: 80s" in text
+
+
+def test_detail_of_a_budget_stop_says_how_to_continue(demo: Registry) -> None:
+    detail = job_status.status_one("qwen")
+    assert detail["stop_reason"] == "budget" and detail["budget_usd"] == 2.0
+    text = render(ui.render_detail(detail, 100), 100)
+    assert "STOPPED·budget" in text and "budget $2.00" in text
+    assert flat("ftorch resume qwen-7b-sql-d4e5f6") in flat(text) and "--setresources.budget_usd=" in flat(
+        text
+    )
+
+
+def test_detail_of_a_success_says_where_the_output_is(demo: Registry) -> None:
+    detail = job_status.status_one("mistral")
+    text = render(ui.render_detail(detail, 80), 80)
+    assert flat(f"output: {detail['output_uri']}") in flat(text) and "SUCCEEDED" in text
+    assert detail["projected_cost_usd"] == detail["cost_usd"] and detail["eta_s"] == 0.0
+
+
+def test_status_json_carries_the_contract_fields_and_more(demo: Registry) -> None:
+    done = ftorch("status", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {r["job_id"]: r for r in json.loads(done.stdout)}
+    running = rows["llama3-8b-support-a1b2c3"]
+    for field in (
+        "job_id", "name", "backend", "state", "step", "total_steps", "loss", "attempts", "preemptions",
+        "cost_usd", "eta_s", "run_uri", "output_uri", "last_checkpoint_step", "updated_at",
+        "projected_cost_usd", "last_checkpoint_age_s", "where", "market", "stop_reason", "budget_usd",
+    ):  # fmt: skip
+        assert field in running, field
+    assert running["preemptions"] == 1 and running["market"] == "spot" and running["step"] == 212
+    assert running["projected_cost_usd"] > running["cost_usd"] > 0
+    assert 0 < running["last_checkpoint_age_s"] < 600
+    assert rows["qwen-7b-sql-d4e5f6"]["stop_reason"] == "budget"
+    one = json.loads(ftorch("status", "llama3", "--json").stdout)
+    assert one["preemption_steps"] == [131] and one["attempt_timeline"][0]["steps_lost"] == 1
+    assert len(one["loss_curve"]) == 212 and len(one["cost_curve"]) == 212
+
+
+def test_a_finished_jobs_progress_is_cached_and_invalidated_on_resume(demo: Registry, tmp_path: Path) -> None:
+    job_status.status_all()  # reads the stores of finished jobs once and caches what they said
+    (tmp_path / "runs" / "mistral-7b-chat-0a9b8c" / "progress.json").unlink()
+    rows = {r["job_id"]: r for r in job_status.status_all()}
+    assert rows["mistral-7b-chat-0a9b8c"]["step"] == 300  # from the registry, not the store
+    demo.set_state("mistral-7b-chat-0a9b8c", "RUNNING")
+    demo.set_state("mistral-7b-chat-0a9b8c", "SUCCEEDED")  # a new end: the old cache no longer holds
+    rows = {r["job_id"]: r for r in job_status.status_all()}
+    assert rows["mistral-7b-chat-0a9b8c"]["step"] == 0
+
+
+def test_status_with_1000_jobs_is_fast_and_loads_nothing_heavy(tmp_path: Path, ftorch_home: Path) -> None:
+    bulk_registry(ftorch_home, tmp_path / "runs", n=1000, active=10)
+    job_status.status_all()  # warm the page cache
+    best = min(_timed(job_status.status_all) for _ in range(3))
+    assert best < 0.3, f"status_all over 1,000 jobs took {best:.3f} s"
+    script = (
+        f"import sys; sys.argv = ['ftorch', 'status']; HEAVY = {HEAVY!r}\n"
+        "from orchestrator import cli\n"
+        "try:\n    cli.main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "heavy = [m for m in HEAVY if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    env = {**os.environ, "COLUMNS": "120"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "HEAVY []" in done.stdout
+    assert "job0999-" in done.stdout and "RUNNING" in done.stdout
+    assert re.search(r"\n9\d\d older jobs hidden \(", done.stdout), done.stdout
+
+
+def _timed(fn: object) -> float:
+    start = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - start
+
+
+def test_loss_chart_fits_and_marks_preemptions() -> None:
+    curve = [[s, 3.0 / (1 + s / 20)] for s in range(1, 201)]
+    for width in (30, 60, 150):
+        lines = loss_chart(curve, width, height=5, markers=[80, 170])
+        assert all(len(line) <= width for line in lines), lines
+        assert len(lines) == 5 + 2 and lines[-2].count(MARK) == 2
+        assert lines[0].lstrip().startswith("2.86") and lines[-1].rstrip().endswith("200")
+        assert lines[0].count("█") < lines[4].count("█")  # the loss falls: the top row is mostly empty
+    assert loss_chart([], 40) == ["(no loss logged yet)"]
+
+
+def test_plot_png(demo: Registry, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "loss.png"
+    done = ftorch("status", "llama3", "--plot", str(target))
+    assert done.returncode == 0, done.stderr
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and target.stat().st_size > 10_000
+    assert f"loss plot: {target}" in done.stdout
+    no_job = ftorch("status", "--plot", str(target))
+    assert no_job.returncode == 2 and "--plot" in no_job.stderr
+
+
+def test_the_fast_registry_read_matches_the_registry_dataclasses() -> None:
+    """orchestrator.status reads rows positionally; if the registry's Job or Attempt changes, this says so."""
+    import dataclasses
+
+    from orchestrator import registry
+    from orchestrator.registry import Attempt, Job
+
+    job_fields = tuple(f.name for f in dataclasses.fields(Job))
+    assert job_fields == tuple("spec" if c == "spec_json" else c for c in registry.JOB_COLUMNS)
+    attempt_fields = tuple(f.name for f in dataclasses.fields(Attempt))
+    assert attempt_fields[: len(registry.ATTEMPT_COLUMNS)] == registry.ATTEMPT_COLUMNS
+
+
+def test_the_status_fast_path_parses_like_typer(demo: Registry) -> None:
+    from orchestrator.cli import _fast_status
+
+    assert _fast_status(["status"]) == {
+        "job": None, "as_json": False, "show_all": False, "watch": False, "plot": None,
+    }  # fmt: skip
+    assert _fast_status(["status", "abc", "--json", "--plot", "x.png"]) == {
+        "job": "abc", "as_json": True, "show_all": False, "watch": False, "plot": "x.png",
+    }  # fmt: skip
+    for other in (["status", "--help"], ["status", "a", "b"], ["status", "--plot"], ["logs", "x"], []):
+        assert _fast_status(other) is None, other  # typer handles these (help, usage errors)
+    assert ftorch("status", "--bogus").returncode == 2

@@ -1,0 +1,90 @@
+"""What the trainer's loading holds on each GPU at its peak, before the first step (no torch: the
+planner's memory estimate, orchestrator/sizing/memory.py, asks this module; trainer/model.py takes its load
+dtype from here, so the two cannot drift apart).
+
+How the trainer loads (trainer/model.py, trainer/quant.py, trainer/sharded_load.py):
+
+- one process (full fine-tuning and LoRA): `from_pretrained` on the CPU in `base_dtype_name` (fp32 master
+  weights for a full fine-tune under mixed precision, the compute dtype otherwise), adapters added, then
+  `.to(device)`: every weight and adapter on the GPU, as the step holds them;
+- full fine-tuning and LoRA under FSDP: sharded loading. Rank 0 loads on the CPU, every rank builds the
+  model on the meta device, shards it, allocates only its shards and receives rank 0's weights one tensor
+  at a time: a GPU holds its shard of everything plus one full tensor in flight (the largest: the
+  embedding or the largest projection group), never the whole model;
+- QLoRA (one process or FSDP): `from_pretrained(device_map={"": device})` quantizes each projection on
+  the GPU as it arrives, so every rank holds the whole packed 4-bit base and its absmax, the rest of the
+  base (embeddings, head, norms) in the quantization compute dtype, and the 16-bit copy of the projection
+  being quantized; adapters then; FSDP shards it only afterwards.
+
+On one GPU the step holds all of that and more (the estimate's weights term), so the load sets the peak
+only for QLoRA under FSDP, where the step keeps one shard: a QLoRA job whose whole 4-bit model does not
+fit one GPU cannot load there, whatever the GPU count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: bytes per quantized weight in NF4: 4 bits + the absmax (8/64 bits, and 32/(64*256) with double
+#: quantization; 32/64 bits without it) (QLoRA paper, section 3)
+NF4_DQ_BYTES = 0.516
+NF4_BYTES = 0.5625
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+#: the dtype the forward computes in, per train.precision
+COMPUTE_NAMES = {"fp32": "fp32", "bf16": "bf16", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
+MIXED = ("bf16-mixed", "fp16-mixed")
+
+
+def base_dtype_name(method: str, precision: str) -> str:
+    """The dtype the model loads in (full fine-tuning and LoRA). Mixed precision keeps fp32 only what
+    trains: a full fine-tune's weights (the fp32 master copy), never the frozen base of LoRA/QLoRA, which
+    stays in the compute dtype (PEFT then makes the adapters fp32). Pure bf16 keeps everything in bf16."""
+    if method == "full" and precision in MIXED:
+        return "fp32"
+    return COMPUTE_NAMES[precision]
+
+
+def adapter_bytes(precision: str) -> int:
+    """Bytes per LoRA adapter parameter: fp32 (PEFT's autocast_adapter_dtype) except under pure bf16."""
+    return 2 if precision == "bf16" else 4
+
+
+@dataclass(frozen=True)
+class WeightCounts:
+    """The model's parameters as loading sees them."""
+
+    params: int  # every parameter of the base model (tied weights once)
+    quantizable: int  # those in the projections bitsandbytes quantizes (QLoRA)
+    adapters: int = 0  # LoRA parameters (0 for a full fine-tune)
+    largest_quantizable: int = 0  # elements of the largest quantized projection
+    largest_tensor: int = 0  # elements of the largest parameter tensor (sharded loading's one in flight)
+
+
+def load_peak_bytes(
+    method: str,
+    precision: str,
+    counts: WeightCounts,
+    ranks: int = 1,
+    *,
+    double_quant: bool = True,
+    quant_compute: str = "bf16",
+) -> dict[str, float]:
+    """Bytes one GPU holds at the peak of the trainer's loading, by part ("weights", "adapters",
+    "in_flight": the 16-bit projection being quantized, or the full tensor being broadcast), on `ranks`
+    GPUs (see the module docstring)."""
+    adapters = float(adapter_bytes(precision) * counts.adapters) if method != "full" else 0.0
+    if method == "qlora":  # whole on every rank, quantized as it loads
+        packed = NF4_DQ_BYTES if double_quant else NF4_BYTES
+        c = DTYPE_BYTES[quant_compute]
+        weights = packed * counts.quantizable + c * (counts.params - counts.quantizable)
+        return {"weights": weights, "adapters": adapters, "in_flight": float(c * counts.largest_quantizable)}
+    size = DTYPE_BYTES[base_dtype_name(method, precision)]
+    if ranks <= 1:
+        return {"weights": float(size * counts.params), "adapters": adapters, "in_flight": 0.0}
+    # sharded loading: this rank's shards, and one full tensor broadcast from rank 0
+    return {
+        "weights": float(size * counts.params) / ranks,
+        "adapters": adapters / ranks,
+        "in_flight": float(size * counts.largest_tensor),
+    }

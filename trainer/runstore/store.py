@@ -1,0 +1,391 @@
+"""The run store: one folder per run on any fsspec filesystem. No torch here.
+
+Layout under `run_uri` (= `<checkpoint.uri>/<run_id>`):
+
+    spec.json                       the resolved job spec (written once at launch)
+    progress.json                   the latest progress snapshot (rewritten every few seconds)
+    metrics/<attempt>-<part>.jsonl  the metric history, one row per logged step
+    checkpoints/step-00000020/      one folder per checkpoint; MANIFEST.json is written last
+        e00000003/<files>           the files, in a folder of the epoch that wrote them (fenced attempts)
+    fence/epoch-00000003.json       one object per attempt that claimed the run (created conditionally)
+    cache/                          derived data that later attempts reuse (the tokenised data set)
+    output/                         the final adapter (or HF model), unless output.uri says otherwise
+
+A checkpoint exists only once its MANIFEST.json (files, sizes, sha256) is there and parses; readers
+verify the files against it before trusting them.
+
+Fencing: an attempt claims the next epoch with a conditional create (If-None-Match on S3, O_EXCL on a
+local disk). Before every commit, prune and progress write it checks that no newer epoch exists, and
+raises `Fenced` if one does. Its files go under its own epoch folder and the manifest is created
+conditionally, so even a write racing past the check can neither overwrite a newer attempt's files nor
+replace its manifest; deletions re-read the manifest and never touch a newer epoch's checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.faults import maybe_die, maybe_disk_full
+from trainer.runstore.runfiles import checked_progress
+from trainer.runstore.storage import Storage, StoreError, sha256_bytes
+
+MANIFEST = "MANIFEST.json"
+FENCE = "fence"
+EPOCH_PREFIX = "epoch-"
+CACHE = "cache"
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_PREFIX = "step-"
+PROGRESS = "progress.json"
+SPEC = "spec.json"
+METRICS = "metrics"
+OUTPUT = "output"
+LOGS = "logs"
+
+
+class CorruptCheckpoint(StoreError):
+    """A checkpoint's files do not match its manifest."""
+
+
+class Fenced(StoreError):
+    """A newer attempt claimed this run: this attempt must stop writing."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{CHECKPOINT_PREFIX}{step:08d}"
+
+
+def step_of(name: str) -> int | None:
+    base = name.rstrip("/").rsplit("/", 1)[-1]
+    if not base.startswith(CHECKPOINT_PREFIX):
+        return None
+    try:
+        return int(base[len(CHECKPOINT_PREFIX) :])
+    except ValueError:
+        return None
+
+
+@dataclass
+class CheckpointInfo:
+    step: int
+    path: str
+    created_at: float
+    files: dict[str, dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+    epoch: int = 0
+    dir: str = ""
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(int(f["size"]) for f in self.files.values())
+
+
+class RunStore(Storage):
+    """A run's folder (`trainer.runstore.storage.Storage`): fencing, manifest-last checkpoints, progress, spec."""
+
+    def __init__(
+        self,
+        run_uri: str,
+        storage_options: dict[str, Any] | None = None,
+        retry_seconds: float | None = None,
+    ) -> None:
+        super().__init__(run_uri, storage_options, retry_seconds)
+        self.run_uri = self.root_uri
+        self.epoch = 0  # 0: not fenced (tools, tests); the trainer claims one with claim_epoch()
+        self.fenced_by: int | None = None
+
+    # ---- fencing ------------------------------------------------------------------------------
+    def epochs(self) -> list[int]:
+        found = []
+        for name in self.listdir(FENCE):
+            stem = name.removeprefix(EPOCH_PREFIX).removesuffix(".json")
+            if name.startswith(EPOCH_PREFIX) and stem.isdigit():
+                found.append(int(stem))
+        return sorted(found)
+
+    def epoch_records(self) -> dict[int, dict[str, Any]]:
+        return {n: self.read_json_or_none(_epoch_rel(n)) or {} for n in self.epochs()}
+
+    def claim_epoch(self, record: dict[str, Any] | None = None) -> int:
+        """Claim the next epoch of this run for this attempt (a conditional create: one winner)."""
+        candidate = (self.epochs() or [0])[-1] + 1
+        while True:
+            payload = {"epoch": candidate, "claimed_at": time.time(), **(record or {})}
+            try:
+                self.write_bytes(_epoch_rel(candidate), json.dumps(payload).encode(), create=True)
+            except FileExistsError:
+                candidate = max(candidate + 1, (self.epochs() or [0])[-1] + 1)
+                continue
+            self.epoch = candidate
+            return candidate
+
+    def update_epoch_record(self, **fields: Any) -> None:
+        """Add to this attempt's own epoch record (e.g. how it ended). Best effort."""
+        if not self.epoch:
+            return
+        try:
+            record = self.read_json_or_none(_epoch_rel(self.epoch)) or {}
+            self.write_json(_epoch_rel(self.epoch), {**record, **fields}, atomic=False)
+        except Exception:  # advisory
+            pass
+
+    def check_fence(self) -> None:
+        """Raise Fenced if a newer attempt claimed the run (sticky once seen)."""
+        if not self.epoch:
+            return
+        if self.fenced_by is None:
+            newest = (self.epochs() or [0])[-1]
+            if newest > self.epoch:
+                self.fenced_by = newest
+        if self.fenced_by is not None:
+            raise Fenced(
+                f"attempt epoch {self.epoch} was replaced by epoch {self.fenced_by} of the same run; "
+                "this attempt stops without writing"
+            )
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def commit_checkpoint(
+        self, step: int, blobs: dict[str, bytes], meta: dict[str, Any] | None = None
+    ) -> str:
+        """Write a checkpoint's files, then its manifest. Returns the checkpoint's folder name.
+
+        The files go to this epoch's own folder; the manifest is created only if none is there, or
+        replaces one written by this or an older epoch (never a newer one's).
+        """
+        self.check_fence()
+        name = checkpoint_name(step)
+        folder = f"{CHECKPOINTS}/{name}"
+        sub = _epoch_dir(self.epoch)
+        files: dict[str, dict[str, Any]] = {
+            rel: {"size": len(data), "sha256": sha256_bytes(data)} for rel, data in blobs.items()
+        }
+        if _POINTS_ACTIVE():
+            for rel, data in blobs.items():  # one at a time, so a kill can land between files
+                self.write_bytes(_join(folder, sub, rel), data, atomic=False)
+                maybe_die("checkpoint-partial", step)
+                maybe_disk_full("store-full", step)
+        else:
+            self.write_many({_join(folder, sub, rel): data for rel, data in blobs.items()})
+        maybe_die("before-manifest", step)
+        self.sync_tree(folder)
+        manifest = {
+            "format": 2,
+            "step": step,
+            "epoch": self.epoch,
+            "dir": sub,
+            "created_at": time.time(),
+            "files": files,
+            "meta": meta or {},
+        }
+        self.check_fence()
+        body = json.dumps(manifest, indent=1, sort_keys=True).encode()
+        rel = f"{folder}/{MANIFEST}"
+        try:
+            self.write_bytes(rel, body, create=True)
+        except FileExistsError:
+            existing = self.read_json_or_none(rel)
+            theirs = int(existing.get("epoch") or 0) if isinstance(existing, dict) else 0
+            if theirs > self.epoch:
+                self.fenced_by = theirs
+                raise Fenced(
+                    f"{folder} was committed by epoch {theirs}; epoch {self.epoch} does not replace it"
+                ) from None
+            # ours or older (e.g. a corrupt one the resume skipped): replace it
+            self.remove_file(rel)
+            self.write_bytes(rel, body, create=True)
+        return name
+
+    def _manifest(self, name: str) -> CheckpointInfo | None:
+        manifest = self.read_json_or_none(f"{CHECKPOINTS}/{name}/{MANIFEST}")
+        step = step_of(name)
+        if not isinstance(manifest, dict) or step is None or manifest.get("step") != step:
+            return None
+        files = manifest.get("files")
+        if not isinstance(files, dict) or not files:
+            return None
+        return CheckpointInfo(
+            step=step,
+            path=f"{CHECKPOINTS}/{name}",
+            created_at=float(manifest["created_at"]),
+            files=files,
+            meta=manifest.get("meta") or {},
+            epoch=int(manifest.get("epoch") or 0),
+            dir=str(manifest.get("dir") or ""),
+        )
+
+    def checkpoint_names(self) -> list[str]:
+        names = [n for n in self.listdir(CHECKPOINTS) if step_of(n) is not None]
+        if self.is_local:  # a linked folder is not part of this run store
+            names = [n for n in names if not os.path.islink(self.path(CHECKPOINTS, n))]
+        return sorted(names, key=lambda n: step_of(n) or 0)
+
+    def linked_checkpoint_names(self) -> list[str]:
+        """Step folders that are links (local stores): never followed; pruning removes the link."""
+        if not self.is_local:
+            return []
+        return [n for n in self.listdir(CHECKPOINTS) if os.path.islink(self.path(CHECKPOINTS, n))]
+
+    def complete_checkpoints(self) -> list[CheckpointInfo]:
+        """Checkpoints with a readable manifest, oldest first (files not verified yet)."""
+        found = [self._manifest(n) for n in self.checkpoint_names()]
+        return [c for c in found if c is not None]
+
+    def read_checkpoint(self, info: CheckpointInfo) -> dict[str, bytes]:
+        """All files of a checkpoint, verified against its manifest (size and sha256)."""
+        blobs: dict[str, bytes] = {}
+        for rel, expected in info.files.items():
+            where = _join(info.path, info.dir, rel)
+            try:
+                data = self.read_bytes(where)
+            except FileNotFoundError:
+                raise CorruptCheckpoint(f"{where} is missing") from None
+            if len(data) != int(expected["size"]) or sha256_bytes(data) != expected["sha256"]:
+                raise CorruptCheckpoint(f"{where} does not match its manifest")
+            blobs[rel] = data
+        return blobs
+
+    def newest_valid_checkpoint(
+        self,
+        on_skip: Callable[[CheckpointInfo | str, str], None] | None = None,
+        decode: Callable[[dict[str, bytes]], Any] | None = None,
+    ) -> tuple[CheckpointInfo, Any] | None:
+        """The newest checkpoint whose files verify; corrupt or incomplete ones are skipped.
+
+        With `decode`, (info, decode(files)): a checkpoint whose decode raises CorruptCheckpoint is
+        skipped the same way (e.g. one that cannot be loaded safely)."""
+        complete = {c.path.rsplit("/", 1)[-1]: c for c in self.complete_checkpoints()}
+        for name in reversed(self.checkpoint_names()):
+            info = complete.get(name)
+            if info is None:
+                if on_skip:
+                    on_skip(name, "incomplete (no manifest)")
+                continue
+            try:
+                blobs = self.read_checkpoint(info)
+                return info, (decode(blobs) if decode else blobs)
+            except CorruptCheckpoint as exc:
+                if on_skip:
+                    on_skip(info, str(exc))
+        return None
+
+    def remove_partial_checkpoints(self) -> list[str]:
+        """At the start of an attempt: delete the files older epochs left in step folders without a
+        manifest (a kill or a full disk mid-save). Only epochs older than this one's are touched, so a
+        save of a newer attempt is never disturbed; on a full disk this is what frees the space."""
+        self.check_fence()
+        if not self.epoch:
+            return []
+        removed = []
+        for name in self.checkpoint_names():
+            if self._manifest(name) is not None:
+                continue
+            folder = f"{CHECKPOINTS}/{name}"
+            entries = self.listdir(folder)
+            older = [e for e in entries if e.startswith("e") and e[1:].isdigit() and int(e[1:]) < self.epoch]
+            for entry in older:
+                self.remove_tree(f"{folder}/{entry}")
+            if older and self._manifest(name) is None:
+                removed.append(name)
+                if len(older) == len(entries):
+                    self.remove_tree(folder)
+        return removed
+
+    def prune_checkpoints(self, keep: int, protect_above: int | None = None) -> list[str]:
+        """Keep the newest `keep` complete checkpoints; delete older ones and incomplete leftovers.
+
+        The manifest goes first, so a checkpoint that is half deleted is never taken for complete.
+        Incomplete folders newer than the newest complete one are left alone (a save may be running).
+        A fenced attempt deletes nothing, and a checkpoint of a newer epoch is never deleted.
+        """
+        self.check_fence()
+        names = self.checkpoint_names()
+        complete = self.complete_checkpoints()
+        complete_names = [c.path.rsplit("/", 1)[-1] for c in complete]
+        doomed = complete_names[:-keep] if keep > 0 else complete_names
+        newest_complete = complete[-1].step if complete else None
+        leftovers = [
+            n
+            for n in names
+            if n not in complete_names and newest_complete is not None and (step_of(n) or 0) < newest_complete
+        ]
+        removed = []
+        for name in self.linked_checkpoint_names():
+            self.remove_tree(f"{CHECKPOINTS}/{name}")
+            removed.append(name)
+        for name in [*doomed, *leftovers]:
+            if protect_above is not None and (step_of(name) or 0) > protect_above:
+                continue
+            current = self._manifest(name)  # read again right before deleting
+            if current is not None and current.epoch > self.epoch:
+                continue
+            if name in leftovers and current is not None:
+                continue  # it became complete meanwhile
+            self.remove_file(f"{CHECKPOINTS}/{name}/{MANIFEST}")
+            self.remove_tree(f"{CHECKPOINTS}/{name}")
+            removed.append(name)
+        return removed
+
+    # ---- progress and metrics ------------------------------------------------------------------
+    def write_progress(self, progress: dict[str, Any]) -> None:
+        self.check_fence()
+        self.write_json(PROGRESS, progress, atomic=False)
+
+    def read_progress(self) -> dict[str, Any] | None:
+        """The progress snapshot, or None when there is none or it does not check out (runfiles)."""
+        return checked_progress(self.read_json_or_none(PROGRESS))
+
+    def write_metrics_part(self, attempt: int, part: int, rows: Iterable[dict[str, Any]]) -> None:
+        self.check_fence()
+        body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+        self.write_bytes(f"{METRICS}/{attempt:04d}-{part:04d}.jsonl", body.encode(), atomic=False)
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """The metric history across attempts; for a step logged by several attempts, the latest wins."""
+        by_step: dict[int, dict[str, Any]] = {}
+        for name in self.listdir(METRICS):
+            if not name.endswith(".jsonl"):
+                continue
+            try:
+                text = self.read_bytes(f"{METRICS}/{name}").decode()
+            except FileNotFoundError:
+                continue
+            for line in text.splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if (
+                    isinstance(row, dict)
+                    and isinstance(row.get("step"), int)
+                    and isinstance(row.get("loss"), (int, float, type(None)))
+                ):
+                    by_step[row["step"]] = row
+        return [by_step[s] for s in sorted(by_step)]
+
+    # ---- spec ----------------------------------------------------------------------------------
+    def write_spec(self, spec: dict[str, Any]) -> None:
+        self.write_json(SPEC, spec)
+
+    def read_spec(self) -> dict[str, Any]:
+        return self.read_json(SPEC)
+
+
+def _epoch_rel(epoch: int) -> str:
+    return f"{FENCE}/{EPOCH_PREFIX}{epoch:08d}.json"
+
+
+def _epoch_dir(epoch: int) -> str:
+    """Where an epoch's checkpoint files go inside the step folder ('' for unfenced writers)."""
+    return f"e{epoch:08d}" if epoch else ""
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p)
+
+
+def _POINTS_ACTIVE() -> bool:  # noqa: N802 - reads like the constant it stands for
+    return bool(os.environ.get("FTORCH_FAULTS"))

@@ -1,0 +1,1 @@
+"""Why training stops: preemption notices, stop requests through the run store, the interruption model."""

@@ -1,0 +1,92 @@
+"""One interruption model from planner to trainer: the prior MTBF for `checkpoint.every: auto`, and which
+ended attempts count as interruptions.
+
+- The planner's per-offer interruption rates travel in the task (the SkyPilot renderer sets them):
+  FTORCH_INTERRUPTION_RATES = {"<cloud>:<gpus per node>": interruptions per hour of the whole job, ...}
+  for every offer the task may land on, and FTORCH_AUTO_MTBF_S = 3600 / rate of the chosen offer. The
+  trainer looks its own offer up from SkyPilot's SKYPILOT_CLUSTER_INFO (cloud) and
+  SKYPILOT_NUM_GPUS_PER_NODE; elsewhere it uses FTORCH_AUTO_MTBF_S (default 1 h).
+- A stop someone asked for (`ftorch cancel`, the budget guard, a policy switch) is not an interruption:
+  whoever sends the trainer its SIGTERM for such a reason first writes `control/stop.json` in the run
+  store (`request_stop`); the trainer then records its attempt as `ended: stopped` instead of `notice`,
+  and the MTBF estimate (trainer/checkpoints/interval.py) leaves it out.
+
+No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+DEFAULT_MTBF_S = 3600.0
+#: MTBF used for an offer that is never interrupted (on-demand, Lambda): 30 days
+NEVER_S = 30 * 86400.0
+STOP_REQUEST = "control/stop.json"
+#: the cloud controller's spend record (price, spend so far, budget, when): the trainer logs the cost from it
+SPEND_RECORD = "control/spend.json"
+#: epoch record `ended` values that are not interruptions
+NOT_INTERRUPTIONS = ("finished", "stopped")
+
+
+def rate_key(cloud: str, gpus_per_node: int) -> str:
+    return f"{cloud.lower()}:{int(gpus_per_node)}"
+
+
+def mtbf_from_rate(rate_per_hour: float) -> float:
+    return NEVER_S if rate_per_hour <= 0 else min(NEVER_S, 3600.0 / rate_per_hour)
+
+
+def prior_mtbf_s(environ: Mapping[str, str] | None = None) -> tuple[float, str]:
+    """(MTBF prior in seconds, where it came from) for this process."""
+    env = os.environ if environ is None else environ
+    rates = env.get("FTORCH_INTERRUPTION_RATES")
+    info = env.get("SKYPILOT_CLUSTER_INFO")
+    gpus = env.get("SKYPILOT_NUM_GPUS_PER_NODE")
+    if rates and info and gpus:
+        try:
+            cloud = str(json.loads(info).get("cloud", ""))
+            table = json.loads(rates)
+            key = rate_key(cloud, int(gpus))
+            if key in table:
+                rate = float(table[key])
+                return mtbf_from_rate(rate), f"planner's rate for {key}: {rate:.3f}/h"
+        except (ValueError, TypeError, AttributeError):
+            pass
+    if env.get("FTORCH_AUTO_MTBF_S"):
+        try:
+            return float(env["FTORCH_AUTO_MTBF_S"]), "FTORCH_AUTO_MTBF_S"
+        except ValueError:
+            pass
+    return DEFAULT_MTBF_S, "default"
+
+
+def request_stop(store: Any, reason: str) -> None:
+    """Tell the trainer that the SIGTERM about to come is a requested stop, not a preemption."""
+    store.write_json(STOP_REQUEST, {"reason": reason, "at": time.time()})
+
+
+def stop_reason(store: Any, since: float) -> str | None:
+    """The reason of a stop requested after `since` (this attempt's start), if any."""
+    try:
+        request = store.read_json_or_none(STOP_REQUEST)
+    except Exception:  # advisory: without it the stop counts as a notice
+        return None
+    if isinstance(request, dict) and float(request.get("at", 0.0)) >= since:
+        return str(request.get("reason") or "requested")
+    return None
+
+
+def how_it_ended(store: Any) -> dict[str, str]:
+    """The epoch-record fields for an attempt leaving on SIGTERM: a requested stop or a notice."""
+    if not getattr(store, "epoch", 0):
+        return {"ended": "notice"}
+    try:
+        since = float((store.epoch_records().get(store.epoch) or {}).get("claimed_at", 0.0))
+    except Exception:  # advisory
+        return {"ended": "notice"}
+    reason = stop_reason(store, since)
+    return {"ended": "stopped", "stop_reason": reason} if reason else {"ended": "notice"}
