@@ -6,11 +6,12 @@ An offer is adequate when the memory estimate for its GPU count (FSDP over all i
 with HEADROOM to spare; sharding over several GPUs needs NVLink unless resources.allow_pcie. Expected
 cost = hourly price x billed hours, where on spot the hours grow by the expected preemption overhead:
 
-    hours_spot = hours x (1 + C/tau) / (1 - rate x (tau/2 + R))
+    hours_spot = hours x (1 + C/tau) / (1 - rate x (tau/2 + U + R))
 
 with `rate` the interruption rate per hour of the offer (INTERRUPTIONS_PER_HOUR, documented guesses),
-`tau` the checkpoint interval, `C` the time to write a checkpoint, and `R` the restart overhead (new
-instance, model download, checkpoint load). Each interruption also starts a new billing segment that
+`tau` the checkpoint interval, `C` the time training blocks for a checkpoint, `U` its upload (work at
+risk until it is committed) and `R` the restart overhead (new instance, model download, checkpoint
+load); tau, C and U come from the trainer's checkpoint-cost model (trainer/checkpoints/interval.py). Each interruption also starts a new billing segment that
 is rounded to the cloud's granularity (BILLING). On-demand has no preemption overhead.
 Among candidates within SINGLE_GPU_TIE of the cheapest, the one with the fewest GPUs wins.
 """
@@ -21,11 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.catalog import Catalog, Offer, load_catalog
-from orchestrator.sizing.memory import MemoryEstimate, estimate, settings_from_spec
+from orchestrator.sizing.memory import MemoryEstimate, checkpoint_bytes, estimate, settings_from_spec
 from orchestrator.sizing.shapes import ModelShape, resolve_shape
 from orchestrator.sizing.throughput import Workload, accelerator, estimate_time, workload
 from orchestrator.sizing.tracing import TraceConfirmation
-from trainer.checkpoints.interval import young_interval
+from trainer.checkpoints.interval import CHECKPOINT_GBPS, CheckpointCost, auto_interval, fixed_interval_s
 from trainer.layout import Layout, layout_for
 from trainer.stops.interruptions import mtbf_from_rate
 
@@ -68,8 +69,6 @@ DEFAULT_BILLING = Billing(3600, 3600)  # unknown clouds: hourly with a one-hour 
 
 PROVISION_S = 300.0  # new spot instance, image, ftorch install, until the trainer starts
 DOWNLOAD_GBPS = 1.0  # model weights from the hub / object storage into the instance
-CHECKPOINT_GBPS = 0.5  # checkpoint writes and reads to object storage
-MIN_CKPT_INTERVAL_S, MAX_CKPT_INTERVAL_S = 300.0, 3600.0
 
 
 @dataclass
@@ -90,7 +89,7 @@ class Candidate:
     expected_cost_spot_usd: float | None
     expected_cost_ondemand_usd: float | None
     checkpoint_interval_s: float
-    checkpoint_write_s: float
+    checkpoint_write_s: float  # the upload to the run store (in the background)
     startup_s: float  # first boot: provisioning and model download (billed, no training)
     restart_overhead_s: float
     interruption_rate_per_hour: float
@@ -98,6 +97,7 @@ class Candidate:
     peak_gib_per_gpu: float
     regions: list[str] = field(default_factory=list)
     tokens_per_s: float = 0.0
+    checkpoint_blocking_s: float = 0.0  # what training stops for (the copy into host memory)
     #: how the memory fit was judged: "traced" (one step traced, trainer/memory/memtrace.py) or "estimated"
     fit: str = "estimated"
     nodes: int = 1  # instances of `instance_type`; prices and `count` are per instance
@@ -185,29 +185,26 @@ def billed_hours(hours: float, segments: float, rule: Billing) -> float:
     return max(hours + rounding, segments * rule.minimum_s / 3600.0)
 
 
-def checkpoint_interval(spec: Any, step_s: float, write_s: float, rate: float) -> float:
+def checkpoint_interval(spec: Any, step_s: float, cost: CheckpointCost, rate: float) -> float:
     """Seconds between checkpoints: `checkpoint.every` steps or seconds, or for auto the trainer's
-    Young/Daly interval at this offer's interruption rate (the rate the task passes to the trainer)."""
+    interval (trainer.checkpoints.interval.auto_interval) at this offer's interruption rate (the rate
+    the task passes to the trainer)."""
     steps, seconds = spec.checkpoint.every_steps(), spec.checkpoint.every_seconds()
-    if steps is not None:
-        return max(1.0, steps * step_s)
-    if seconds:
-        return seconds
-    if rate <= 0:
-        return MAX_CKPT_INTERVAL_S
-    young = young_interval(write_s, mtbf_from_rate(rate))
-    return min(MAX_CKPT_INTERVAL_S, max(MIN_CKPT_INTERVAL_S, young))
+    fixed = fixed_interval_s(steps, seconds, step_s)
+    if fixed is not None:
+        return max(1.0, fixed)
+    return auto_interval(cost, mtbf_from_rate(rate)).seconds
 
 
 def spot_hours(
-    hours: float, rate: float, interval_s: float, write_s: float, restart_s: float
+    hours: float, rate: float, interval_s: float, blocking_s: float, restart_s: float, upload_s: float = 0.0
 ) -> float | None:
     """Expected wall hours on spot; None when interruptions come faster than progress."""
-    lost_per_interruption_h = (interval_s / 2.0 + restart_s) / 3600.0
+    lost_per_interruption_h = (CheckpointCost(blocking_s, upload_s).lost_s(interval_s) + restart_s) / 3600.0
     denominator = 1.0 - rate * lost_per_interruption_h
     if denominator <= 0.2:
         return None
-    return hours * (1.0 + write_s / interval_s) / denominator
+    return hours * (1.0 + blocking_s / interval_s) / denominator
 
 
 # ---- the planner -------------------------------------------------------------------------------------
@@ -407,16 +404,14 @@ def _candidate(
     link = offer.interconnect if layout.nodes == 1 else "network"  # FSDP across nodes: not NVLink
     t = estimate_time(shape, settings, mem.trainable_params, work, acc, ranks, link)
     hours = t.hours
-    state_bytes = 2 if spec.train.precision == "bf16" else 4
-    optim_bytes = {"adamw": 2 * state_bytes, "sgd": state_bytes, "adafactor": 1}.get(spec.train.optimizer, 2)
-    ckpt_bytes = mem.trainable_params * (state_bytes + optim_bytes)
-    write_s = ckpt_bytes / (CHECKPOINT_GBPS * 1e9)
+    ckpt_bytes = checkpoint_bytes(shape, settings)
+    ckpt = CheckpointCost.of_bytes(ckpt_bytes)
     model_bytes = shape.params * 2.0
     startup_s = PROVISION_S + model_bytes / (DOWNLOAD_GBPS * 1e9)  # billed once on any instance
     restart_s = startup_s + ckpt_bytes / (CHECKPOINT_GBPS * 1e9)
     rate = interruption_rate(offer, layout.nodes)
     step_s = layout.accum * t.step_s_per_microbatch
-    interval = checkpoint_interval(spec, step_s, write_s, rate)
+    interval = checkpoint_interval(spec, step_s, ckpt, rate)
     rule = BILLING.get(offer.cloud, DEFAULT_BILLING)
 
     def cost_on(spot_price: bool, hourly: float | None) -> tuple[float, float, float] | None:
@@ -425,7 +420,7 @@ def _candidate(
         startup_h = startup_s / 3600.0
         if not spot_price or rate <= 0:
             return hourly * billed_hours(hours + startup_h, 1, rule), hours + startup_h, 0.0
-        wall = spot_hours(hours, rate, interval, write_s, restart_s)
+        wall = spot_hours(hours, rate, interval, ckpt.blocking_s, restart_s, ckpt.upload_s)
         if wall is None:
             return None
         wall += startup_h
@@ -455,7 +450,8 @@ def _candidate(
         expected_cost_spot_usd=on_spot[0] if on_spot else None,
         expected_cost_ondemand_usd=on_demand[0] if on_demand else None,
         checkpoint_interval_s=interval,
-        checkpoint_write_s=write_s,
+        checkpoint_write_s=ckpt.upload_s,
+        checkpoint_blocking_s=ckpt.blocking_s,
         startup_s=startup_s,
         restart_overhead_s=restart_s,
         interruption_rate_per_hour=rate,

@@ -36,10 +36,9 @@ from typing import Any
 
 from orchestrator.errors import SpecError
 from orchestrator.sizing.shapes import ModelShape, resolve_shape
+from trainer.memory import facts
+from trainer.memory.facts import GIB
 from trainer.memory.load_memory import NF4_BYTES, NF4_DQ_BYTES, WeightCounts, load_peak_bytes
-
-GIB = 1024**3
-
 
 CONSTANTS_FILE = "memory_constants.json"
 
@@ -48,10 +47,10 @@ CONSTANTS_FILE = "memory_constants.json"
 class Constants:
     """The estimator's constants; RAW holds first-principles values, the fitted ones come from traces."""
 
-    #: CUDA context and kernels: on the device, invisible to torch's counters (trainer/memory/memtrace.py)
-    cuda_context_gib: float = 0.5
-    #: cuBLAS workspace (Hopper: 8 x 4 MiB, plus 1 MiB for cuBLASLt), taken through the allocator
-    workspace_gib: float = 33 / 1024
+    #: CUDA context and kernels: on the device, invisible to torch's counters (trainer/memory/facts.py)
+    cuda_context_gib: float = facts.CUDA_CONTEXT_BYTES / GIB
+    #: cuBLAS workspace, taken through the allocator (trainer/memory/facts.py)
+    workspace_gib: float = facts.CUBLAS_WORKSPACE_BYTES / GIB
     #: caching-allocator slack (reserved above allocated) with expandable segments
     alloc_slack: float = 0.03
     #: factors on the op-by-op activation count, per regime (adapters or full; checkpointed or not)
@@ -72,6 +71,8 @@ class Constants:
 
 
 RAW = Constants()
+#: stated, not fitted (trainer/memory/facts.py): the calibration file's copies are not read
+STATED = ("cuda_context_gib", "workspace_gib")
 
 
 @lru_cache(maxsize=1)
@@ -82,7 +83,9 @@ def calibrated_constants() -> Constants:
     except (FileNotFoundError, OSError):
         return RAW
     fitted = json.loads(text).get("constants", {})
-    known = {k: float(v) for k, v in fitted.items() if k in Constants.__dataclass_fields__}
+    known = {
+        k: float(v) for k, v in fitted.items() if k in Constants.__dataclass_fields__ and k not in STATED
+    }
     return replace(RAW, **known)
 
 
@@ -162,17 +165,17 @@ def trainable_params(shape: ModelShape, s: Settings) -> int:
 
 def _compute_bytes(s: Settings) -> int:
     """The dtype the forward computes in (QLoRA follows the precision too: it cannot be fp32)."""
-    return 4 if s.precision == "fp32" else 2
+    return facts.compute_bytes(s.precision)
 
 
 def _state_bytes(s: Settings) -> int:
     """dtype of trainable weights, grads and optimizer states: bf16 only in pure-bf16 training."""
-    return 2 if s.precision == "bf16" else 4
+    return facts.state_bytes(s.precision)
 
 
 def _residual_bytes(s: Settings) -> int:
     """The residual stream's dtype: fp32 when the weights are (a full fine-tune's fp32 master weights)."""
-    return 4 if s.precision == "fp32" or (s.method == "full" and s.precision != "bf16") else 2
+    return facts.state_bytes(s.precision) if s.method == "full" else facts.compute_bytes(s.precision)
 
 
 def _targets(shape: ModelShape, s: Settings) -> list[Any]:
@@ -188,19 +191,21 @@ def _largest_trainable(shape: ModelShape, s: Settings) -> int:
 
 
 def _optimizer_bytes(shape: ModelShape, s: Settings, trainable: int) -> tuple[float, bool]:
-    """(persistent state bytes, paged) for the trainable parameters."""
-    sb = _state_bytes(s)
-    if s.optimizer == "adamw":
-        return 2 * sb * trainable, False  # exp_avg, exp_avg_sq
-    if s.optimizer == "adamw_8bit":
-        return 2.0 * trainable, False
-    if s.optimizer == "paged_adamw_8bit":
-        return 2.0 * trainable, True
-    if s.optimizer == "sgd":
-        return sb * trainable, False  # momentum buffer
-    if s.optimizer == "adafactor":
-        return _adafactor_bytes(shape, s), False
-    raise SpecError("train.optimizer", f"unknown optimizer {s.optimizer!r}")
+    """(persistent state bytes, paged) for the trainable parameters (trainer/memory/facts.py's rules)."""
+    if s.optimizer not in facts.OPTIMIZERS:
+        raise SpecError("train.optimizer", f"unknown optimizer {s.optimizer!r}")
+    return facts.optimizer_state_bytes(
+        s.optimizer, s.precision, trainable, lambda: _adafactor_bytes(shape, s)
+    )
+
+
+def checkpoint_bytes(shape: ModelShape, s: Settings) -> float:
+    """Bytes of one checkpoint of this job: its trainable weights and optimizer state (the planner's
+    checkpoint cost; the same optimizer rules as the memory estimate)."""
+    if s.optimizer not in facts.OPTIMIZERS:
+        raise SpecError("train.optimizer", f"unknown optimizer {s.optimizer!r}")
+    trainable = trainable_params(shape, s)
+    return facts.checkpoint_bytes(s.optimizer, s.precision, trainable, lambda: _adafactor_bytes(shape, s))
 
 
 def _adafactor_bytes(shape: ModelShape, s: Settings) -> float:
@@ -306,17 +311,16 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
     trainable = trainable_params(shape, s)
     stored, layer_gathered, root_gathered, dequant = _weights(shape, s, trainable)
     cast = 0.0  # autocast's 16-bit copies of fp32 weights, cached through the forward
-    if s.method == "full" and s.precision in ("bf16-mixed", "fp16-mixed"):
-        cast = k.cast_factor * 2.0 * (shape.linear_params + shape.vocab * shape.hidden)
+    if s.method == "full" and s.precision in facts.MIXED:
+        cast = k.cast_factor * _compute_bytes(s) * (shape.linear_params + shape.vocab * shape.hidden)
     grads = float(sb * trainable)
     optim, paged = _optimizer_bytes(shape, s, trainable)
     resident_optim = 0.0 if paged else optim
     step_temp = k.step_temp * sb * _largest_trainable(shape, s) if s.optimizer == "adamw" else 0.0
     if n > 1:
         stored, grads, resident_optim, step_temp = stored / n, grads / n, resident_optim / n, step_temp / n
-        gather = 2.0 * layer_gathered + root_gathered  # current unit + prefetched unit; the root stays
         layer_trainable = trainable / shape.layers if s.method != "full" else shape.layer_params
-        reduce_buf = 4.0 * layer_trainable
+        gather, reduce_buf = facts.fsdp_overlay_bytes(layer_gathered, root_gathered, layer_trainable)
         cast = 0.0  # FSDP's mixed precision gathers 16-bit units instead
         sharding = f"fsdp-full-shard x{n}"
     else:

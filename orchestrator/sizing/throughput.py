@@ -38,6 +38,7 @@ from orchestrator.sizing.memory import NF4_DQ_BYTES, Settings
 from orchestrator.sizing.shapes import ModelShape
 from trainer.data.packing import packed_count
 from trainer.layout import total_steps
+from trainer.memory.facts import DTYPE_BYTES, FSDP_GRAD_BYTES, compute_bytes
 
 
 @dataclass(frozen=True)
@@ -319,13 +320,18 @@ def estimate_time(
     weights = weight_passes(s) * c.weight_read_bytes * shape.params / hbm
     dequant = 0.0
     if s.method == "qlora":
-        ideal = weight_passes(s) * shape.quantizable_params * (NF4_DQ_BYTES + 2.0) / hbm
+        # read 4-bit, write the compute dtype
+        ideal = (
+            weight_passes(s) * shape.quantizable_params * (NF4_DQ_BYTES + DTYPE_BYTES[s.quant_compute]) / hbm
+        )
         dequant = c.dequant_factor * ideal
     comm = 0.0
     if n_gpus > 1:
         link = LINK_GBPS["nvlink" if interconnect.lower() == "nvlink" else "pcie"]
-        weight_bytes = 2.0 * shape.params if s.method != "qlora" else NF4_DQ_BYTES * shape.params
-        grad_bytes = 4.0 * trainable
+        # FSDP gathers weights in the compute dtype (packed 4-bit for QLoRA), reduces fp32 gradients
+        gathered = compute_bytes(s.precision) if s.method != "qlora" else NF4_DQ_BYTES
+        weight_bytes = gathered * shape.params
+        grad_bytes = FSDP_GRAD_BYTES * trainable
         comm = (2 * weight_bytes + grad_bytes) * (n_gpus - 1) / n_gpus / (link * 1e9)
     work_s = compute + weights + dequant
     step_s = work_s + max(0.0, comm - OVERLAP * work_s)

@@ -176,11 +176,12 @@ class TraceConfirmation:
         """The trace runs unpacked micro-batches; packing's attention mask is added as the estimate has it."""
         if not getattr(self.spec.data, "packing", False):
             return 0.0
-        from orchestrator.sizing.memory import _compute_bytes, settings_from_spec
+        from orchestrator.sizing.memory import settings_from_spec
         from trainer.data.packing import mask_bytes
+        from trainer.memory.facts import GIB, compute_bytes
 
         s = settings_from_spec(self.spec, ranks)
-        return mask_bytes(s.micro_batch, s.seq_len, s.attn, _compute_bytes(s)) / 2**30
+        return mask_bytes(s.micro_batch, s.seq_len, s.attn, compute_bytes(s.precision)) / GIB
 
     def note(self) -> str:
         if not self.asked:

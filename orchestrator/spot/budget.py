@@ -3,9 +3,10 @@
 The rule: when the cost so far plus the cost of the next checkpoint interval would pass the budget,
 stop now (the trainer gets its notice, saves, exits), so the last checkpoint lands inside the budget.
 The interval is `checkpoint.every` steps at the observed step rate, or `every` seconds, or (for
-`auto`) the gap between the last two checkpoints seen, 60 s until two have been seen; plus MARGIN_S
-for the guard's own reaction time. While the step rate is still unknown (the first attempt starting up)
-only the margin counts.
+`auto`) the gap between the last two checkpoints seen; until two have been seen, the interval the
+trainer starts with (trainer.checkpoints.interval: the same model, clamps and interruption prior as
+the trainer and the planner); plus MARGIN_S for the guard's own reaction time. While the step rate is
+still unknown (the first attempt starting up) only the margin counts.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-AUTO_INTERVAL_S = 60.0
+from trainer.checkpoints.interval import AutoInterval, fixed_interval_s
+
 #: what the guard itself adds: it looks once a second, and the trainer takes a moment to save and exit
 MARGIN_S = 2.0
 
@@ -28,6 +30,8 @@ class BudgetGuard:
     prior_rate: float | None = None
     #: the guard's own reaction time (a cloud controller looks once a tick, the trainer polls its stop)
     margin_s: float = MARGIN_S
+    #: `auto`: the trainer's interval model (its prior MTBF and first cost) until two checkpoints are seen
+    auto: AutoInterval = field(default_factory=AutoInterval)
     _first: tuple[float, int] | None = None
     _last: tuple[float, int] | None = None
     _ckpt_times: list[float] = field(default_factory=list)
@@ -62,14 +66,12 @@ class BudgetGuard:
 
     def interval_s(self) -> float | None:
         """Seconds until the next checkpoint interval is done; None while the step rate is unknown."""
-        if self.every_seconds is not None:
-            return self.every_seconds
-        if self.every_steps is not None:
+        if self.every_steps is not None or self.every_seconds is not None:
             rate = self.rate()
-            return self.every_steps / rate if rate else None
+            return fixed_interval_s(self.every_steps, self.every_seconds, 1.0 / rate if rate else None)
         if len(self._ckpt_times) >= 2:
             return self._ckpt_times[-1] - self._ckpt_times[-2]
-        return AUTO_INTERVAL_S
+        return self.auto.choose()[0]
 
     def check(self, spent_usd: float) -> str | None:
         """A reason starting with 'budget' when the run must stop now, else None."""

@@ -25,15 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainer.memory.facts import COMPUTE_NAMES, DTYPE_BYTES, MIXED, state_bytes
+
 #: bytes per quantized weight in NF4: 4 bits + the absmax (8/64 bits, and 32/(64*256) with double
 #: quantization; 32/64 bits without it) (QLoRA paper, section 3)
 NF4_DQ_BYTES = 0.516
 NF4_BYTES = 0.5625
-
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-#: the dtype the forward computes in, per train.precision
-COMPUTE_NAMES = {"fp32": "fp32", "bf16": "bf16", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
-MIXED = ("bf16-mixed", "fp16-mixed")
 
 
 def base_dtype_name(method: str, precision: str) -> str:
@@ -47,7 +44,7 @@ def base_dtype_name(method: str, precision: str) -> str:
 
 def adapter_bytes(precision: str) -> int:
     """Bytes per LoRA adapter parameter: fp32 (PEFT's autocast_adapter_dtype) except under pure bf16."""
-    return 2 if precision == "bf16" else 4
+    return state_bytes(precision)
 
 
 @dataclass(frozen=True)

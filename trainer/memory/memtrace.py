@@ -56,15 +56,15 @@ import torch
 
 from trainer.config import JobSpec
 from trainer.memory.cuda_allocator import CachingAllocator, round_size
+from trainer.memory.facts import (
+    CUBLAS_WORKSPACE_BYTES,
+    CUDA_CONTEXT_BYTES,
+    GIB,
+    compute_bytes,
+    fsdp_overlay_bytes,
+)
 from trainer.model import hide_bitsandbytes, needs_bitsandbytes
 
-GIB = 1024**3
-#: CUDA context and kernels (NVML sees it, torch's counters do not); recent drivers with lazy module
-#: loading show 0.3-0.6 GiB on A100/H100, older stacks up to 1.3 GB (memory.md section 5)
-CUDA_CONTEXT_BYTES = 512 * 1024**2
-#: cuBLAS workspace PyTorch allocates per handle and stream on Hopper (":4096:8" = 8 x 4 MiB), taken
-#: through the caching allocator, so it shows in reserved; cuBLASLt adds 1 MiB
-CUBLAS_WORKSPACE_BYTES = 33 * 1024**2
 PHASES = ("load", "forward", "backward", "optimizer")
 SHARDED_TAGS = ("param", "grad", "optim")
 
@@ -367,7 +367,7 @@ def _fsdp_overlay(spec: JobSpec, model: torch.nn.Module) -> tuple[int, int]:
     """(gathered bytes during forward/backward, unsharded fp32 gradients of one layer in backward)."""
     from trainer.distributed import decoder_layers
 
-    compute = 2 if spec.train.precision in ("bf16-mixed", "fp16-mixed", "bf16") else 4
+    compute = compute_bytes(spec.train.precision)
     layers = decoder_layers(model)
 
     def size(params: Any, only_trainable: bool = False) -> tuple[int, int]:
@@ -379,7 +379,8 @@ def _fsdp_overlay(spec: JobSpec, model: torch.nn.Module) -> tuple[int, int]:
     in_layers = {id(p) for layer in layers for p in layer.parameters()}
     _root_n, root_b = size([p for p in model.parameters() if id(p) not in in_layers])
     grads_n, _ = max(size(layer.parameters(), True) for layer in layers)
-    return 2 * layer_b + root_b, 4 * grads_n
+    gather, grads = fsdp_overlay_bytes(layer_b, root_b, grads_n)
+    return int(gather), int(grads)
 
 
 def _replay(

@@ -24,7 +24,7 @@ from orchestrator.backends.skypilot import render_job
 from orchestrator.errors import SpecError
 from orchestrator.spec import load_job, validate_job
 from trainer import exitcodes
-from trainer.checkpoints.interval import young_interval
+from trainer.checkpoints.interval import CheckpointCost, auto_interval
 from trainer.runstore.attempts import claim_attempt, machine_key, was_preempted
 from trainer.runstore.store import RunStore
 from trainer.stops.interruptions import prior_mtbf_s
@@ -179,8 +179,9 @@ def test_planner_and_trainer_size_auto_checkpoints_with_one_young_function_and_o
     chosen = plan.chosen
     mtbf, _source = prior_mtbf_s(task["envs"])  # what the trainer starts from, off the cluster info
     assert mtbf == pytest.approx(3600.0 / chosen.interruption_rate_per_hour, abs=1)
-    young = young_interval(chosen.checkpoint_write_s, mtbf)  # the interval the planner priced
-    assert chosen.checkpoint_interval_s == pytest.approx(min(3600.0, max(300.0, young)), rel=1e-3)
+    # the interval the planner priced is the trainer's for the same cost (trainer.checkpoints.interval)
+    cost = CheckpointCost(chosen.checkpoint_blocking_s, chosen.checkpoint_write_s)
+    assert chosen.checkpoint_interval_s == pytest.approx(auto_interval(cost, mtbf).seconds, rel=1e-3)
 
 
 def test_disk_grows_with_the_model() -> None:

@@ -258,3 +258,48 @@ def test_packing_adds_its_attention_mask_where_the_kernel_needs_one():
             job.model_copy(update={"data": job.data.model_copy(update={"packing": False})})
         ).peak_gib_per_gpu
     )
+
+
+def test_one_source_per_memory_fact():
+    """Precision -> bytes, the CUDA context, the cuBLAS workspace and FSDP's buffers are stated once, in
+    trainer/memory/facts.py; the estimate reads them from there, and no module writes a second copy."""
+    import re
+
+    from orchestrator.sizing.memory import RAW, calibrated_constants
+    from trainer.memory import facts as memory_facts
+    from trainer.memory import load_memory
+
+    for k in (RAW, calibrated_constants()):  # the calibration file's copies are not read
+        assert k.cuda_context_gib * memory_facts.GIB == memory_facts.CUDA_CONTEXT_BYTES
+        assert k.workspace_gib * memory_facts.GIB == memory_facts.CUBLAS_WORKSPACE_BYTES
+    assert load_memory.DTYPE_BYTES is memory_facts.DTYPE_BYTES
+    assert load_memory.COMPUTE_NAMES is memory_facts.COMPUTE_NAMES
+    copies = re.compile(
+        r"(512|33) \* 1024\s*\*\*\s*2|33 / 1024|\bGIB = |1024\s*\*\*\s*3|2\s*\*\*\s*30"  # context, workspace, GiB
+        r'|"(fp32|bf16|fp16)":\s*\d'  # a dtype -> bytes table
+        r"|\b[24]\.?0? if [\w.]*precision|precision (==|in) .* else [24]\b"  # precision -> bytes
+    )
+    found = [
+        f"{p.relative_to(REPO)}:{n}: {line.strip()}"
+        for folder in ("orchestrator", "trainer")
+        for p in sorted((REPO / folder).rglob("*.py"))
+        if p.name != "memory_facts.py"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if copies.search(line)
+    ]
+    assert found == [], "a second copy of a memory fact (use trainer/memory/facts.py):\n" + "\n".join(found)
+
+
+def test_checkpoint_bytes_follow_the_optimizer_rules_of_the_estimate():
+    """The planner's checkpoint size: the trainable weights in their dtype plus the optimizer state the
+    estimate holds resident (one rule for both)."""
+    from orchestrator.sizing.memory import checkpoint_bytes
+
+    shape = bundled_shape("llama-2-7b")
+    for optimizer in ("adamw", "adamw_8bit", "sgd", "adafactor"):
+        for precision, weight_bytes in (("bf16", 2), ("bf16-mixed", 4)):
+            s = replace(LORA, optimizer=optimizer, precision=precision)
+            est = estimate(shape, s)
+            assert est.peak_phase == "forward_backward"  # its optimizer term is the resident state alone
+            optim = est.breakdown_gib["optimizer"] * 2**30
+            assert checkpoint_bytes(shape, s) == pytest.approx(weight_bytes * est.trainable_params + optim)

@@ -238,3 +238,25 @@ def test_plan_json_fields():
 def test_bundled_catalog_plans_for_the_examples():
     plan = make_plan(job())
     assert plan.chosen is not None and plan.chosen.count == 1
+
+
+def test_the_checkpoint_cost_comes_from_the_memory_model_and_the_trainers_interval_model():
+    """Checkpoint bytes by the estimate's optimizer rules; blocking (the snapshot) is the overhead, the
+    upload is at risk; the interval is the trainer's for that cost at the offer's interruption rate."""
+    from orchestrator.sizing.memory import checkpoint_bytes, settings_from_spec
+    from orchestrator.sizing.shapes import resolve_shape
+    from trainer.checkpoints.interval import CheckpointCost, auto_interval
+    from trainer.stops.interruptions import mtbf_from_rate
+
+    for spec in (job(), lora_job(), job(train__optimizer="adafactor", train__precision="bf16-mixed")):
+        plan = make_plan(spec, catalog=catalog())
+        for c in plan.candidates:
+            nbytes = checkpoint_bytes(resolve_shape(spec.model), settings_from_spec(spec, c.ranks))
+            cost = CheckpointCost.of_bytes(nbytes)
+            assert (c.checkpoint_blocking_s, c.checkpoint_write_s) == pytest.approx(
+                (cost.blocking_s, cost.upload_s)
+            )
+            interval = auto_interval(cost, mtbf_from_rate(c.interruption_rate_per_hour)).seconds
+            assert c.checkpoint_interval_s == pytest.approx(interval)
+    wall = spot_hours(10, 0.1, 600, 1.0, 300, upload_s=60)
+    assert wall == pytest.approx(10 * (1 + 1 / 600) / (1 - 0.1 * (300 + 60 + 300) / 3600))

@@ -6,12 +6,14 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from helpers import ftorch, job_dict, write_data
 from http_fakes import Hook
 
 from orchestrator import status as job_status
 from orchestrator.spot.budget import MARGIN_S, BudgetGuard
+from trainer.checkpoints.interval import AutoInterval
 
 
 def test_the_rule_counts_the_next_checkpoint_interval() -> None:
@@ -29,7 +31,13 @@ def test_the_rule_counts_the_next_checkpoint_interval() -> None:
     timed = BudgetGuard(budget_usd=100.0, hourly_usd=3600.0, every_seconds=30.0)
     assert timed.check(67.9) is None and timed.check(68.1) is not None
     auto = BudgetGuard(budget_usd=100.0, hourly_usd=3600.0)
-    assert auto.interval_s() == 60.0
+    # `auto` before two checkpoints were seen: the interval the trainer starts with (the same model and
+    # prior; it was a fixed 60 s before the model was shared)
+    assert auto.interval_s() == AutoInterval().choose()[0]
+    calm = BudgetGuard(
+        budget_usd=100.0, hourly_usd=3600.0, auto=AutoInterval(mtbf_prior_s=36000, notice_prior=0)
+    )
+    assert calm.interval_s() == pytest.approx(60.0)  # sqrt(2 x 50 ms first cost x 10 h)
     auto.observe_checkpoint(1000.0)
     auto.observe_checkpoint(1000.0)
     auto.observe_checkpoint(1012.0)
