@@ -412,10 +412,15 @@ def tier_note(chosen: Candidate, candidates: list[Candidate]) -> str | None:
         if datacenter
         else "no datacenter offer is adequate"
     )
+    market = (
+        "; vast offers are individual hosts' listings: price and capacity change by the hour"
+        if chosen.cloud == "vast"
+        else ""
+    )
     return (
         f"tier: consumer card {chosen.accelerator} ({chosen.gpu_memory_gib:g} GiB GDDR, PCIe, no NVLink) "
         f"on {chosen.cloud} {price} is the cheapest adequate offer at ${chosen.expected_cost_usd:.2f}; "
-        f"{versus}"
+        f"{versus}{market}"
     )
 
 
