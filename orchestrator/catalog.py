@@ -18,6 +18,26 @@ from importlib import resources, util
 from typing import Any
 
 SKY_PROBE_TIMEOUT_S = 3.0
+#: the consumer tier: GeForce and RTX workstation GDDR cards (PCIe only, no NVLink in any offer; RunPod
+#: and Vast marketplaces, plus Lambda's A6000 and Quadro RTX6000). Everything else is "datacenter".
+CONSUMER_TIER = frozenset(
+    name.lower()
+    for name in (
+        "RTX3090",
+        "RTX4090",
+        "RTX5090",
+        "RTXA4000",
+        "RTXA4500",
+        "RTXA5000",
+        "RTXA6000",
+        "RTX2000-Ada",
+        "RTX4000-Ada",
+        "RTX6000-Ada",
+        "A6000",
+        "RTX6000",
+    )
+)
+TIERS = ("consumer", "datacenter")
 BUNDLED_SOURCE = (
     "bundled snapshot of SkyPilot's catalog (scripts/build_catalog.py from ../shared/data/catalog)"
 )
@@ -45,6 +65,11 @@ class Offer:
         return self.interconnect.lower() == "nvlink"
 
     @property
+    def tier(self) -> str:
+        """'consumer' (GDDR GeForce/workstation cards) or 'datacenter'."""
+        return "consumer" if self.accelerator.lower() in CONSUMER_TIER else "datacenter"
+
+    @property
     def total_memory_gib(self) -> float:
         return self.gpu_memory_gib * self.count
 
@@ -66,6 +91,7 @@ class Offer:
             "cloud": self.cloud,
             "instance_type": self.instance_type,
             "accelerator": self.accelerator,
+            "tier": self.tier,
             "count": self.count,
             "gpu_memory_gib": self.gpu_memory_gib,
             "interconnect": self.interconnect,
@@ -91,6 +117,7 @@ class Catalog:
         min_memory_gib: float | None = None,
         clouds: list[str] | None = None,
         accelerators: list[str] | None = None,
+        tier: str | None = None,
     ) -> list[Offer]:
         wanted = {a.lower() for a in accelerators or []}
         return [
@@ -99,6 +126,7 @@ class Catalog:
             if (min_memory_gib is None or o.gpu_memory_gib >= min_memory_gib)
             and (not clouds or o.cloud in clouds)
             and (not wanted or o.accelerator.lower() in wanted)
+            and (tier is None or o.tier == tier)
         ]
 
 

@@ -142,7 +142,7 @@ def plan_cmd(
         shown.append(plan.chosen)
     con.print(plan_table(plan, shown))
     for note in plan.notes:
-        if note.startswith("memory: "):
+        if note.startswith(("memory: ", "tier: ")):
             con.print(note, markup=False)
     if len(plan.candidates) > len(shown):
         con.print(f"... {len(plan.candidates) - len(shown)} more adequate offers (--top to show them)")
@@ -177,15 +177,25 @@ def gpus_cmd(
     accelerator: Annotated[
         list[str] | None, typer.Option("--accelerator", help="only these accelerators; repeatable")
     ] = None,
+    tier: Annotated[
+        str | None,
+        typer.Option(
+            "--tier", help="only this tier: consumer (GDDR GeForce/workstation cards) or datacenter"
+        ),
+    ] = None,
     as_json: JsonOut = False,
     offline: Offline = False,
 ) -> None:
-    """The GPU catalog in use and where it came from."""
-    from orchestrator.catalog import load_catalog
+    """The GPU catalog in use and where it came from, grouped by tier (consumer cards, then datacenter)."""
+    from orchestrator.catalog import TIERS, load_catalog
 
+    if tier is not None and tier not in TIERS:
+        raise UserError(f"--tier: '{tier}' is not a tier; valid: {', '.join(TIERS)}")
     catalog = load_catalog(offline=offline)
-    offers = catalog.filter(min_memory_gib=min_memory, clouds=cloud, accelerators=accelerator)
-    offers.sort(key=lambda o: (o.gpu_memory_gib, o.count, o.spot_usd or o.ondemand_usd or 1e9))
+    offers = catalog.filter(min_memory_gib=min_memory, clouds=cloud, accelerators=accelerator, tier=tier)
+    offers.sort(
+        key=lambda o: (TIERS.index(o.tier), o.gpu_memory_gib, o.count, o.spot_usd or o.ondemand_usd or 1e9)
+    )
     if as_json:
         _print_json({"source": catalog.source, "live": catalog.live, "offers": [o.to_json() for o in offers]})
         return

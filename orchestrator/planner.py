@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.catalog import Catalog, Offer, load_catalog
+from orchestrator.catalog import CONSUMER_TIER, Catalog, Offer, load_catalog
 from orchestrator.sizing.memory import MemoryEstimate, checkpoint_bytes, estimate, settings_from_spec
 from orchestrator.sizing.shapes import ModelShape, resolve_shape
 from orchestrator.sizing.throughput import Workload, accelerator, estimate_time, workload
@@ -36,12 +36,17 @@ SINGLE_GPU_TIE = 0.10  # "about the same cost": fewer GPUs win within this fract
 
 #: expected spot interruptions per hour: a documented assumption per cloud (not measured here),
 #: doubled for the scarce high-end accelerators whose spot pools are reclaimed most often, and growing
-#: with the GPUs per instance (PER_EXTRA_GPU each): big spot nodes are reclaimed first
+#: with the GPUs per instance (PER_EXTRA_GPU each): big spot nodes are reclaimed first.
+#: RunPod and Vast are marketplaces whose interruptible pods/instances are outbid by a higher bid, not
+#: reclaimed by the provider: guesses above the big clouds'. Neither catalog quotes a spot price (RunPod:
+#: SECURE pods, spot == price; Vast: 0.00), so with the bundled snapshot their offers are on-demand only
+#: and these rates are unused; on-demand is never modelled as interrupted (nor host failures, anywhere).
 INTERRUPTIONS_PER_HOUR = {
     "aws": 0.05,
     "gcp": 0.08,
     "azure": 0.06,
     "runpod": 0.10,
+    "vast": 0.20,
     "lambda": 0.0,
     "kubernetes": 0.0,
 }
@@ -63,6 +68,7 @@ BILLING = {
     "azure": Billing(60, 60),
     "lambda": Billing(60, 60),
     "runpod": Billing(60, 60),
+    "vast": Billing(1, 0),  # per second of rental
     "kubernetes": Billing(1, 0),
 }
 DEFAULT_BILLING = Billing(3600, 3600)  # unknown clouds: hourly with a one-hour minimum
@@ -372,6 +378,8 @@ def make_plan(
         notes.append(f"{shape.name}: architecture not modelled exactly; sized as llama-like")
     if confirm:
         notes.append(confirm.note())
+    if chosen is not None and (tier := tier_note(chosen, candidates)):
+        notes.append(tier)
     return Plan(
         chosen=chosen,
         candidates=candidates,
@@ -382,6 +390,34 @@ def make_plan(
         estimates=estimates,
         workload={**work.to_json(), "steps": work.steps(spec.train.micro_batch_size)},
         notes=notes,
+    )
+
+
+def tier_note(chosen: Candidate, candidates: list[Candidate]) -> str | None:
+    """Why a consumer card was chosen (the cheapest adequate offer) and what it gives up; None otherwise."""
+    if chosen.accelerator.lower() not in CONSUMER_TIER:
+        return None
+    price = (
+        "spot"
+        if chosen.spot
+        else "on-demand" + (" (no spot quote)" if chosen.spot_hourly_usd is None else "")
+    )
+    datacenter = [c for c in candidates if c.accelerator.lower() not in CONSUMER_TIER]
+    versus = (
+        f"the cheapest datacenter offer, {datacenter[0].cloud} {datacenter[0].instance_type} "
+        f"({datacenter[0].accelerator}), expects ${datacenter[0].expected_cost_usd:.2f}"
+        if datacenter
+        else "no datacenter offer is adequate"
+    )
+    market = (
+        "; vast offers are individual hosts' listings: price and capacity change by the hour"
+        if chosen.cloud == "vast"
+        else ""
+    )
+    return (
+        f"tier: consumer card {chosen.accelerator} ({chosen.gpu_memory_gib:g} GiB GDDR, PCIe, no NVLink) "
+        f"on {chosen.cloud} {price} is the cheapest adequate offer at ${chosen.expected_cost_usd:.2f}; "
+        f"{versus}{market}"
     )
 
 

@@ -518,6 +518,7 @@ def plan_table(plan: Any, shown: list[Any]) -> Table:
 def gpus_table(offers: list[Any]) -> Table:
     table = Table()
     for col, justify in [
+        ("tier", "left"),
         ("cloud", "left"),
         ("instance", "left"),
         ("accelerator", "left"),
@@ -531,6 +532,7 @@ def gpus_table(offers: list[Any]) -> Table:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for o in offers:
         table.add_row(
+            o.tier,
             o.cloud,
             o.instance_type,
             o.accelerator,

@@ -12,6 +12,15 @@ What this script decides, so the planner does not have to:
 - fractional GPUs (AWS g6f, 1/4 of an L4) are dropped;
 - multi-GPU instances whose interconnect the snapshot marks 'unknown' are NVLink where the machine family
   is SXM by construction (GCP a2/a3, Lambda *_sxm*); the rest stay 'unknown' and count as PCIe.
+- the consumer tier (consumer_offers*.csv: RunPod and Vast GDDR cards, PCIe only) is added for the
+  cards in CONSUMER_CARDS, the ones the time model has datasheet figures for (orchestrator/
+  throughput.py). Left out: RTX PRO 4000/4500/5000/6000 (Blackwell workstation; SkyPilot's
+  `RTXPRO6000` already names AWS g7e's server card, and the smaller ones' datasheet figures are not
+  pinned here), and Vast's RTX 3060/3070/3080/4060/4070/A2000 (8-16 GB, and Vast's names merge
+  variants: its RTX4070 is a 4070 Ti SUPER, its RTX3060 both the 12 GB 3060 and the 8 GB 3060 Ti).
+  Neither marketplace quotes spot prices (RunPod SECURE pods: spot == price; Vast: 0.00), so these
+  offers are on-demand only; Vast's vCPUs and host memory are the same 32/64 in every row (read from
+  the instance name, not the machine), so they are left empty rather than shipped as facts.
 
 Usage: python scripts/build_catalog.py [SOURCE_DIR] [--out orchestrator/data]
 """
@@ -29,6 +38,21 @@ DEFAULT_SOURCE = REPO.parent / "shared" / "data" / "catalog"
 DEFAULT_OUT = REPO / "orchestrator" / "data"
 N1_HOST_ONDEMAND_PER_GPU = 0.38  # n1-standard-8, USD/h
 N1_HOST_SPOT_PER_GPU = 0.08
+#: consumer/workstation cards taken from consumer_offers*.csv (names as the catalogs spell them)
+CONSUMER_CARDS = {
+    "RTX3090",
+    "RTX4090",
+    "RTX5090",
+    "RTXA4000",
+    "RTXA4500",
+    "RTXA5000",
+    "RTXA6000",
+    "RTX2000-Ada",
+    "RTX4000-Ada",
+    "RTX6000-Ada",
+}
+#: clouds whose host figures (vCPUs, memory) in the consumer catalog are placeholders, not the machine
+PLACEHOLDER_HOST = {"vast"}
 
 OFFER_FIELDS = [
     "cloud",
@@ -66,9 +90,19 @@ def _interconnect(row: dict[str, str]) -> str:
     return "unknown"
 
 
+def _rows(path: Path) -> list[dict[str, str]]:
+    return list(csv.DictReader(path.open(encoding="utf-8"))) if path.exists() else []
+
+
+def _consumer(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    return [r for r in rows if r["accelerator"] in CONSUMER_CARDS]
+
+
 def build(source: Path, out: Path) -> tuple[int, int]:
     offers = list(csv.DictReader((source / "gpu_offers.csv").open(encoding="utf-8")))
     zones = list(csv.DictReader((source / "gpu_offers_by_region.csv").open(encoding="utf-8")))
+    offers += _consumer(_rows(source / "consumer_offers.csv"))
+    zones += _consumer(_rows(source / "consumer_offers_by_region.csv"))
     per_region: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(
         lambda: {"od": [], "spot": []}
     )
@@ -82,7 +116,7 @@ def build(source: Path, out: Path) -> tuple[int, int]:
             spot = spot + N1_HOST_SPOT_PER_GPU * count if spot else None
         no_quote = spot is not None and price is not None and abs(spot - price) < 1e-9
         if z["cloud"] in ("aws", "runpod") and no_quote:
-            spot = None
+            spot = None  # (vast's 0.00 spot is already no quote: _float drops it)
         if price:
             per_region[key]["od"].append(price)
         if spot:
@@ -123,6 +157,9 @@ def build(source: Path, out: Path) -> tuple[int, int]:
             notes.append("n1 host price added (approx.)")
         if not spots:
             notes.append("no spot")
+        if row["accelerator"] in CONSUMER_CARDS:
+            notes.append("consumer tier: PCIe, marketplace")
+        placeholder = row["cloud"] in PLACEHOLDER_HOST
         offer_rows.append(
             {
                 "cloud": row["cloud"],
@@ -130,8 +167,8 @@ def build(source: Path, out: Path) -> tuple[int, int]:
                 "accelerator": row["accelerator"],
                 "count": int(count),
                 "gpu_memory_gib": row["gpu_memory_gib"],
-                "vcpus": row["vcpus"],
-                "memory_gib": row["memory_gib"],
+                "vcpus": "" if placeholder else row["vcpus"],
+                "memory_gib": "" if placeholder else row["memory_gib"],
                 "ondemand_usd": f"{statistics.median(ods):.4f}" if ods else "",
                 "spot_usd": f"{statistics.median(spots):.4f}" if spots else "",
                 "n_regions": len(regions),
@@ -159,7 +196,8 @@ def main() -> None:
         nargs="?",
         type=Path,
         default=DEFAULT_SOURCE,
-        help=f"folder with gpu_offers.csv and gpu_offers_by_region.csv (default {DEFAULT_SOURCE})",
+        help=f"folder with gpu_offers.csv, gpu_offers_by_region.csv and consumer_offers*.csv "
+        f"(default {DEFAULT_SOURCE})",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()

@@ -25,7 +25,7 @@ Attention = Literal["sdpa", "eager", "flash_attention_2"]
 Backend = Literal["local", "skypilot"]
 Fallback = Literal["none", "on-demand"]
 Policy = Literal["spot-only", "spot-fallback", "deadline", "on-demand"]
-Cloud = Literal["aws", "gcp", "azure", "lambda", "runpod", "kubernetes"]
+Cloud = Literal["aws", "gcp", "azure", "lambda", "runpod", "vast", "kubernetes"]
 Device = Literal["auto", "cpu", "cuda"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")

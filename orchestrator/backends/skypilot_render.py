@@ -42,7 +42,14 @@ STORE_CREDENTIALS = {
 }
 #: W&B settings passed to the task when set here (WANDB_API_KEY goes as a secret)
 WANDB_SETTINGS = ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_BASE_URL", "WANDB_MODE")
-SKY_INFRA = {"aws": "aws", "gcp": "gcp", "azure": "azure", "lambda": "lambda", "runpod": "runpod"}
+SKY_INFRA = {
+    "aws": "aws",
+    "gcp": "gcp",
+    "azure": "azure",
+    "lambda": "lambda",
+    "runpod": "runpod",
+    "vast": "vast",
+}
 SECRETS_NOTE = (
     "# secrets: names only; the values are read from your environment at launch and never printed\n"
 )

@@ -20,7 +20,11 @@ Assumptions (documented in docs/planner.md, "Time"):
   reduce-scatters the gradients; this overlaps with compute up to OVERLAP of the compute time, over
   NVLink or PCIe bandwidth (LINK_GBPS).
 - `Accelerator.reach`: the fraction of a newer GPU's peak an HF stack reaches relative to an A100
-  (Hopper 0.8, Blackwell 0.6). Not calibrated: the published data covers only A100-80GB.
+  (Hopper 0.8, Ada 0.9, Blackwell 0.6). Not calibrated: the published data covers only A100-80GB.
+- consumer and workstation GDDR cards (CONSUMER below): the dense 16-bit tensor peak with FP32
+  accumulate (what bf16/fp16 mixed-precision training uses), from NVIDIA's datasheets and architecture
+  whitepapers; each entry's `source` says which and how a sparse figure was halved. GeForce cards run
+  FP16/BF16 with FP32 accumulate at half the FP16-accumulate rate, so their figure is that half.
 """
 
 from __future__ import annotations
@@ -93,6 +97,48 @@ class Accelerator:
     bf16: bool = True
     #: fraction of the peak a PyTorch/HF training stack reaches relative to an A100
     reach: float = 1.0
+    #: where tflops_16bit and hbm_gbps come from (given for the consumer tier)
+    source: str = ""
+
+
+_GA102 = "NVIDIA Ampere GA102 architecture whitepaper (v2.1), RTX 3090 column"
+_ADA = "NVIDIA Ada Lovelace architecture whitepaper (v2.1)"
+_BLACKWELL = "NVIDIA RTX Blackwell GPU architecture whitepaper, RTX 5090 column"
+_AMPERE_WS = "NVIDIA RTX {} datasheet: 'Tensor performance' {} TFLOPS is FP16 with sparsity, halved"
+_ADA_WS = "NVIDIA RTX {} Ada datasheet: 'Tensor performance' {} TFLOPS is FP8 with sparsity, / 4"
+
+#: consumer and workstation GDDR cards (RunPod and Vast names; the datacenter table below has Lambda's
+#: A6000 and Quadro RTX6000 under their own names). All PCIe, no NVLink in any offer; all Ampere or
+#: newer, so all have bf16.
+CONSUMER: tuple[Accelerator, ...] = (
+    Accelerator("RTX3090", 71, 936, source=f"{_GA102}: 71/142 dense/sparse FP16+BF16, FP32 acc.; 936 GB/s"),
+    Accelerator(
+        "RTX4090", 165.2, 1008, reach=0.9, source=f"{_ADA}: 165.2/330.4 FP16+BF16, FP32 acc.; 1008 GB/s"
+    ),
+    Accelerator(
+        "RTX5090", 209.5, 1792, reach=0.6, source=f"{_BLACKWELL}: 209.5/419 FP16+BF16, FP32 acc.; 1792 GB/s"
+    ),
+    Accelerator("RTXA4000", 76.7, 448, source=_AMPERE_WS.format("A4000", 153.4) + "; 448 GB/s"),
+    Accelerator("RTXA4500", 94.6, 640, source=_AMPERE_WS.format("A4500", 189.2) + "; 640 GB/s"),
+    Accelerator("RTXA5000", 111.1, 768, source=_AMPERE_WS.format("A5000", 222.2) + "; 768 GB/s"),
+    Accelerator("RTXA6000", 154.8, 768, source=_AMPERE_WS.format("A6000", 309.7) + "; 768 GB/s"),
+    Accelerator("RTX2000-Ada", 48.0, 224, reach=0.9, source=_ADA_WS.format("2000", 191.9) + "; 224 GB/s"),
+    Accelerator(
+        "RTX4000-Ada",
+        106.9,
+        360,
+        reach=0.9,
+        source="48 SMs x 2175 MHz boost x 1024 dense FP16 FLOPs/SM/clock (the rate that reproduces the "
+        "RTX 2000/6000 Ada datasheets); its own datasheet tensor figure not checked here; 360 GB/s",
+    ),
+    Accelerator(
+        "RTX6000-Ada",
+        364.2,
+        960,
+        reach=0.9,
+        source=_ADA_WS.format("6000", 1457.0) + f" (= {_ADA}: 364.2 FP16, FP32 acc.); 960 GB/s",
+    ),
+)
 
 
 ACCELERATORS: dict[str, Accelerator] = {
@@ -122,6 +168,7 @@ ACCELERATORS: dict[str, Accelerator] = {
         Accelerator("T4g", 65, 320, bf16=False),
         Accelerator("P100", 18.7, 732, bf16=False),
         Accelerator("P4", 5.5, 192, bf16=False),
+        *CONSUMER,
     )
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +110,27 @@ def test_the_real_probe_is_bounded_and_quiet():
     start = time.monotonic()
     c = cat.load_catalog(offline=False)
     assert c.offers and time.monotonic() - start < cat.SKY_PROBE_TIMEOUT_S + 3
+
+
+def test_ftorch_gpus_lists_the_consumer_tier():
+    from helpers import ftorch
+
+    data = json.loads(ftorch("gpus", "--tier", "consumer", "--json", "--offline").stdout)
+    offers = data["offers"]
+    assert offers and all(o["tier"] == "consumer" for o in offers)
+    cards = {(o["cloud"], o["accelerator"]) for o in offers}
+    assert {
+        ("runpod", "RTX4090"),
+        ("vast", "RTX4090"),
+        ("runpod", "RTXA4000"),
+        ("runpod", "RTX6000-Ada"),
+    } <= cards
+    assert all(o["interconnect"] == "PCIe" for o in offers if o["cloud"] in ("runpod", "vast"))
+    table = ftorch("gpus", "--min-memory", "40", "--offline", "--cloud", "runpod")
+    rows = [line for line in table.stdout.splitlines() if "RTX6000-Ada" in line or "H100" in line]
+    assert table.returncode == 0 and "tier" in table.stdout
+    tiers = [("consumer" in r, "datacenter" in r) for r in rows]
+    assert (True, False) in tiers and (False, True) in tiers
+    assert tiers.index((True, False)) < tiers.index((False, True))  # grouped: consumer cards first
+    bad = ftorch("gpus", "--tier", "gaming", "--offline")
+    assert bad.returncode == 2 and "--tier" in bad.stderr and "consumer, datacenter" in bad.stderr
