@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainer import exitcodes
     from trainer.data import DataError
+    from trainer.fingerprint import SpecChanged
     from trainer.layout import LayoutError
     from trainer.progress import log
     from trainer.store import Fenced
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         # how to reach the store before spec.json (which holds checkpoint.storage_options) is read
         options = json.loads(os.environ.get("FTORCH_STORAGE_OPTIONS") or "{}")
         return run(args.run_uri, args.attempt, options)
-    except (DataError, LayoutError, ValidationError) as exc:
+    except (DataError, LayoutError, SpecChanged, ValidationError) as exc:
         log(f"error: {exc}")
         return exitcodes.BAD_CONFIG
     except FileNotFoundError as exc:

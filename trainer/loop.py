@@ -11,12 +11,13 @@ from typing import Any
 
 import torch
 
-from trainer import allocator, exitcodes
+from trainer import allocator, exitcodes, fingerprint
 from trainer.async_checkpoint import AsyncCheckpointer
 from trainer.checkpoint import Decoded, TrainerState, UnloadableCheckpoint, decode, restore
 from trainer.checkpointer import Checkpointer, CheckpointWriter
 from trainer.config import JobSpec
 from trainer.data import IGNORE, Dataset, collate, load_dataset
+from trainer.data_cache import data_identity
 from trainer.distributed import Parallel, Sharded
 from trainer.distributed import setup as setup_parallel
 from trainer.faults import maybe_crash
@@ -185,6 +186,11 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     # the same rules as the planner's: refuse a layout the job cannot run on before any work (exit 2)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     layout = check_layout(spec, world, int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None)
+    # the spec fingerprint (trainer/fingerprint.py): a job or data changed since the newest checkpoint is
+    # refused (exit 2) unless `ftorch resume --allow-change` allowed it; every checkpoint records it
+    identity = data_identity(spec.data, spec.checkpoint.storage_options)
+    start_check = fingerprint.check_start(store, resolved, identity, log)
+    store.checkpoint_meta = start_check.meta
     # FSDP across ranks (torchrun, or a sharded run resumed by one process), or the identity
     par = setup_parallel(spec, device, store, resume_sharded=newest_is_sharded(store))
     log(f"attempt {attempt} of run {resolved['run_id']} on {device} (torch {torch.__version__})")
@@ -220,6 +226,10 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
 
     state = _resume(store, spec, par, model, optimizer, scheduler, steps)
     resumed = state is not None
+    if state is not None:  # the same examples when the effective batch is split differently
+        state.micro_batches = start_check.data_position(
+            state.step, state.micro_batches, resolved["job"], len(dataset.train)
+        )
     if state is None:
         state = TrainerState(step=0, micro_batches=0, tokens_seen=0, extra={})
         if dataset.held_out:
