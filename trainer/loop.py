@@ -205,6 +205,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         spec.train.seed,
         spec.checkpoint.storage_options,
         cache_store=store,
+        identity=identity,
     )
     steps = total_steps(spec, dataset)
     loading = time.monotonic()
