@@ -177,3 +177,17 @@ def test_a_data_file_changed_between_attempts_is_refused_naming_data_path_unless
     assert "with changes allowed by `ftorch resume --allow-change`: data.path" in allowed.stdout
     after = store.complete_checkpoints()[-1].meta["fingerprint"]["data_identity"]
     assert before and after and before != after  # later checkpoints record the data they trained on
+
+
+def test_a_new_split_of_the_same_effective_batch_resumes_at_the_same_example() -> None:
+    import pytest
+
+    check = fingerprint.StartCheck(meta={}, resumed={"batch_split": [4, 1]})
+    job = {"train": {"micro_batch_size": 2, "grad_accum": 2}}
+    assert check.data_position(10, 10, job, examples=32) == 20  # 40 examples in, in units of 2
+    assert check.data_position(10, 10, job, examples=33) == 20  # both splits drop 1 example an epoch
+    with pytest.raises(fingerprint.SpecChanged) as refused:
+        check.data_position(10, 10, job, examples=34)  # 4s drop 2 an epoch, 2s none: other epochs
+    assert refused.value.field == "train.micro_batch_size"
+    check.allowed = True
+    assert check.data_position(10, 10, job, examples=34) == 20
