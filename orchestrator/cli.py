@@ -154,13 +154,21 @@ def resume(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="stream new progress until the job ends")
     ] = False,
+    allow_change: Annotated[
+        bool,
+        typer.Option(
+            "--allow-change",
+            help="resume although --set (or the data) changes the math since the newest checkpoint;"
+            " the change is recorded and shown by status",
+        ),
+    ] = False,
 ) -> None:
     """Continue a stopped, failed or cancelled run from its newest checkpoint."""
     from orchestrator import follow as follow_mod
     from orchestrator import jobs
 
     seen = follow_mod.mark(job) if follow else None  # --follow prints only what this resume adds
-    typer.echo(jobs.resume(job, list(set_ or [])))
+    typer.echo(jobs.resume(job, list(set_ or []), allow_change=allow_change))
     if follow:
         raise typer.Exit(follow_mod.follow(job, since=seen))
 

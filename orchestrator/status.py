@@ -279,6 +279,24 @@ def cost_curve(metrics: list[dict[str, Any]], attempts: list[Attempt], state: Jo
     return curve
 
 
+def allowed_changes(resolved: Any) -> list[dict[str, Any]]:
+    """The changes `ftorch resume --allow-change` allowed (spec.json, trainer/checkpoints/fingerprint.py), oldest first."""
+    from trainer.checkpoints.fingerprint import ALLOWED_KEY
+
+    entries = resolved.get(ALLOWED_KEY) if isinstance(resolved, dict) else None
+    return [e for e in entries or [] if isinstance(e, dict)]
+
+
+def _attach_changes(rows: list[dict[str, Any]], changes: list[dict[str, Any]]) -> None:
+    """Each allowed change goes with the first attempt that started after the resume that allowed it."""
+    for row in rows:
+        row.setdefault("allowed_changes", [])
+    for entry in changes:
+        following = next((r for r in rows if r["started_at"] >= float(entry.get("at") or 0)), None)
+        if following is not None:
+            following["allowed_changes"].extend(entry.get("changes") or [])
+
+
 def status_one(job_ref: str) -> dict[str, Any]:
     """One job in detail: the row, the attempt timeline, checkpoints, loss and cost curves, events."""
     import sys
@@ -288,6 +306,7 @@ def status_one(job_ref: str) -> dict[str, Any]:
     attempts = registry.attempts(job.job_id)
     checkpoints: list[dict[str, Any]] = []
     metrics: list[dict[str, Any]] = []
+    changes: list[dict[str, Any]] = []
     try:
         store = job.run_store()
         progress = checked_or_warn(store.read_json_or_none(PROGRESS_FILE), store.uri(PROGRESS_FILE))
@@ -296,12 +315,15 @@ def status_one(job_ref: str) -> dict[str, Any]:
             for c in store.complete_checkpoints()
         ]
         metrics = store.read_metrics()
+        changes = allowed_changes(store.read_json_or_none("spec.json"))
     except Exception as exc:
         progress = {}
         sys.stderr.write(f"warning: cannot read the run store {job.run_uri}: {exc.__class__.__name__}\n")
     now = time.time()
     detail = with_backend_fields(registry, job, summarize(job, attempts, progress, now))
     detail["attempt_timeline"] = timeline(attempts, job.state, now, progress.get("step"))
+    detail["allowed_changes"] = changes
+    _attach_changes(detail["attempt_timeline"], changes)
     detail["events"] = [e for e in registry.events(job.job_id) if e["kind"] != CACHE_KIND]
     detail["checkpoints"] = checkpoints
     detail["loss_curve"] = [[m["step"], m["loss"]] for m in metrics if m.get("loss") is not None]

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from orchestrator.charts import loss_chart
 from orchestrator.registry import RESUMABLE, TERMINAL
+from trainer.checkpoints.fingerprint import describe_allowance
 
 STATE_STYLE = {
     "PENDING": "dim",
@@ -314,6 +315,8 @@ def render_detail(d: dict[str, Any], width: int) -> RenderableType:
     lost = d.get("lost_time_s") or []
     if lost:
         parts.append(Text(f"{pad}time lost per preemption: " + ", ".join(duration(s) for s in lost)))
+    for entry in d.get("allowed_changes") or []:
+        parts.append(Text(f"{pad}resumed with an {describe_allowance(entry)}", style="yellow"))
     before, after = d.get("eval_before"), d.get("eval_after")
     if before and after:
         parts.append(

@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
 
     from trainer import exitcodes
+    from trainer.checkpoints.fingerprint import SpecChanged
     from trainer.data.dataset import DataError
     from trainer.layout import LayoutError
     from trainer.runstore.progress import log
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         # how to reach the store before spec.json (which holds checkpoint.storage_options) is read
         options = json.loads(os.environ.get("FTORCH_STORAGE_OPTIONS") or "{}")
         return run(args.run_uri, args.attempt, options)
-    except (DataError, LayoutError, ValidationError) as exc:
+    except (DataError, LayoutError, SpecChanged, ValidationError) as exc:
         log(f"error: {exc}")
         return exitcodes.BAD_CONFIG
     except FileNotFoundError as exc:

@@ -12,11 +12,13 @@ from typing import Any
 import torch
 
 from trainer import exitcodes
+from trainer.checkpoints import fingerprint
 from trainer.checkpoints.async_save import AsyncCheckpointer
 from trainer.checkpoints.checkpoint import Decoded, TrainerState, UnloadableCheckpoint, decode, restore
 from trainer.checkpoints.checkpointer import Checkpointer, CheckpointWriter
 from trainer.checkpoints.sharded import ShardedWriter, load_newest, newest_is_sharded
 from trainer.config import JobSpec
+from trainer.data.cache import data_identity
 from trainer.data.dataset import IGNORE, Dataset, collate, load_dataset
 from trainer.data.packing import example_count, uses_flat_batches
 from trainer.data.packing_check import verify as verify_packing
@@ -186,6 +188,11 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     # the same rules as the planner's: refuse a layout the job cannot run on before any work (exit 2)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     layout = check_layout(spec, world, int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None)
+    # the spec fingerprint (trainer/checkpoints/fingerprint.py): a job or data changed since the newest checkpoint is
+    # refused (exit 2) unless `ftorch resume --allow-change` allowed it; every checkpoint records it
+    identity = data_identity(spec.data, spec.checkpoint.storage_options)
+    start_check = fingerprint.check_start(store, resolved, identity, log)
+    store.checkpoint_meta = start_check.meta
     # FSDP across ranks (torchrun, or a sharded run resumed by one process), or the identity
     par = setup_parallel(spec, device, store, resume_sharded=newest_is_sharded(store))
     log(f"attempt {attempt} of run {resolved['run_id']} on {device} (torch {torch.__version__})")
@@ -200,6 +207,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         spec.train.seed,
         spec.checkpoint.storage_options,
         cache_store=store,
+        identity=identity,
     )
     steps = total_steps(spec, dataset)
     loading = time.monotonic()
@@ -221,6 +229,10 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
 
     state = _resume(store, spec, par, model, optimizer, scheduler, steps)
     resumed = state is not None
+    if state is not None:  # the same examples when the effective batch is split differently
+        state.micro_batches = start_check.data_position(
+            state.step, state.micro_batches, resolved["job"], len(dataset.train)
+        )
     if state is None:
         state = TrainerState(step=0, micro_batches=0, tokens_seen=0, extra={})
         if dataset.held_out:

@@ -53,9 +53,19 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256((body + extra).encode()).hexdigest()
 
 
-def cache_key(spec: Any, tokenizer: Any, storage_options: dict[str, Any] | None = None) -> str | None:
-    """The entry's key, or None when the data's identity cannot be told (no cache then)."""
-    data = data_source.fingerprint(spec.path, spec.split, spec.subset, storage_options)
+def data_identity(spec: Any, storage_options: dict[str, Any] | None = None) -> str | None:
+    """data.path's identity (`data_source.fingerprint`: sha256 of local files, ETags and sizes of remote
+    ones, a hub set's revision), or None when it cannot be told. The trainer computes it once per attempt
+    for the cache key and the spec fingerprint recorded with each checkpoint (trainer/checkpoints/fingerprint.py)."""
+    return data_source.fingerprint(spec.path, spec.split, spec.subset, storage_options)
+
+
+def cache_key(
+    spec: Any, tokenizer: Any, storage_options: dict[str, Any] | None = None, identity: str | None = None
+) -> str | None:
+    """The entry's key, or None when the data's identity cannot be told (no cache then). `identity`:
+    data.path's, when the caller has it already (`data_identity`)."""
+    data = identity or data_identity(spec, storage_options)
     source = spec.eval_source()
     held = data_source.fingerprint(source[0], source[1], spec.subset, storage_options) if source else ""
     if data is None or held is None:

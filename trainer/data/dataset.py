@@ -146,9 +146,11 @@ def load_dataset(
     seed: int,
     storage_options: dict[str, Any] | None = None,
     cache_store: Any = None,
+    identity: str | None = None,
 ) -> Dataset:
-    """Tokenise the data file; with `cache_store` (a RunStore), reuse an earlier attempt's result."""
-    encoded, held, skipped = _tokenise_cached(spec, tokenizer, storage_options, cache_store)
+    """Tokenise the data file; with `cache_store` (a RunStore), reuse an earlier attempt's result.
+    `identity`: data.path's (trainer.data.cache.data_identity), when the caller has it already."""
+    encoded, held, skipped = _tokenise_cached(spec, tokenizer, storage_options, cache_store, identity)
     if spec.packing:  # recomputed every attempt (cheap, deterministic): trainer/data/packing.py
         examples = len(encoded)
         encoded = pack(encoded, spec.max_seq_len)  # type: ignore[assignment]
@@ -163,13 +165,17 @@ def load_dataset(
 
 
 def _tokenise_cached(
-    spec: DataSpec, tokenizer: Any, storage_options: dict[str, Any] | None, cache_store: Any
+    spec: DataSpec,
+    tokenizer: Any,
+    storage_options: dict[str, Any] | None,
+    cache_store: Any,
+    identity: str | None = None,
 ) -> tuple[list[Example], list[Example], int]:
     from trainer.data import cache as data_cache
 
     if cache_store is None or not data_cache.enabled():
         return _tokenise(spec, tokenizer, storage_options)
-    key = data_cache.cache_key(spec, tokenizer, storage_options)
+    key = data_cache.cache_key(spec, tokenizer, storage_options, identity)
     if key is None:
         _log("the data's identity cannot be told (the Hub is unreachable?): tokenising without the cache")
         return _tokenise(spec, tokenizer, storage_options)

@@ -97,6 +97,8 @@ class RunStore(Storage):
         self.run_uri = self.root_uri
         self.epoch = 0  # 0: not fenced (tools, tests); the trainer claims one with claim_epoch()
         self.fenced_by: int | None = None
+        #: added to every checkpoint manifest's meta this store writes (the trainer's spec fingerprint)
+        self.checkpoint_meta: dict[str, Any] = {}
 
     # ---- fencing ------------------------------------------------------------------------------
     def epochs(self) -> list[int]:
@@ -179,7 +181,7 @@ class RunStore(Storage):
             "dir": sub,
             "created_at": time.time(),
             "files": files,
-            "meta": meta or {},
+            "meta": {**self.checkpoint_meta, **(meta or {})},
         }
         self.check_fence()
         body = json.dumps(manifest, indent=1, sort_keys=True).encode()

@@ -156,7 +156,9 @@ def test_cancel_keeps_checkpoints_and_resume_finishes_exactly(
     assert saved > 0  # the notice made the trainer save the step it was on
     assert ftorch("cancel", job_id).stdout.strip().endswith("nothing to cancel")
 
-    assert ftorch("resume", job_id, "--set", f"train.max_steps={saved + 20}").returncode == 0
+    assert (
+        ftorch("resume", job_id, "--set", f"train.max_steps={saved + 20}", "--allow-change").returncode == 0
+    )
     detail = wait_for(job_id, ended)
     assert detail["state"] == "SUCCEEDED" and detail["step"] == saved + 20
     assert detail["attempt_timeline"][-1]["start_step"] == saved
@@ -185,7 +187,9 @@ def test_dead_supervisor_is_reported_and_resume_picks_the_run_up(
 
     saved = job_status.status_one(job_id)["checkpoints"][-1]["step"]
     assert saved >= 3
-    assert ftorch("resume", job_id, "--set", f"train.max_steps={saved + 20}").returncode == 0
+    assert (
+        ftorch("resume", job_id, "--set", f"train.max_steps={saved + 20}", "--allow-change").returncode == 0
+    )
     detail = wait_for(job_id, ended)
     assert detail["state"] == "SUCCEEDED" and detail["step"] == saved + 20
     assert detail["attempt_timeline"][-1]["start_step"] == saved
