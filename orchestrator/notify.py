@@ -92,6 +92,7 @@ def notify_job(registry: Any, job_id: str, event: str, log: Callable[[str], None
         if spec_notify.get("webhook") and job_sent(registry, job, event):
             spec_notify = {**spec_notify, "webhook": None}
             if not spec_notify.get("command"):
+                registry.event(job_id, "notify", f"{event}: webhook posted by the job itself")
                 return []
         row = job_row(registry, job)  # with the backend's fields (a cloud job's cost, where it runs)
         problems = send(spec_notify, event, payload(event, row), log)

@@ -331,8 +331,8 @@ class NotifySpec(_Strict):
     @classmethod
     def _yaml_on(cls, data: Any) -> Any:
         """YAML 1.1 (PyYAML) reads a bare `on:` key as the boolean true: take it as `on`."""
-        if isinstance(data, dict) and True in data and "on" not in data:
-            data = {("on" if k is True else k): v for k, v in data.items()}
+        if isinstance(data, dict) and True in data:  # an explicit "on" (a --set override) wins
+            data = {"on": data[True], **{k: v for k, v in data.items() if k is not True}}
         return data
 
     @field_validator("webhook")

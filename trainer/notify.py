@@ -116,13 +116,17 @@ def _describe(exc: BaseException) -> str:
 
 
 def send_webhook(
-    notify: Mapping[str, Any] | None, event: str, body: Mapping[str, Any], log: Callable[[str], None]
+    notify: Mapping[str, Any] | None,
+    event: str,
+    body: Mapping[str, Any],
+    log: Callable[[str], None],
+    timeout_s: float = WEBHOOK_TIMEOUT_S,
 ) -> bool | None:
-    """Send to the job file's webhook when `event` is asked for: True delivered, False failed (logged),
-    None not asked for."""
+    """Send to the job file's webhook when `event` is asked for: True delivered, False failed (logged,
+    without the URL), None not asked for."""
     if not notify or not notify.get("webhook") or event not in (notify.get("on") or ()):
         return None
-    error = post(str(notify["webhook"]), json.dumps(body, default=str).encode())
+    error = post(str(notify["webhook"]), json.dumps(body, default=str).encode(), timeout_s)
     log(f"notify {event}: webhook " + ("ok" if error is None else f"failed: {error}"))
     return error is None
 
