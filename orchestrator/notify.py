@@ -4,6 +4,11 @@ A webhook gets an HTTP POST of the JSON payload (it carries a `text` line too, w
 a command runs through the shell with the payload on stdin and FTORCH_EVENT / FTORCH_JOB_ID /
 FTORCH_STATE in its environment. Delivery problems are logged and recorded as `notify` events, never
 raised: a broken webhook must not break a training run.
+
+The payload and the HTTP sender are trainer/notify.py's (one format, whoever sends). The job sends what it
+can itself, so nothing depends on this machine being awake: the trainer posts succeeded, the budget stop,
+a preemption notice and "resumed"; a SkyPilot job's event_callback posts RECOVERING, FAILED, CANCELLED.
+This machine then sends only the webhook posts the job did not make (`job_sent`), and the command.
 """
 
 from __future__ import annotations
@@ -11,67 +16,29 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
-import urllib.error
-import urllib.request
+import time  # noqa: F401 - tests pause retries through notify.time.sleep
 from collections.abc import Callable
 from typing import Any
 
-EVENTS = ("succeeded", "failed", "budget", "preempted", "cancelled")
-WEBHOOK_TIMEOUT_S = 10.0
+from trainer.notify import EVENTS, WEBHOOK_TIMEOUT_S, message, post, sent_marker  # noqa: F401 - the API here
+from trainer.notify import payload as _payload
+
 WEBHOOK_TRIES = 2
 COMMAND_TIMEOUT_S = 60.0
-
-
-def message(event: str, p: dict[str, Any]) -> str:
-    """One human line: what happened, how far, what it cost, where the result is."""
-    steps = f"step {p.get('step')}/{p.get('total_steps')}" if p.get("total_steps") else "no steps yet"
-    cost = f"${(p.get('cost_usd') or 0):.2f}"
-    head = f"ftorch: {p['job_id']} {event.upper() if event != 'budget' else 'STOPPED at its budget'}"
-    text = f"{head} ({steps}, {cost}, {p.get('preemptions', 0)} preemptions)"
-    if event == "succeeded":
-        text += f"; output at {p.get('output_uri')}"
-    elif event == "budget":
-        text += (
-            f"; budget ${p.get('budget_usd')}; `ftorch resume {p['job_id']} "
-            "--set resources.budget_usd=...` continues"
-        )
-    elif p.get("reason"):
-        text += f": {p['reason']}"
-    return text
+#: events the trainer sends itself (trainer/notify.py); the local supervisor sends them only when the
+#: trainer did not deliver them (no marker in the run store)
+TRAINER_EVENTS = ("succeeded", "budget", "preempted")
 
 
 def payload(event: str, row: dict[str, Any]) -> dict[str, Any]:
-    """The JSON sent: the event, the job's status fields, and a `text` line."""
-    keys = (
-        "job_id", "name", "backend", "state", "reason", "stop_reason", "step", "total_steps", "loss",
-        "attempts", "preemptions", "cost_usd", "projected_cost_usd", "budget_usd", "run_uri", "output_uri",
-        "last_checkpoint_step", "where", "market",
-    )  # fmt: skip
-    body = {"event": event, "at": time.time(), **{k: row.get(k) for k in keys}}
-    body["text"] = message(event, body)
-    return body
+    """The JSON sent (trainer/notify.py's one format), sent from the launching machine."""
+    return _payload(event, row, source="ftorch")
 
 
 def _post(url: str, body: bytes) -> None:
-    request = urllib.request.Request(
-        url, data=body, method="POST", headers={"Content-Type": "application/json", "User-Agent": "ftorch"}
-    )
-    last: Exception | None = None
-    for attempt in range(WEBHOOK_TRIES):
-        try:
-            with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:
-                response.read()
-                return
-        except urllib.error.HTTPError as exc:
-            last = exc
-            if exc.code < 500:  # the receiver said no: asking again will not help
-                break
-        except (OSError, ValueError) as exc:
-            last = exc
-        if attempt + 1 < WEBHOOK_TRIES:
-            time.sleep(1.0)
-    raise RuntimeError(f"{type(last).__name__}: {last}")
+    error = post(url, body, WEBHOOK_TIMEOUT_S * WEBHOOK_TRIES, WEBHOOK_TRIES)
+    if error is not None:
+        raise RuntimeError(error)
 
 
 def _run(command: str, event: str, body: bytes, p: dict[str, Any]) -> None:
@@ -122,6 +89,11 @@ def notify_job(registry: Any, job_id: str, event: str, log: Callable[[str], None
         spec_notify = job.spec.get("notify")
         if not spec_notify or event not in (spec_notify.get("on") or ()):
             return []
+        if spec_notify.get("webhook") and job_sent(registry, job, event):
+            spec_notify = {**spec_notify, "webhook": None}
+            if not spec_notify.get("command"):
+                registry.event(job_id, "notify", f"{event}: webhook posted by the job itself")
+                return []
         row = job_row(registry, job)  # with the backend's fields (a cloud job's cost, where it runs)
         problems = send(spec_notify, event, payload(event, row), log)
         registry.event(job_id, "notify", f"{event}: " + ("; ".join(problems) if problems else "sent"))
@@ -129,3 +101,29 @@ def notify_job(registry: Any, job_id: str, event: str, log: Callable[[str], None
     except Exception as exc:  # pragma: no cover - belt and braces: notifying must never break a run
         log(f"notify {event}: could not notify: {exc.__class__.__name__}: {exc}")
         return [str(exc)]
+
+
+def job_sent(registry: Any, job: Any, event: str) -> bool:
+    """Whether the job itself delivers `event` to the webhook, so this machine must not send it again.
+    A SkyPilot job sends every event from the cloud: the trainer (succeeded, budget, a preemption
+    notice) and SkyPilot's jobs controller through the task's event_callback (preempted, failed,
+    cancelled). A local job's trainer leaves a marker in the run store for what it delivered."""
+    if (job.spec.get("resources") or {}).get("backend") == "skypilot":
+        return True
+    if event not in TRAINER_EVENTS:
+        return False
+    attempts = registry.attempts(job.job_id)
+    if not attempts:
+        return False
+    from trainer.runstore.store import RunStore
+
+    options = (job.spec.get("checkpoint") or {}).get("storage_options") or {}
+    marker = sent_marker(attempts[-1].n, event)
+    try:
+        store = RunStore(job.run_uri, options, retry_seconds=5)
+        if not store.exists(marker):
+            return False
+        store.remove_file(marker)  # taken: a later stop without a new attempt is this machine's to send
+        return True
+    except Exception:  # noqa: BLE001 - unknown: send (a duplicate beats a loss)
+        return False

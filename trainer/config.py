@@ -322,9 +322,18 @@ class LocalSpec(_Strict):
 class NotifySpec(_Strict):
     webhook: str | None = None
     command: str | None = None
-    on: list[Literal["succeeded", "failed", "budget", "preempted", "cancelled"]] = Field(
+    #: resumed: the trainer's "resumed after N preemptions" (trainer/notify.py)
+    on: list[Literal["succeeded", "failed", "budget", "preempted", "cancelled", "resumed"]] = Field(
         default_factory=lambda: ["succeeded", "failed", "budget"]
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on(cls, data: Any) -> Any:
+        """YAML 1.1 (PyYAML) reads a bare `on:` key as the boolean true: take it as `on`."""
+        if isinstance(data, dict) and True in data:  # an explicit "on" (a --set override) wins
+            data = {"on": data[True], **{k: v for k, v in data.items() if k is not True}}
+        return data
 
     @field_validator("webhook")
     @classmethod

@@ -30,6 +30,7 @@ from trainer.layout import total_steps as steps_for
 from trainer.loss import evaluate_batch, shifted_labels
 from trainer.memory import allocator
 from trainer.model import autocast_dtype, count_parameters, load_tokenizer, pick_device
+from trainer.notify import TrainerNotifier
 from trainer.runstore.progress import ProgressReporter, log
 from trainer.runstore.store import CorruptCheckpoint, RunStore
 from trainer.step import accumulate, make_scaler, restore_scaler, save_scaler, update
@@ -254,6 +255,10 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         reporter.extra["cuda_allocator"] = cuda_allocator
         log(f"CUDA allocator: {cuda_allocator['setting']} (set by {cuda_allocator['source']})")
     reporter.start(state.step)
+    # notify: the webhook posts the trainer makes itself (trainer/notify.py; bounded, never raises)
+    notifier = TrainerNotifier(store, resolved, attempt, steps, log)
+    if resumed:
+        notifier.resumed(state.step)
     trackers = Trackers(
         store,
         spec.train.report_to if par.is_main else [],
@@ -271,6 +276,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
     while state.step < steps:
         if par.any(flag.is_set()):  # all ranks stop at the same step
             code = _stop_on_notice(flag, checkpointer, model, optimizer, scheduler, state, reporter)
+            notifier.stopped(state.step, flag.reason)  # the budget stop, or a preemption notice
             trackers.close()  # after the checkpoint: W&B's finish may take a while
             return code
         # the job's effective batch on this many ranks (trainer/layout.py): global micro-batches
@@ -333,6 +339,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         _record_output(store, spec, resolved, steps, state, dataset, attempt, output_uri)
     store.update_epoch_record(ended="finished", step=state.step)
     log(f"done: {steps} steps; output at {output_uri}")
+    notifier.succeeded(state.step, getattr(reporter, "loss", None))
     return exitcodes.OK
 
 

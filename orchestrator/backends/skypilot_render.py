@@ -124,15 +124,24 @@ def _entry(c: Any, spot: bool, region: str | None) -> dict[str, Any]:
     }
 
 
+#: policies whose task lists on-demand offers after the spot ones, so that SkyPilot's own recovery falls
+#: back to on demand when no spot launches, with nobody watching (`ordered` is walked from the top)
+FALLING_BACK = ("deadline", "spot-fallback")
+
+
 def resource_entries(spec: JobSpec, plan: Any) -> list[dict[str, Any]]:
-    """The plan's offers for SkyPilot, spot first (plan order), then on-demand (only with fallback).
+    """The plan's offers for SkyPilot, spot first (plan order), then on-demand (with `fallback: on-demand`
+    or a `deadline` / `spot-fallback` policy).
 
     Entries name cloud (and region when the job file restricts regions), accelerator and count, and
     leave the instance type to SkyPilot: its catalog picks the cheapest instance with those GPUs.
     """
+    from orchestrator.spot.policy import policy_name_for
+
     res = spec.resources
     want_spot = res.spot and res.policy != "on-demand"
-    want_ondemand = not want_spot or (res.fallback == "on-demand" and res.policy != "spot-only")
+    falls_back = res.fallback == "on-demand" or policy_name_for(res) in FALLING_BACK
+    want_ondemand = not want_spot or (falls_back and res.policy != "spot-only")
     seen: set[tuple[Any, ...]] = set()
     spot_entries: list[dict[str, Any]] = []
     od_entries: list[dict[str, Any]] = []
@@ -198,6 +207,77 @@ def interruption_envs(plan: Any) -> dict[str, str]:
     }
 
 
+#: SkyPilot job statuses its jobs controller passes to `event_callback` (sky/jobs/state.py: every failure
+#: arrives as FAILED) that a dead trainer cannot report, and the ftorch event and state each one is
+CALLBACK_EVENTS = {
+    "RECOVERING": (
+        "preempted",
+        "RECOVERING",
+        "SkyPilot is recovering the job (preempted, or its machine failed)",
+    ),
+    "FAILED": ("failed", "FAILED", "SkyPilot marked the job failed; `ftorch logs JOB` shows why"),
+    "CANCELLED": ("cancelled", "CANCELLED", "the managed job was cancelled; checkpoints kept"),
+}
+#: seconds one callback may take in all: SkyPilot runs it synchronously, with no timeout of its own,
+#: inside its status update (sky/jobs/utils.py event_callback_func), so it must never hang recovery
+CALLBACK_TIMEOUT_S = 10
+NOTIFY_ENV = "FTORCH_NOTIFY_WEBHOOK"
+#: the callback's sender: python3's urllib (no ftorch on SkyPilot's jobs controller); argv[1] is the
+#: payload for each status, built by trainer/notify.py (the one payload format); it adds the time
+_CALLBACK_PY = f"""import json,os,sys,time,urllib.request as u
+p=json.loads(sys.argv[1]).get(os.environ.get("JOB_STATUS",""))
+if p:
+ p["at"]=time.time();p["sky_job_id"]=os.environ.get("JOB_ID")
+ h={{"Content-Type":"application/json","User-Agent":"ftorch"}}
+ u.urlopen(u.Request(os.environ["{NOTIFY_ENV}"],json.dumps(p).encode(),h),timeout=float(sys.argv[2])).read()
+"""
+
+
+def check_notify(spec: JobSpec) -> None:
+    """`notify.command` runs on the machine that watches the job; a cloud job must not depend on one."""
+    if spec.notify is not None and spec.notify.command:
+        raise SpecError(
+            "notify.command",
+            "is not run for skypilot jobs (no machine of yours watches them); use notify.webhook: the "
+            "trainer and SkyPilot's jobs controller post to it (docs/clouds.md)",
+        )
+
+
+def event_callback(spec: JobSpec, job_id: str, run_uri: str, output_uri: str | None = None) -> str | None:
+    """The task's `event_callback`: POST the webhook on what a dead trainer cannot say (RECOVERING,
+    FAILED, CANCELLED; those in notify.on), bounded by CALLBACK_TIMEOUT_S and never failing; None when
+    nothing is asked for. Other statuses return at once, without starting python."""
+    from trainer.notify import payload
+
+    notify = spec.notify
+    if notify is None or not notify.webhook:
+        return None
+    row = {
+        "job_id": job_id, "name": spec.name, "backend": "skypilot", "budget_usd": spec.resources.budget_usd,
+        "run_uri": run_uri, "output_uri": output_uri,
+    }  # fmt: skip
+    bodies = {}
+    for status, (event, state, reason) in CALLBACK_EVENTS.items():
+        if event in notify.on:
+            body = payload(event, {**row, "state": state, "reason": reason}, source="skypilot")
+            body.pop("at")  # the time of the event: set when it is sent
+            bodies[status] = body
+    if not bodies:
+        return None
+    import shlex
+
+    statuses = "|".join(bodies)
+    send = (
+        f"timeout -k 2 {CALLBACK_TIMEOUT_S} python3 -c {shlex.quote(_CALLBACK_PY)} "
+        f"{shlex.quote(json.dumps(bodies, sort_keys=True, separators=(',', ':')))} {CALLBACK_TIMEOUT_S - 2}"
+    )
+    return (
+        f"# ftorch: {', '.join(sorted(set(e for e, _s, _r in CALLBACK_EVENTS.values()) & set(notify.on)))}"
+        f" to notify.webhook, at most {CALLBACK_TIMEOUT_S} s (never blocks SkyPilot's recovery)\n"
+        f'case "$JOB_STATUS" in {statuses}) {send} || true ;; esac\n'
+    )
+
+
 def template_kind(spec: JobSpec, entries: list[dict[str, Any]]) -> str:
     if spec.resources.nodes > 1:
         return "multinode"
@@ -251,6 +331,7 @@ def render_task(
 ) -> dict[str, Any]:
     """The SkyPilot task config (a dict, as in a task YAML) for one ftorch job."""
     require_remote(spec)
+    check_notify(spec)
     entries = resource_entries(spec, plan)
     if not entries:
         why = plan.why_none() if getattr(plan, "chosen", None) is None else "no offer fits the spot policy"
@@ -276,6 +357,9 @@ def render_task(
         FTORCH_STORAGE_OPTIONS=json.dumps(spec.checkpoint.storage_options, sort_keys=True),
         **interruption_envs(plan),
     )
+    callback = event_callback(spec, job_id, run_uri, _output_uri(spec, run_uri))
+    if callback:  # the webhook is in the job file already; a SkyPilot secret would not reach the callback
+        envs[NOTIFY_ENV] = spec.notify.webhook if spec.notify else ""
     if "wandb" in spec.train.report_to:  # where the run goes (not secrets; the key is one, above)
         source = os.environ if environ is None else environ
         envs.update({k: source[k] for k in WANDB_SETTINGS if source.get(k)})
@@ -293,7 +377,15 @@ def render_task(
         rendered["secrets"] = {name: None for name in names}
     rendered["setup"] = task["setup"]
     rendered["run"] = task["run"]
+    if callback:
+        rendered["event_callback"] = callback
     return rendered
+
+
+def _output_uri(spec: JobSpec, run_uri: str) -> str:
+    from trainer.runstore.storage import join_uri
+
+    return spec.output.uri or join_uri(run_uri, "output")  # as orchestrator/jobs.py
 
 
 def template_of(task: Mapping[str, Any]) -> str:

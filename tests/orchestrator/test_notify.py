@@ -116,3 +116,103 @@ def test_notify_job_builds_the_payload_from_status_and_records_it(
     # not asked for: nothing sent, nothing recorded
     assert notify.notify_job(registry, "qwen-7b-sql-d4e5f6", "succeeded", print) == []
     assert len(hook.received) == 1
+
+
+# ---- the trainer's own sender (trainer/notify.py) ---------------------------------------------------
+
+
+class _Hang:
+    """Accepts connections and never answers."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.held: list[socket.socket] = []
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/services/T000/SECRETTOKEN"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        for conn in self.held:
+            conn.close()
+        self.sock.close()
+
+
+def test_the_trainers_sender_is_bounded_never_raises_and_never_logs_the_url(hook: Hook) -> None:
+    import time as clock
+
+    from trainer import notify as tnotify
+
+    hang = _Hang()
+    try:
+        start = clock.monotonic()
+        error = tnotify.post(hang.url, b"{}", timeout_s=1.0, tries=2)
+        assert error is not None and clock.monotonic() - start < 2.5
+        logged: list[str] = []
+        spec = {"webhook": hang.url, "on": ["succeeded"]}
+        assert tnotify.send_webhook(spec, "succeeded", {"event": "succeeded"}, logged.append, 1.0) is False
+        assert logged and all("SECRETTOKEN" not in line and "127.0.0.1" not in line for line in logged)
+    finally:
+        hang.close()
+    # a 404 is reported, not retried; a delivery is None
+    hook.status = 404
+    assert tnotify.post(hook.url, b"{}", tries=2) == "HTTP 404" and len(hook.received) == 1
+    hook.status = 200
+    assert tnotify.post(hook.url, b'{"a": 1}') is None and hook.received[-1]["body"] == {"a": 1}
+
+
+def test_a_local_run_gets_the_trainers_own_posts_once_each(
+    hook: Hook, tmp_path: Path, tiny_model: Path, ftorch_home: Path
+) -> None:
+    """succeeded and a preemption notice (local chaos, notice: true) come from the trainer, and 'resumed
+    after 1 preemption'; the supervisor sends none of them again."""
+    import time as clock
+
+    import yaml
+    from helpers import ftorch, job_dict, write_data
+
+    from orchestrator import status as job_status
+
+    data = write_data(tmp_path / "d.jsonl", "instruction", 64)
+    job = job_dict(
+        tiny_model, data, tmp_path / "runs", train={"max_steps": 16},
+        local={"chaos": {"preempt_at_steps": [6], "notice": True, "grace_s": 20}, "hourly_usd": 3.6},
+        notify={"webhook": hook.url, "on": ["succeeded", "preempted", "resumed", "failed"]},
+    )  # fmt: skip
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job))
+    done = ftorch("launch", str(job_file), "--json")
+    assert done.returncode == 0, done.stderr
+    job_id = json.loads(done.stdout)["job_id"]
+    deadline = clock.time() + 240
+    while job_status.status_one(job_id)["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        assert clock.time() < deadline, job_status.status_one(job_id)
+        clock.sleep(0.3)
+    detail = job_status.status_one(job_id)
+    assert detail["state"] == "SUCCEEDED", detail.get("reason")
+    clock.sleep(0.5)  # the supervisor's last notify record
+    bodies = [r["body"] for r in hook.received]
+    assert [(b["event"], b["source"]) for b in bodies] == [
+        ("preempted", "trainer"), ("resumed", "trainer"), ("succeeded", "trainer"),
+    ], bodies  # fmt: skip
+    notice, resumed, succeeded = bodies
+    assert notice["state"] == "PREEMPTED" and "preemption notice" in notice["text"]
+    assert notice["last_checkpoint_step"] == notice["step"] >= 6
+    assert resumed["preemptions"] == 1 and "after 1 preemption" in resumed["text"]
+    assert resumed["step"] == notice["step"] and resumed["attempts"] == 2
+    assert succeeded["state"] == "SUCCEEDED" and succeeded["step"] == 16 and succeeded["preemptions"] == 1
+    assert succeeded["output_uri"] == detail["output_uri"] and succeeded["job_id"] == job_id
+    notes = [e["detail"] for e in detail["events"] if e["kind"] == "notify"]
+    assert notes == [
+        "preempted: webhook posted by the job itself",
+        "succeeded: webhook posted by the job itself",
+    ]

@@ -94,8 +94,11 @@ def test_every_cloud_example_renders_and_skypilot_accepts_it(sky: Any, path: Pat
     if spec.resources.budget_usd is not None:  # enforced by the job's controller (test_controller_cloud)
         assert needs_controller(spec, task)
         assert any(f"budget: ${spec.resources.budget_usd:g}" in line for line in watch_lines(spec, task))
-    if spec.resources.fallback == "none" and spec.resources.spot:
-        assert all(spots), "on-demand offers only with fallback: on-demand"
+    from orchestrator.spot.policy import policy_name_for
+
+    falls_back = spec.resources.fallback == "on-demand" or policy_name_for(spec.resources) in sr.FALLING_BACK
+    if not falls_back and spec.resources.spot:
+        assert all(spots), "on-demand offers only with fallback: on-demand or a deadline/spot-fallback policy"
     elif spec.resources.spot:
         assert any(spots) and not all(spots)
     clouds = {e["infra"].split("/")[0] for e in entries}
