@@ -14,6 +14,7 @@ from trainer.async_checkpoint import AsyncCheckpointer
 from trainer.checkpoint import TrainerState
 from trainer.checkpointer import Checkpointer
 from trainer.config import JobSpec
+from trainer.distributed import Parallel
 from trainer.store import RunStore
 
 
@@ -31,7 +32,7 @@ def _checkpointer(tmp_path: Path, every: object, asynchronous: bool = False) -> 
     store = RunStore(str(tmp_path / "run"))
     store.claim_epoch({"attempt": 1})
     writer = AsyncCheckpointer(store, keep=2, log=lambda m: None, asynchronous=asynchronous)
-    return Checkpointer(store, spec, writer, last_step=0)
+    return Checkpointer(Parallel(), store, spec, writer=writer)
 
 
 def test_every_n_steps_saves_on_the_multiples_and_finish_makes_them_durable(tmp_path: Path) -> None:
@@ -42,7 +43,7 @@ def test_every_n_steps_saves_on_the_multiples_and_finish_makes_them_durable(tmp_
         if ckpt.due(step, 0.0):
             ckpt.save(model, opt, sched, TrainerState(step=step, micro_batches=step, tokens_seen=0))
             saved.append(step)
-    ckpt.finish()
+    ckpt.wait()
     assert saved == [3, 6] and ckpt.last_step == 6 and ckpt.durable_step == 6
     assert [c.step for c in ckpt.store.complete_checkpoints()] == [3, 6]
 
@@ -64,7 +65,7 @@ def test_a_save_that_never_became_durable_ends_the_attempt_with_exit_77(tmp_path
     ckpt.save(model, opt, sched, TrainerState(step=1, micro_batches=1, tokens_seen=0), wait=True)
     assert ckpt.last_step == 1 and ckpt.durable_step is None
     with pytest.raises(SystemExit) as stopped:
-        ckpt.finish()
+        ckpt.wait()
     assert stopped.value.code == exitcodes.STORE_UNAVAILABLE
 
 
@@ -81,3 +82,4 @@ def test_measured_upload_times_reach_the_auto_interval(tmp_path: Path) -> None:
 
 def _fail(*_args: object, **_kwargs: object) -> None:
     raise OSError("503 ServiceUnavailable")
+
