@@ -83,3 +83,67 @@ def test_measured_upload_times_reach_the_auto_interval(tmp_path: Path) -> None:
 def _fail(*_args: object, **_kwargs: object) -> None:
     raise OSError("503 ServiceUnavailable")
 
+
+_COUNTING_TRAINER = """
+import json, sys
+from trainer import storage
+
+listed, manifests = [], []
+_listdir, _read = storage.Storage.listdir, storage.Storage.read_json_or_none
+
+
+def listdir(self, rel):
+    listed.append(rel)
+    return _listdir(self, rel)
+
+
+def read_json_or_none(self, rel):
+    if rel.endswith("MANIFEST.json"):
+        manifests.append(rel)
+    return _read(self, rel)
+
+
+storage.Storage.listdir, storage.Storage.read_json_or_none = listdir, read_json_or_none
+from trainer.__main__ import main
+
+code = main(sys.argv[2:])
+with open(sys.argv[1], "w") as handle:
+    json.dump({"code": code, "listed": listed, "manifests": manifests}, handle)
+"""
+
+
+def test_a_start_lists_the_run_store_checkpoints_once(tmp_path: Path, tiny_model: Path) -> None:
+    """Each listing is a request on s3://: a resuming trainer lists checkpoints/ once, reads each
+    manifest once, and still resumes, removes an older attempt's partial save and prunes."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import REPO, prepare_run, run_trainer, write_data
+
+    data = write_data(tmp_path / "d.jsonl", "instruction", 24)
+    job = job_dict(
+        tiny_model, data, tmp_path / "ckpt", train={"max_steps": 6}, checkpoint={"every": 2, "keep": 2}
+    )
+    run_uri = prepare_run(job)
+    first = run_trainer(run_uri, 1)
+    assert first.returncode == 0, first.stdout + first.stderr
+    partial = Path(run_uri) / "checkpoints/step-00000001/e00000001"  # attempt 1 killed mid-save
+    partial.mkdir(parents=True)
+    (partial / "weights.safetensors").write_bytes(b"half")
+    driver = tmp_path / "counting_trainer.py"
+    driver.write_text(_COUNTING_TRAINER)
+    counts = tmp_path / "counts.json"
+    second = subprocess.run(
+        [sys.executable, str(driver), str(counts), run_uri, "--attempt", "2"],
+        capture_output=True, text=True, timeout=240, cwd=REPO,
+    )  # fmt: skip
+    log = second.stdout + second.stderr
+    found = json.loads(counts.read_text())
+    assert found["code"] == 0, log
+    assert "resumed from checkpoints/step-00000006 (step 6/6)" in log
+    assert "removed incomplete checkpoint(s) left by earlier attempts: step-00000001" in log
+    assert found["listed"].count("checkpoints") == 1, found["listed"]
+    complete = [m for m in found["manifests"] if "step-00000001" not in m]  # the 2 kept (keep: 2)
+    assert len(complete) == 2 and len(set(complete)) == 2, found["manifests"]  # each read once
+    assert not (Path(run_uri) / "checkpoints/step-00000001").exists()
