@@ -71,6 +71,10 @@ class Parallel:
     def barrier(self) -> None:
         pass
 
+    def share(self, value: Any) -> Any:
+        """Rank 0's `value` on every rank (e.g. the one listing of the run's checkpoints)."""
+        return value
+
     def reporter(self, reporter: Any) -> Any:
         return reporter
 
@@ -160,6 +164,11 @@ class Sharded(Parallel):
 
     def barrier(self) -> None:
         self.dist.barrier()
+
+    def share(self, value: Any) -> Any:
+        box = [value]
+        self.dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     @property
     def _comm_device(self) -> torch.device:

@@ -1,4 +1,5 @@
-"""The training loop: resume from the newest good checkpoint, train, checkpoint, stop on notice."""
+"""The training loop: `setup` (resume from the newest good checkpoint) -> `fit` (train, checkpoint, stop on
+notice) -> `finish` (last checkpoint, evaluation, output)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,25 @@ import os
 import platform
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from trainer import exitcodes
 from trainer.checkpoints import fingerprint
-from trainer.checkpoints.async_save import AsyncCheckpointer
-from trainer.checkpoints.checkpoint import Decoded, TrainerState, UnloadableCheckpoint, decode, restore
-from trainer.checkpoints.checkpointer import Checkpointer, CheckpointWriter
-from trainer.checkpoints.sharded import ShardedWriter, load_newest, newest_is_sharded
+from trainer.checkpoints.checkpoint import TrainerState
+from trainer.checkpoints.checkpointer import Checkpointer
+from trainer.checkpoints.sharded import is_sharded
 from trainer.config import JobSpec
 from trainer.data.cache import data_identity
 from trainer.data.dataset import IGNORE, Dataset, collate, load_dataset
 from trainer.data.packing import example_count, uses_flat_batches
 from trainer.data.packing_check import verify as verify_packing
-from trainer.distributed import Parallel, Sharded
+from trainer.distributed import Parallel
 from trainer.distributed import setup as setup_parallel
 from trainer.faults import maybe_crash
+from trainer.layout import Layout
 from trainer.layout import check as check_layout
 from trainer.layout import total_steps as steps_for
 from trainer.loss import evaluate_batch, shifted_labels
@@ -32,7 +34,7 @@ from trainer.memory import allocator
 from trainer.model import autocast_dtype, count_parameters, load_tokenizer, pick_device
 from trainer.notify import TrainerNotifier
 from trainer.runstore.progress import ProgressReporter, log
-from trainer.runstore.store import CorruptCheckpoint, RunStore
+from trainer.runstore.store import RunStore
 from trainer.step import accumulate, make_scaler, restore_scaler, save_scaler, update
 from trainer.stops.interruptions import how_it_ended
 from trainer.stops.notices import start_watcher
@@ -170,32 +172,63 @@ def _record_output(
         log(f"could not write the model card ({exc.__class__.__name__}: {exc})")
 
 
+@dataclass
+class Attempt:
+    """What one attempt trains with: made by `setup`, used by `fit` and `finish`."""
+
+    number: int
+    resolved: dict[str, Any]  # spec.json: the job, run_id, output_uri
+    spec: JobSpec
+    store: RunStore
+    flag: PreemptionFlag
+    device: torch.device
+    layout: Layout
+    par: Parallel
+    tokenizer: Any
+    dataset: Dataset
+    steps: int
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: Any
+    checkpoints: Checkpointer
+    state: TrainerState
+    reporter: ProgressReporter
+    trackers: Trackers
+    notifier: TrainerNotifier
+
+
 def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = None) -> int:
+    """One attempt of the run: set up (resuming from the newest good checkpoint), train, finish."""
+    a = setup(run_uri, attempt, storage_options)
+    stopped = fit(a)
+    return stopped if stopped is not None else finish(a)
+
+
+# ---- setup ---------------------------------------------------------------------------------------
+def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) -> Attempt:
+    """Claim the run, build data, model and optimizer, and resume from the newest good checkpoint."""
     flag = PreemptionFlag()
     install_signal_handlers(flag)
     start_watcher(flag, log=log)  # cloud preemption notices (AWS/GCP/Azure metadata); ends off-cloud
-    store = RunStore(run_uri, storage_options)
-    resolved = store.read_spec()
-    spec = JobSpec.model_validate(resolved["job"])
-    store = RunStore(run_uri, spec.checkpoint.storage_options)
-    start_stop_watcher(flag, store, log=log)  # a cloud controller's switch request (run store)
-    if int(os.environ.get("RANK", "0")) == 0:  # fencing: this attempt's epoch; older attempts stop writing
-        epoch = store.claim_epoch({"attempt": attempt, "pid": os.getpid(), "host": platform.node()})
-        log(f"attempt {attempt} holds epoch {epoch} of the run")
-    output_uri = resolved["output_uri"]
+    store, resolved, spec = _open_store(run_uri, attempt, storage_options, flag)
     if spec.local.threads:
         torch.set_num_threads(spec.local.threads)
     device = pick_device(spec.local.device)
     # the same rules as the planner's: refuse a layout the job cannot run on before any work (exit 2)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     layout = check_layout(spec, world, int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None)
-    # the spec fingerprint (trainer/checkpoints/fingerprint.py): a job or data changed since the newest checkpoint is
-    # refused (exit 2) unless `ftorch resume --allow-change` allowed it; every checkpoint records it
+    # the store's checkpoints, listed once for this start (rank 0; the other ranks get its listing)
+    listing = store.list_checkpoints() if int(os.environ.get("RANK", "0")) == 0 else None
+    # the spec fingerprint (trainer/checkpoints/fingerprint.py): a job or data changed since the newest
+    # checkpoint is refused (exit 2) unless `ftorch resume --allow-change` allowed it; every checkpoint records it
     identity = data_identity(spec.data, spec.checkpoint.storage_options)
-    start_check = fingerprint.check_start(store, resolved, identity, log)
+    start_check = fingerprint.check_start(store, resolved, identity, log, listing)
     store.checkpoint_meta = start_check.meta
     # FSDP across ranks (torchrun, or a sharded run resumed by one process), or the identity
-    par = setup_parallel(spec, device, store, resume_sharded=newest_is_sharded(store))
+    par = setup_parallel(
+        spec, device, store, resume_sharded=listing is not None and is_sharded(listing.newest)
+    )
     log(f"attempt {attempt} of run {resolved['run_id']} on {device} (torch {torch.__version__})")
     log(f"layout: {layout.describe()}")
 
@@ -211,6 +244,49 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         identity=identity,
     )
     steps = total_steps(spec, dataset)
+    model, optimizer, scheduler, scaler = _build_model(spec, par, device, dataset, steps)
+    checkpoints = Checkpointer(par, store, spec, attempt, listing)
+    state = _resume(checkpoints, model, optimizer, scheduler, dataset, device, steps)
+    if (
+        checkpoints.resumed_from is not None
+    ):  # the same examples when the effective batch is split differently
+        state.micro_batches = start_check.data_position(
+            state.step, state.micro_batches, resolved["job"], len(dataset.train)
+        )
+    state.extra["attempt"] = attempt
+    restore_scaler(scaler, state.extra)
+    checkpoints.clean_up()
+    reporter, trackers = _open_reporting(
+        store, spec, resolved, par, device, attempt, steps, state, checkpoints
+    )
+    # notify: the webhook posts the trainer makes itself (trainer/notify.py; bounded, never raises)
+    notifier = TrainerNotifier(store, resolved, attempt, steps, log)
+    if checkpoints.resumed_from is not None:
+        notifier.resumed(state.step)
+    return Attempt(
+        attempt, resolved, spec, store, flag, device, layout, par, tokenizer, dataset, steps,
+        model, optimizer, scheduler, scaler, checkpoints, state, reporter, trackers, notifier,
+    )  # fmt: skip
+
+
+def _open_store(
+    run_uri: str, attempt: int, storage_options: dict[str, Any] | None, flag: PreemptionFlag
+) -> tuple[RunStore, dict[str, Any], JobSpec]:
+    """The run store (with the spec's storage options), its resolved spec, and this attempt's epoch."""
+    resolved = RunStore(run_uri, storage_options).read_spec()
+    spec = JobSpec.model_validate(resolved["job"])
+    store = RunStore(run_uri, spec.checkpoint.storage_options)
+    start_stop_watcher(flag, store, log=log)  # a cloud controller's switch request (run store)
+    if int(os.environ.get("RANK", "0")) == 0:  # fencing: this attempt's epoch; older attempts stop writing
+        epoch = store.claim_epoch({"attempt": attempt, "pid": os.getpid(), "host": platform.node()})
+        log(f"attempt {attempt} holds epoch {epoch} of the run")
+    return store, resolved, spec
+
+
+def _build_model(
+    spec: JobSpec, par: Parallel, device: torch.device, dataset: Dataset, steps: int
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, Any]:
+    """The model (wrapped for this parallelism), its optimizer, LR schedule and loss scaler."""
     loading = time.monotonic()
     log(f"loading the model {spec.model} ({spec.method}, {spec.train.precision})")
     model = par.load(spec, device)
@@ -227,185 +303,162 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         f"({spec.method}); {example_count(dataset.train)} examples"
         f"{f' in {len(dataset.train)} packs' if spec.data.packing else ''}, {dataset.tokens:,} tokens; {steps} steps"
     )
+    return model, optimizer, scheduler, scaler
 
-    state = _resume(store, spec, par, model, optimizer, scheduler, steps)
-    resumed = state is not None
-    if state is not None:  # the same examples when the effective batch is split differently
-        state.micro_batches = start_check.data_position(
-            state.step, state.micro_batches, resolved["job"], len(dataset.train)
-        )
-    if state is None:
-        state = TrainerState(step=0, micro_batches=0, tokens_seen=0, extra={})
-        if dataset.held_out:
-            state.extra["eval_before"] = evaluate(model, dataset, device, spec)
-            log(f"held-out before training: {_fmt_eval(state.extra['eval_before'])}")
-    state.extra["attempt"] = attempt
-    restore_scaler(scaler, state.extra)
-    if par.is_main:
-        partial = store.remove_partial_checkpoints()
-        if partial:
-            log(f"removed incomplete checkpoint(s) left by earlier attempts: {', '.join(partial)}")
-        store.prune_checkpoints(spec.checkpoint.keep)
 
-    checkpointer = Checkpointer(store, spec, _writer(store, spec, par, attempt), state.step, agree=par.any)
-    reporter = par.reporter(ProgressReporter(store, resolved["run_id"], attempt, steps, output_uri))
-    reporter.last_checkpoint(checkpointer.last_step if resumed else None)
+def _resume(
+    checkpoints: Checkpointer,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    dataset: Dataset,
+    device: torch.device,
+    steps: int,
+) -> TrainerState:
+    """The state of the newest good checkpoint, loaded; or a fresh start (evaluated before training)."""
+    state = checkpoints.load_newest(model, optimizer, scheduler)
+    if state is not None:
+        assert checkpoints.resumed_from is not None
+        log(f"resumed from {checkpoints.resumed_from.path} (step {state.step}/{steps})")
+        return state
+    state = TrainerState(step=0, micro_batches=0, tokens_seen=0, extra={})
+    if dataset.held_out:
+        state.extra["eval_before"] = evaluate(model, dataset, device, checkpoints.spec)
+        log(f"held-out before training: {_fmt_eval(state.extra['eval_before'])}")
+    return state
+
+
+def _open_reporting(
+    store: RunStore,
+    spec: JobSpec,
+    resolved: dict[str, Any],
+    par: Parallel,
+    device: torch.device,
+    attempt: int,
+    steps: int,
+    state: TrainerState,
+    checkpoints: Checkpointer,
+) -> tuple[ProgressReporter, Trackers]:
+    """Progress in the run store and the experiment trackers, started at the resumed step."""
+    reporter = par.reporter(
+        ProgressReporter(store, resolved["run_id"], attempt, steps, resolved["output_uri"])
+    )
+    reporter.last_checkpoint(checkpoints.last_step if checkpoints.resumed_from is not None else None)
     cuda_allocator = allocator.record(device.type)  # expandable segments (trainer/memory/allocator.py)
     if cuda_allocator:
         reporter.extra["cuda_allocator"] = cuda_allocator
         log(f"CUDA allocator: {cuda_allocator['setting']} (set by {cuda_allocator['source']})")
     reporter.start(state.step)
-    # notify: the webhook posts the trainer makes itself (trainer/notify.py; bounded, never raises)
-    notifier = TrainerNotifier(store, resolved, attempt, steps, log)
-    if resumed:
-        notifier.resumed(state.step)
-    trackers = Trackers(
-        store,
-        spec.train.report_to if par.is_main else [],
-        attempt,
-        state.step,
-        resolved["run_id"],
-        resolved["job"],
-    )
+    report_to = spec.train.report_to if par.is_main else []
+    trackers = Trackers(store, report_to, attempt, state.step, resolved["run_id"], resolved["job"])
     if state.step == 0 and state.extra.get("eval_before"):
         trackers.scalar("eval/loss", state.extra["eval_before"]["loss"], 0)
+    return reporter, trackers
 
-    model.train()
-    log_every = spec.train.log_every or max(1, steps // 100)
-    eval_every = spec.train.eval_every if dataset.held_out else None
-    while state.step < steps:
-        if par.any(flag.is_set()):  # all ranks stop at the same step
-            code = _stop_on_notice(flag, checkpointer, model, optimizer, scheduler, state, reporter)
-            notifier.stopped(state.step, flag.reason)  # the budget stop, or a preemption notice
-            trackers.close()  # after the checkpoint: W&B's finish may take a while
+
+# ---- fit -----------------------------------------------------------------------------------------
+def fit(a: Attempt) -> int | None:
+    """Train to the last step, checkpointing when due; the exit code if a notice stopped it, else None."""
+    a.model.train()
+    log_every = a.spec.train.log_every or max(1, a.steps // 100)
+    eval_every = a.spec.train.eval_every if a.dataset.held_out else None
+    while a.state.step < a.steps:
+        if a.par.any(a.flag.is_set()):  # all ranks stop at the same step
+            code = _stop_on_notice(a)
+            a.notifier.stopped(a.state.step, a.flag.reason)  # the budget stop, or a preemption notice
+            a.trackers.close()  # after the checkpoint: W&B's finish may take a while
             return code
-        # the job's effective batch on this many ranks (trainer/layout.py): global micro-batches
-        micro = layout.step_micro_batches(dataset, state.micro_batches)
-        step_loss, seen = accumulate(
-            model, micro, spec=spec, device=device, pad_id=dataset.pad_id, local=par.local,
-            world=par.world, scaler=scaler, tokens=par.tokens,
-        )  # fmt: skip
-        state.tokens_seen += seen
-        step_loss = par.mean(step_loss)
-        grad_norm = update(model, optimizer, spec.train.max_grad_norm, scaler)
-        save_scaler(scaler, state.extra)
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        state.step += 1
-        state.micro_batches += spec.train.grad_accum  # the data position, in the job's micro-batches
-        lr = scheduler.get_last_lr()[0]
-        maybe_crash("crash", state.step)
-        reporter.step(state.step, step_loss, lr, state.tokens_seen, grad_norm)
-        trackers.step(
-            state.step,
-            {
-                "loss": step_loss,
-                "lr": lr,
-                "grad_norm": grad_norm,
-                "tokens_per_s": reporter.tokens_per_s() or None,
-            },
-        )
-        if state.step % log_every == 0 or state.step == steps:
-            log(
-                f"step {state.step}/{steps} loss {step_loss:.4f} lr {lr:.2e} "
-                f"tok/s {reporter.tokens_per_s():,.0f}"
-            )
-        if eval_every and state.step % eval_every == 0 and state.step < steps:
-            result = _quiet_evaluate(model, dataset, device, spec)
-            log(f"step {state.step}/{steps} held-out {_fmt_eval(result)}")
-            reporter.eval_loss(state.step, result["loss"])
-            trackers.scalar("eval/loss", result["loss"], state.step)
-        if state.step < steps and checkpointer.due(state.step, time.time()):
-            reporter.set_state("checkpointing")
-            checkpointer.save(model, optimizer, scheduler, state)
-            reporter.last_checkpoint(checkpointer.durable_step)
-            trackers.flush()
-            reporter.set_state("running")
-
-    if checkpointer.last_step != state.step:
-        checkpointer.save(model, optimizer, scheduler, state, wait=True)
-    checkpointer.finish()
-    reporter.last_checkpoint(state.step)
-    if dataset.held_out:
-        state.extra["eval_after"] = evaluate(model, dataset, device, spec)
-        log(f"held-out after training:  {_fmt_eval(state.extra['eval_after'])}")
-        reporter.eval_loss(state.step, state.extra["eval_after"]["loss"])
-        trackers.scalar("eval/loss", state.extra["eval_after"]["loss"], state.step)
-    trackers.close()
-    reporter.set_state("writing_output")
-    par.write_output(write_output, model, tokenizer, spec, output_uri)
-    reporter.finish(eval_before=state.extra.get("eval_before"), eval_after=state.extra.get("eval_after"))
-    if par.is_main:
-        _record_output(store, spec, resolved, steps, state, dataset, attempt, output_uri)
-    store.update_epoch_record(ended="finished", step=state.step)
-    log(f"done: {steps} steps; output at {output_uri}")
-    notifier.succeeded(state.step, getattr(reporter, "loss", None))
-    return exitcodes.OK
+        step_loss, lr, grad_norm = _train_step(a)
+        _report_step(a, step_loss, lr, grad_norm, log_every)
+        if eval_every and a.state.step % eval_every == 0 and a.state.step < a.steps:
+            result = _quiet_evaluate(a.model, a.dataset, a.device, a.spec)
+            log(f"step {a.state.step}/{a.steps} held-out {_fmt_eval(result)}")
+            a.reporter.eval_loss(a.state.step, result["loss"])
+            a.trackers.scalar("eval/loss", result["loss"], a.state.step)
+        if a.state.step < a.steps and a.checkpoints.due(a.state.step, time.time()):
+            a.reporter.set_state("checkpointing")
+            a.checkpoints.save(a.model, a.optimizer, a.scheduler, a.state)
+            a.reporter.last_checkpoint(a.checkpoints.durable_step)
+            a.trackers.flush()
+            a.reporter.set_state("running")
+    return None
 
 
-def _resume(
-    store: RunStore, spec: JobSpec, par: Parallel, model: Any, optimizer: Any, scheduler: Any, steps: int
-) -> TrainerState | None:
-    """Load the newest checkpoint this world can read into model, optimizer and scheduler; None if none."""
-
-    def skipped(what: Any, why: str) -> None:
-        name = what if isinstance(what, str) else what.path
-        log(f"not using checkpoint {name}: {why}")
-
-    if isinstance(par, Sharded):  # sharded (DCP) or single-process checkpoints, resharded onto these ranks
-        loaded = load_newest(store, spec, par, model, optimizer, scheduler, on_skip=skipped)
-        if loaded is None:
-            return None
-        info, state = loaded
-    else:
-        found = store.newest_valid_checkpoint(on_skip=skipped, decode=_decode_or_skip)
-        if found is None:
-            return None
-        info, decoded = found
-        state = restore(decoded, model, optimizer, scheduler)
-    log(f"resumed from {info.path} (step {state.step}/{steps})")
-    return state
+def _train_step(a: Attempt) -> tuple[float, float, float]:
+    """One optimizer step over the job's effective batch: (loss, learning rate, gradient norm)."""
+    state = a.state
+    # the job's effective batch on this many ranks (trainer/layout.py): global micro-batches
+    micro = a.layout.step_micro_batches(a.dataset, state.micro_batches)
+    step_loss, seen = accumulate(
+        a.model, micro, spec=a.spec, device=a.device, pad_id=a.dataset.pad_id, local=a.par.local,
+        world=a.par.world, scaler=a.scaler, tokens=a.par.tokens,
+    )  # fmt: skip
+    state.tokens_seen += seen
+    step_loss = a.par.mean(step_loss)
+    grad_norm = update(a.model, a.optimizer, a.spec.train.max_grad_norm, a.scaler)
+    save_scaler(a.scaler, state.extra)
+    a.scheduler.step()
+    a.optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    state.micro_batches += a.spec.train.grad_accum  # the data position, in the job's micro-batches
+    return step_loss, a.scheduler.get_last_lr()[0], grad_norm
 
 
-def _writer(store: RunStore, spec: JobSpec, par: Parallel, attempt: int) -> CheckpointWriter:
-    """DCP shards from every rank, or one process's files (snapshot, then a background upload)."""
-    if isinstance(par, Sharded):
-        return ShardedWriter(store, spec, par)
-    return AsyncCheckpointer(store, spec.checkpoint.keep, log, meta={"attempt": attempt})
+def _report_step(a: Attempt, step_loss: float, lr: float, grad_norm: float, log_every: int) -> None:
+    step = a.state.step
+    maybe_crash("crash", step)
+    a.reporter.step(step, step_loss, lr, a.state.tokens_seen, grad_norm)
+    tokens_per_s = a.reporter.tokens_per_s()
+    a.trackers.step(
+        step, {"loss": step_loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s or None}
+    )
+    if step % log_every == 0 or step == a.steps:
+        log(f"step {step}/{a.steps} loss {step_loss:.4f} lr {lr:.2e} tok/s {a.reporter.tokens_per_s():,.0f}")
 
 
-def _decode_or_skip(blobs: dict[str, bytes]) -> Decoded:
-    """A checkpoint that cannot be loaded safely is skipped like a corrupt one."""
-    try:
-        return decode(blobs)
-    except UnloadableCheckpoint as exc:
-        raise CorruptCheckpoint(f"cannot be loaded safely: {exc}") from None
-
-
-def _stop_on_notice(
-    flag: PreemptionFlag,
-    checkpointer: Checkpointer,
-    model: Any,
-    optimizer: Any,
-    scheduler: Any,
-    state: TrainerState,
-    reporter: ProgressReporter,
-) -> int:
-    ended = how_it_ended(checkpointer.store)  # a requested stop (cancel, budget) is no interruption
+def _stop_on_notice(a: Attempt) -> int:
+    """A notice or a requested stop: the upload in flight, then a final checkpoint; exit PREEMPTED."""
+    state, checkpoints = a.state, a.checkpoints
+    ended = how_it_ended(a.store)  # a requested stop (cancel, budget) is no interruption
     if ended["ended"] == "stopped":
         log(f"stop requested ({ended['stop_reason']}) at step {state.step}: saving before leaving")
     else:
-        log(f"preemption notice ({flag.reason}) at step {state.step}: saving before the machine goes")
-    checkpointer.finish()  # the upload in flight first, then the final checkpoint
-    if checkpointer.last_step != state.step:
-        reporter.set_state("checkpointing")
-        checkpointer.save(model, optimizer, scheduler, state, wait=True)
-        checkpointer.finish()
-    reporter.last_checkpoint(state.step)
-    checkpointer.store.update_epoch_record(**ended, step=state.step)
-    reporter.set_state("preempted", flush=True)
+        log(f"preemption notice ({a.flag.reason}) at step {state.step}: saving before the machine goes")
+    checkpoints.wait()  # the upload in flight first, then the final checkpoint
+    if checkpoints.last_step != state.step:
+        a.reporter.set_state("checkpointing")
+        checkpoints.save(a.model, a.optimizer, a.scheduler, state, wait=True)
+        checkpoints.wait()
+    a.reporter.last_checkpoint(state.step)
+    a.store.update_epoch_record(**ended, step=state.step)
+    a.reporter.set_state("preempted", flush=True)
     log(f"checkpoint at step {state.step} is safe; exiting with code {exitcodes.PREEMPTED} (preempted)")
     return exitcodes.PREEMPTED
+
+
+# ---- finish --------------------------------------------------------------------------------------
+def finish(a: Attempt) -> int:
+    """The last checkpoint, the held-out evaluation, the output and its records."""
+    state, output_uri = a.state, a.resolved["output_uri"]
+    if a.checkpoints.last_step != state.step:
+        a.checkpoints.save(a.model, a.optimizer, a.scheduler, state, wait=True)
+    a.checkpoints.wait()
+    a.reporter.last_checkpoint(state.step)
+    if a.dataset.held_out:
+        state.extra["eval_after"] = evaluate(a.model, a.dataset, a.device, a.spec)
+        log(f"held-out after training:  {_fmt_eval(state.extra['eval_after'])}")
+        a.reporter.eval_loss(state.step, state.extra["eval_after"]["loss"])
+        a.trackers.scalar("eval/loss", state.extra["eval_after"]["loss"], state.step)
+    a.trackers.close()
+    a.reporter.set_state("writing_output")
+    a.par.write_output(write_output, a.model, a.tokenizer, a.spec, output_uri)
+    a.reporter.finish(eval_before=state.extra.get("eval_before"), eval_after=state.extra.get("eval_after"))
+    if a.par.is_main:
+        _record_output(a.store, a.spec, a.resolved, a.steps, state, a.dataset, a.number, output_uri)
+    a.store.update_epoch_record(ended="finished", step=state.step)
+    log(f"done: {a.steps} steps; output at {output_uri}")
+    a.notifier.succeeded(state.step, getattr(a.reporter, "loss", None))
+    return exitcodes.OK
 
 
 def _fmt_eval(result: dict[str, float]) -> str:

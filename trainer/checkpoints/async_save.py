@@ -23,8 +23,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainer.checkpoints.checkpoint import Snapshot, TrainerState, serialize, snapshot
-from trainer.checkpoints.checkpointer import SaveResult, StagingError
+from trainer.checkpoints.checkpoint import (
+    SaveResult,
+    Snapshot,
+    StagingError,
+    TrainerState,
+    serialize,
+    snapshot,
+)
 from trainer.faults import maybe_crash
 from trainer.runstore.progress import debug
 from trainer.runstore.storage import StoreUnavailable
@@ -40,16 +46,15 @@ class AsyncCheckpointer:
         keep: int,
         log: Callable[[str], None],
         meta: dict[str, Any] | None = None,
-        asynchronous: bool | None = None,
+        asynchronous: bool = True,
         staging_dir: str | None = None,
         outage_s: float | None = None,
     ) -> None:
         self.store = store
         self.keep = keep
         self.log = log
+        #: the manifest's `meta` (checkpointer.manifest_meta)
         self.meta = dict(meta or {})
-        if asynchronous is None:
-            asynchronous = os.environ.get("FTORCH_ASYNC_CHECKPOINT", "1") != "0"
         self.asynchronous = asynchronous
         self.staging_dir = staging_dir if staging_dir is not None else os.environ.get("FTORCH_STAGING_DIR")
         self.outage_s = (

@@ -5,6 +5,9 @@
   `torch.load(weights_only=True)`)
 - `rng.safetensors`: torch CPU and CUDA generator states
 - `trainer_state.json`: step, data position, python and numpy RNG, evaluation results, bookkeeping
+
+Also the contract of the two checkpoint writers (`CheckpointWriter`, `SaveResult`, `StagingError`):
+`AsyncCheckpointer` (one process) and `ShardedWriter` (DCP, several ranks); `Checkpointer` picks one.
 """
 
 from __future__ import annotations
@@ -13,16 +16,16 @@ import copy
 import io
 import json
 import pickle
-import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-import numpy as np
 import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
+from trainer.checkpoints.rng import RngState
 from trainer.model import trainable_parameters
+from trainer.runstore.store import CorruptCheckpoint
 
 WEIGHTS = "weights.safetensors"
 OPTIMIZER = "optimizer.pt"
@@ -32,43 +35,69 @@ STATE = "trainer_state.json"
 
 @dataclass
 class TrainerState:
+    """Where the run is: the optimizer step, the data position (in the job's micro-batches), the tokens
+    seen, and bookkeeping that travels with the checkpoint (`extra`: evaluations, attempt, scaler)."""
+
     step: int
     micro_batches: int
     tokens_seen: int
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def to_json(self) -> dict[str, Any]:
+        """The fields of `trainer_state.json` this class owns (a writer adds its own beside them)."""
+        return {
+            "step": self.step,
+            "micro_batches": self.micro_batches,
+            "tokens_seen": self.tokens_seen,
+            "extra": copy.deepcopy(self.extra),
+        }
 
-def _python_rng() -> list[Any]:
-    version, internal, gauss = random.getstate()
-    return [version, list(internal), gauss]
-
-
-def _set_python_rng(state: list[Any]) -> None:
-    version, internal, gauss = state
-    random.setstate((version, tuple(internal), gauss))
-
-
-def _numpy_rng() -> dict[str, Any]:
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    return {
-        "kind": kind,
-        "keys": keys.tolist(),
-        "pos": int(pos),
-        "has_gauss": int(has_gauss),
-        "cached": float(cached),
-    }
-
-
-def _set_numpy_rng(state: dict[str, Any]) -> None:
-    np.random.set_state(
-        (
-            state["kind"],
-            np.array(state["keys"], dtype=np.uint32),
-            state["pos"],
-            state["has_gauss"],
-            state["cached"],
+    @classmethod
+    def from_json(cls, saved: dict[str, Any]) -> TrainerState:
+        return cls(
+            step=int(saved["step"]),
+            micro_batches=int(saved["micro_batches"]),
+            tokens_seen=int(saved["tokens_seen"]),
+            extra=saved.get("extra") or {},
         )
-    )
+
+
+class StagingError(RuntimeError):
+    """The local staging disk could not take the checkpoint (full, read-only)."""
+
+
+@dataclass
+class SaveResult:
+    """One save: how long training blocked for it and, once it is written, how long the upload took."""
+
+    step: int
+    blocking_s: float
+    upload_s: float = 0.0
+    nbytes: int = 0
+    error: BaseException | None = None
+
+
+class CheckpointWriter(Protocol):
+    """Writes checkpoints of the training state into the run store (one process, or sharded)."""
+
+    #: the newest step whose checkpoint is committed (manifest written), or None
+    durable_step: int | None
+    #: the newest save whose upload has finished (its `upload_s` is measured), or None
+    last: SaveResult | None
+
+    def poll(self) -> None:
+        """At a step boundary: finish background work that is done; raise what it found fatal."""
+
+    def save(
+        self, model: Any, optimizer: Any, scheduler: Any, state: Any, wait: bool = False
+    ) -> SaveResult | None:
+        """Start a checkpoint of `state` (all of it when `wait`); None when the save was skipped."""
+
+    def wait(self) -> None:
+        """Finish the save in flight (committed, or its error raised)."""
+
+    def last_good(self) -> str:
+        """The newest checkpoint known to be good, in words (for error messages)."""
 
 
 @dataclass
@@ -118,25 +147,14 @@ def snapshot(
     weights = {
         name: p.detach().to("cpu", copy=True).contiguous() for name, p in trainable_parameters(model).items()
     }
-    rng: dict[str, torch.Tensor] = {"torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        for index, cuda_state in enumerate(torch.cuda.get_rng_state_all()):
-            rng[f"cuda_{index}"] = cuda_state
-    trainer_state = {
-        "step": state.step,
-        "micro_batches": state.micro_batches,
-        "tokens_seen": state.tokens_seen,
-        "python_rng": _python_rng(),
-        "numpy_rng": _numpy_rng(),
-        "extra": copy.deepcopy(state.extra),
-    }
+    rng = RngState.capture()
     return Snapshot(
         step=state.step,
         weights=weights,
         optimizer=_copied(optimizer.state_dict()),
         scheduler=_copied(scheduler.state_dict()),
-        rng=rng,
-        trainer_state=trainer_state,
+        rng=rng.tensors(),
+        trainer_state={**state.to_json(), **rng.json_fields()},
     )
 
 
@@ -150,13 +168,6 @@ def serialize(snap: Snapshot) -> dict[str, bytes]:
         RNG: safetensors_save(snap.rng),
         STATE: json.dumps(snap.trainer_state).encode(),
     }
-
-
-def capture(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, state: TrainerState
-) -> dict[str, bytes]:
-    """Everything that decides the rest of the run, as bytes (copied off the training tensors)."""
-    return serialize(snapshot(model, optimizer, scheduler, state))
 
 
 class UnloadableCheckpoint(ValueError):
@@ -202,6 +213,14 @@ def decode(blobs: dict[str, bytes]) -> Decoded:
     return Decoded(weights, states, rng, saved)
 
 
+def decode_or_corrupt(blobs: dict[str, bytes]) -> Decoded:
+    """`decode`, where a checkpoint that cannot be loaded safely is skipped like a damaged one."""
+    try:
+        return decode(blobs)
+    except UnloadableCheckpoint as exc:
+        raise CorruptCheckpoint(f"cannot be loaded safely: {exc}") from None
+
+
 def restore(
     blobs: dict[str, bytes] | Decoded,
     model: torch.nn.Module,
@@ -226,17 +245,5 @@ def restore(
             param.copy_(weights[name].to(param.device, param.dtype))
     optimizer.load_state_dict(decoded.states["optimizer"])
     scheduler.load_state_dict(decoded.states["scheduler"])
-    rng = decoded.rng
-    torch.set_rng_state(rng["torch_cpu"])
-    cuda_states = [rng[f"cuda_{i}"] for i in range(len(rng)) if f"cuda_{i}" in rng]
-    if cuda_states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda_states[: torch.cuda.device_count()])
-    saved = decoded.saved
-    _set_python_rng(saved["python_rng"])
-    _set_numpy_rng(saved["numpy_rng"])
-    return TrainerState(
-        step=int(saved["step"]),
-        micro_batches=int(saved["micro_batches"]),
-        tokens_seen=int(saved["tokens_seen"]),
-        extra=saved.get("extra") or {},
-    )
+    RngState.from_whole(decoded.rng, decoded.saved).restore()
+    return TrainerState.from_json(decoded.saved)

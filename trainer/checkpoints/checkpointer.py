@@ -1,97 +1,132 @@
-"""When the training loop checkpoints, and what a failed save means for the attempt.
+"""The trainer's one checkpoint object (`Checkpointer`): what it reads at the start, when it saves, how,
+and what a failed save means for the attempt.
 
-The policy (`Checkpointer`): a checkpoint is due every N steps, every D seconds, or, for
-`checkpoint.every: auto`, after the Young/Daly interval (`trainer.checkpoints.interval`); the loop also
-saves on a preemption notice and at the end of the run (`save(wait=True)`, then `finish()`).
+Built from (parallelism, store, spec), it alone knows which kind of checkpoint is read and written:
+sharded DCP checkpoints from every rank (`sharded_checkpoint`) when the run is sharded, else whole ones
+from one process (`async_checkpoint`: a snapshot, then a background upload); FTORCH_ASYNC_CHECKPOINT=0
+makes either synchronous. The loop calls
 
-The writing goes through a `CheckpointWriter`: `AsyncCheckpointer` for one process (a snapshot, then a
-background upload) or `ShardedWriter` for several ranks (DCP). The loop picks one; the policy does not
-know which. Under several ranks the decision is agreed (`agree`: any rank due -> every rank saves).
+- `load_newest` and `clean_up` at the start, on the one listing of the store this start takes
+  (`RunStore.list_checkpoints`, rank 0's shared with the other ranks);
+- `due` and `save` at step boundaries: every N steps, every D seconds, or for `checkpoint.every: auto`
+  the Young/Daly interval (`trainer.checkpoints.interval`); under several ranks the decision is agreed
+  (any rank due -> every rank saves);
+- `save(wait=True)` and `wait` on a preemption notice and at the end of the run.
 
 Failures that must end the attempt become exit codes (`stop_for`): a fenced attempt -> FENCED, a store
-outage beyond its bound -> STORE_UNAVAILABLE, a full staging disk -> ERROR. No torch here.
+outage beyond its bound -> STORE_UNAVAILABLE, a full staging disk -> ERROR.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from trainer import exitcodes
+from trainer.checkpoints.async_save import AsyncCheckpointer
+from trainer.checkpoints.checkpoint import (
+    CheckpointWriter,
+    StagingError,
+    TrainerState,
+    decode_or_corrupt,
+    restore,
+)
 from trainer.checkpoints.interval import AutoInterval, History
+from trainer.checkpoints.sharded import ShardedWriter
+from trainer.checkpoints.sharded import load_newest as load_newest_sharded
 from trainer.config import JobSpec
+from trainer.distributed import Parallel, Sharded
 from trainer.runstore.progress import debug, log
 from trainer.runstore.storage import StoreUnavailable
-from trainer.runstore.store import Fenced, RunStore, checkpoint_name
+from trainer.runstore.store import CheckpointInfo, CheckpointListing, Fenced, RunStore, checkpoint_name
 
 
-class StagingError(RuntimeError):
-    """The local staging disk could not take the checkpoint (full, read-only)."""
+def manifest_meta(spec: JobSpec, attempt: int) -> dict[str, Any]:
+    """What every checkpoint's manifest records about the run in its `meta` (a sharded writer adds its
+    kind, world size and files beside it)."""
+    return {"attempt": attempt}
 
 
-@dataclass
-class SaveResult:
-    """One save: how long training blocked for it and, once it is written, how long the upload took."""
-
-    step: int
-    blocking_s: float
-    upload_s: float = 0.0
-    nbytes: int = 0
-    error: BaseException | None = None
-
-
-class CheckpointWriter(Protocol):
-    """Writes checkpoints of the training state into the run store (one process, or sharded)."""
-
-    #: the newest step whose checkpoint is committed (manifest written), or None
-    durable_step: int | None
-    #: the newest save whose upload has finished (its `upload_s` is measured), or None
-    last: SaveResult | None
-
-    def poll(self) -> None:
-        """At a step boundary: finish background work that is done; raise what it found fatal."""
-
-    def save(
-        self, model: Any, optimizer: Any, scheduler: Any, state: Any, wait: bool = False
-    ) -> SaveResult | None:
-        """Start a checkpoint of `state` (all of it when `wait`); None when the save was skipped."""
-
-    def wait(self) -> None:
-        """Finish the save in flight (committed, or its error raised)."""
-
-    def last_good(self) -> str:
-        """The newest checkpoint known to be good, in words (for error messages)."""
+def async_saves() -> bool:
+    """Saves go on in the background unless FTORCH_ASYNC_CHECKPOINT=0."""
+    return os.environ.get("FTORCH_ASYNC_CHECKPOINT", "1") != "0"
 
 
 class Checkpointer:
-    """The loop's checkpoint policy over a writer: `due`, `save`, `poll`, `finish`."""
+    """The loop's checkpoints: `load_newest`, `clean_up`, `due`, `save`, `poll`, `wait`."""
 
     def __init__(
         self,
+        par: Parallel,
         store: RunStore,
         spec: JobSpec,
-        writer: CheckpointWriter,
-        last_step: int,
-        agree: Callable[[bool], bool] | None = None,
+        attempt: int = 1,
+        listing: CheckpointListing | None = None,
+        writer: CheckpointWriter | None = None,
     ) -> None:
+        self.par = par
         self.store = store
         self.spec = spec
-        self.writer = writer
-        self.agree = agree or (lambda value: value)
-        self.last_step = last_step
+        self.attempt = attempt
+        self._listing = par.share(listing)  # every rank works from rank 0's listing
+        self.writer = writer if writer is not None else self._make_writer()
+        self.agree = par.any
+        self.last_step = 0
         self.last_time = time.time()
-        writer.durable_step = last_step if last_step > 0 else None
+        #: the checkpoint `load_newest` resumed from
+        self.resumed_from: CheckpointInfo | None = None
         self.auto = AutoInterval(history=History.from_epochs(store.epoch_records(), store.epoch, time.time()))
         self.interval_s: float | None = None
-        self._uploaded = writer.last
+        self._uploaded = self.writer.last
+
+    def _make_writer(self) -> CheckpointWriter:
+        """DCP shards from every rank, or one process's files (snapshot, then a background upload)."""
+        meta = manifest_meta(self.spec, self.attempt)
+        if isinstance(self.par, Sharded):
+            return ShardedWriter(self.store, self.spec, self.par, meta, async_saves=async_saves())
+        return AsyncCheckpointer(self.store, self.spec.checkpoint.keep, log, meta, asynchronous=async_saves())
+
+    @property
+    def listing(self) -> CheckpointListing:
+        """The store's checkpoints as listed at this start (listed here if none was given)."""
+        if self._listing is None:
+            self._listing = self.store.list_checkpoints()
+        return self._listing
 
     @property
     def durable_step(self) -> int | None:
         return self.writer.durable_step
 
+    # ---- the start ---------------------------------------------------------------------------------
+    def load_newest(self, model: Any, optimizer: Any, scheduler: Any) -> TrainerState | None:
+        """Load the newest checkpoint this world can read into model, optimizer and scheduler; None if
+        there is none. Damaged, incomplete and unloadable ones are skipped (logged)."""
+        if isinstance(self.par, Sharded):  # sharded (DCP) or single-process ones, resharded onto these ranks
+            args = (self.store, self.spec, self.par, model, optimizer, scheduler)
+            loaded = load_newest_sharded(*args, on_skip=_skipped, listing=self.listing)
+        else:
+            found = self.store.newest_valid_checkpoint(_skipped, decode_or_corrupt, listing=self.listing)
+            loaded = found and (found[0], restore(found[1], model, optimizer, scheduler))
+        if not loaded:
+            return None
+        self.resumed_from, state = loaded
+        self.last_step = state.step
+        self.writer.durable_step = state.step if state.step > 0 else None
+        self.last_time = time.time()
+        return state
+
+    def clean_up(self) -> None:
+        """Rank 0 at the start: remove what earlier attempts left half-written; keep `checkpoint.keep`."""
+        if not self.par.is_main:
+            return
+        partial = self.store.remove_partial_checkpoints(self.listing)
+        if partial:
+            log(f"removed incomplete checkpoint(s) left by earlier attempts: {', '.join(partial)}")
+        self.store.prune_checkpoints(self.spec.checkpoint.keep, listing=self.listing)
+
+    # ---- during training ---------------------------------------------------------------------------
     def due(self, step: int, now: float) -> bool:
         """Whether to save after `step` (agreed by every rank). Finishes background work first."""
         self.poll()
@@ -144,7 +179,7 @@ class Checkpointer:
             self._uploaded = done
             self.auto.upload_s = done.upload_s
 
-    def finish(self) -> None:
+    def wait(self) -> None:
         """Wait for the upload in flight; fail the attempt if its checkpoint is not durable."""
         try:
             self.writer.wait()
@@ -156,6 +191,11 @@ class Checkpointer:
                 )
         except BaseException as exc:  # noqa: BLE001 - mapped to an exit code
             stop_for(exc)
+
+
+def _skipped(what: CheckpointInfo | str, why: str) -> None:
+    name = what if isinstance(what, str) else what.path
+    log(f"not using checkpoint {name}: {why}")
 
 
 def _cause(error: BaseException | None) -> str:

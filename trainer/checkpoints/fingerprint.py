@@ -156,10 +156,11 @@ def changes(
     return found
 
 
-def newest_record(store: Any) -> tuple[int, dict[str, Any]] | None:
+def newest_record(store: Any, listing: Any = None) -> tuple[int, dict[str, Any]] | None:
     """(step, fingerprint record) of the newest checkpoint with a manifest; None when there is none.
-    An old checkpoint without a record gives an empty one (nothing to compare)."""
-    complete = store.complete_checkpoints()
+    An old checkpoint without a record gives an empty one (nothing to compare). `listing`: the start's
+    one listing of the store (trainer.runstore.store.CheckpointListing), when the caller has it."""
+    complete = listing.complete if listing is not None else store.complete_checkpoints()
     if not complete:
         return None
     info = complete[-1]
@@ -214,14 +215,18 @@ class StartCheck:
 
 
 def check_start(
-    store: Any, resolved: dict[str, Any], identity: str | None, log: Callable[[str], None]
+    store: Any,
+    resolved: dict[str, Any],
+    identity: str | None,
+    log: Callable[[str], None],
+    listing: Any = None,
 ) -> StartCheck:
     """At the trainer's start: compare the job with the newest checkpoint's record. A change refuses
     the attempt (SpecChanged) unless spec.json records it was allowed; an allowed one is logged and put
     in this attempt's epoch record (rank 0)."""
     job = resolved["job"]
     check = StartCheck(meta={META_KEY: record(job, identity)})
-    newest = newest_record(store)
+    newest = newest_record(store, listing)
     if newest is None:
         return check
     step, recorded = newest

@@ -22,29 +22,37 @@ ranks load them. A single-process checkpoint is loaded into a sharded model too 
 
 from __future__ import annotations
 
-import base64
-import io
 import json
-import os
-import random
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from trainer.checkpoints import dcp_io
-from trainer.checkpoints.checkpoint import OPTIMIZER, STATE, WEIGHTS, TrainerState
-from trainer.checkpoints.checkpointer import SaveResult
+from trainer.checkpoints.checkpoint import (
+    OPTIMIZER,
+    STATE,
+    WEIGHTS,
+    SaveResult,
+    TrainerState,
+    decode_or_corrupt,
+)
+from trainer.checkpoints.rng import RngState
 from trainer.config import JobSpec
 from trainer.distributed import Sharded, seed_rank
 from trainer.runstore.progress import debug, log
-from trainer.runstore.store import CheckpointInfo, CorruptCheckpoint, RunStore, checkpoint_name
+from trainer.runstore.store import (
+    CheckpointInfo,
+    CheckpointListing,
+    CorruptCheckpoint,
+    RunStore,
+    checkpoint_name,
+)
 
 KIND = "dcp"
-TRAINER_STATE = "trainer_state.json"
 DCP_METADATA = dcp_io.DCP_METADATA
 
 
@@ -56,11 +64,6 @@ def is_sharded(info: CheckpointInfo | None) -> bool:
     return info is not None and info.meta.get("kind") == KIND
 
 
-def newest_is_sharded(store: RunStore) -> bool:
-    complete = store.complete_checkpoints()
-    return bool(complete) and is_sharded(complete[-1])
-
-
 def _join(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p)
 
@@ -68,33 +71,6 @@ def _join(*parts: str) -> str:
 def _epoch_dir(epoch: int) -> str:
     """Where this attempt's files go inside a step folder (mirrors RunStore.commit_checkpoint)."""
     return f"e{epoch:08d}" if epoch else ""
-
-
-# ---- what each rank contributes besides its shards ------------------------------------------------
-def rng_state() -> dict[str, Any]:
-    version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
-        "torch_cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
-        "python": [version, list(internal), gauss],
-        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = base64.b64encode(torch.cuda.get_rng_state().numpy().tobytes()).decode()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    raw = base64.b64decode(state["torch_cpu"])
-    torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(
-            torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8)
-        )
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
 def _options(spec: JobSpec, **extra: Any) -> Any:
@@ -121,12 +97,19 @@ class ShardedWriter:
     All ranks call `save`/`wait`/`poll` at the same step boundaries (the policy's decision is agreed).
     """
 
-    def __init__(self, store: RunStore, spec: JobSpec, par: Sharded, async_saves: bool | None = None) -> None:
+    def __init__(
+        self,
+        store: RunStore,
+        spec: JobSpec,
+        par: Sharded,
+        meta: dict[str, Any] | None = None,
+        async_saves: bool = True,
+    ) -> None:
         self.store = store
         self.spec = spec
         self.par = par
-        if async_saves is None:
-            async_saves = os.environ.get("FTORCH_ASYNC_CHECKPOINT", "1") != "0"
+        #: the manifest's `meta` (checkpointer.manifest_meta); the DCP kind, world and files are added here
+        self.meta = dict(meta or {})
         self.async_saves = async_saves
         self.pending: _Pending | None = None
         #: the newest committed step (rank 0 knows it first; the others after `wait`)
@@ -159,24 +142,16 @@ class ShardedWriter:
         step = state.step
         result = SaveResult(step=step, blocking_s=0.0)
         folder = _join("checkpoints", checkpoint_name(step), _epoch_dir(self.par.epoch))
-        rngs = self._gather(rng_state())
+        rngs = self._gather(RngState.capture(every_device=False).to_json())
         blobs: dict[str, bytes] = {}
         if self.par.is_main:
-            blobs[TRAINER_STATE] = json.dumps(
-                {
-                    "step": step,
-                    "micro_batches": state.micro_batches,
-                    "tokens_seen": state.tokens_seen,
-                    "extra": state.extra,
-                    "scheduler": scheduler.state_dict(),
-                    "world_size": self.par.world,
-                }
-            ).encode()
+            saved = {**state.to_json(), "scheduler": scheduler.state_dict(), "world_size": self.par.world}
+            blobs[STATE] = json.dumps(saved).encode()
             for rank, rng in enumerate(rngs):
                 blobs[rank_file(rank)] = json.dumps(rng).encode()
         model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(self.spec))
         writer = FsspecWriter(self.store.uri(folder), **self.store.storage_options)
-        meta = {"kind": KIND, "world_size": self.par.world, "attempt": state.extra.get("attempt")}
+        meta = {**self.meta, "kind": KIND, "world_size": self.par.world}
         payload = {"model": model_sd, "optim": optim_sd}
         if self.async_saves and not wait:
             staging = _plain_staging()
@@ -249,10 +224,12 @@ def load_newest(
     model: torch.nn.Module,
     optimizer: Any,
     scheduler: Any,
-    on_skip: Any = None,
+    on_skip: Callable[[CheckpointInfo | str, str], None] | None = None,
+    listing: CheckpointListing | None = None,
 ) -> tuple[CheckpointInfo, TrainerState] | None:
     """Load the newest checkpoint every rank can read, sharded (any world size) or single-process."""
-    return _Loader(store, spec, par).load_newest(model, optimizer, scheduler, on_skip)
+    loader = _Loader(store, spec, par, model, optimizer, scheduler)
+    return store.newest_good(loader.load, on_skip if par.is_main else None, agree=par.any, listing=listing)
 
 
 @dataclass
@@ -260,30 +237,20 @@ class _Loader:
     store: RunStore
     spec: JobSpec
     par: Sharded
+    model: torch.nn.Module
+    optimizer: Any
+    scheduler: Any
 
-    def load_newest(
-        self, model: torch.nn.Module, optimizer: Any, scheduler: Any, on_skip: Any = None
-    ) -> tuple[CheckpointInfo, TrainerState] | None:
-        """Load the newest checkpoint that every rank can read (sharded or single-process)."""
-        for info in reversed(self.store.complete_checkpoints()):
-            error: str | None = None
-            state: TrainerState | None = None
-            try:
-                if is_sharded(info):
-                    state = self._load_sharded(info, model, optimizer, scheduler)
-                else:
-                    state = self._load_single(info, model, optimizer, scheduler)
-            except CorruptCheckpoint as exc:  # damaged, or refused by safe loading (one line)
-                error = str(exc)
-            except Exception as exc:  # noqa: BLE001 - the next older checkpoint is tried
-                error = f"{exc.__class__.__name__}: {exc}"
-            if self.par.any(error is not None):
-                if on_skip is not None and self.par.is_main:
-                    on_skip(info, error or "another rank could not read it")
-                continue
-            assert state is not None
-            return info, state
-        return None
+    def load(self, info: CheckpointInfo) -> TrainerState:
+        """One checkpoint into the model; any failure is a CorruptCheckpoint (the next older is tried)."""
+        try:
+            if is_sharded(info):
+                return self._load_sharded(info, self.model, self.optimizer, self.scheduler)
+            return self._load_single(info, self.model, self.optimizer, self.scheduler)
+        except CorruptCheckpoint:  # damaged, or refused by safe loading (one line)
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise CorruptCheckpoint(f"{exc.__class__.__name__}: {exc}") from None
 
     def _load_sharded(
         self, info: CheckpointInfo, model: torch.nn.Module, optimizer: Any, scheduler: Any
@@ -292,7 +259,7 @@ class _Loader:
 
         data_dir = dcp_io.data_dir(self.store, info)  # sizes as in the manifest
         blobs = self.store.read_checkpoint(info)  # the small files, verified (sha256)
-        saved = json.loads(blobs[TRAINER_STATE])
+        saved = json.loads(blobs[STATE])
         options = _options(self.spec, strict=self.spec.method == "full")
         model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
         payload = {"model": model_sd, "optim": optim_sd}
@@ -307,23 +274,17 @@ class _Loader:
         scheduler.load_state_dict(saved["scheduler"])
         same_world = int(saved.get("world_size") or 0) == self.par.world
         if same_world and rank_file(self.par.rank) in blobs:
-            set_rng_state(json.loads(blobs[rank_file(self.par.rank)]))
+            RngState.from_json(json.loads(blobs[rank_file(self.par.rank)])).restore()
         else:  # resharded: rank r's old stream does not exist; start a fresh one for this point
             seed_rank(self.spec.train.seed, self.par.rank, int(saved["step"]))
             if self.par.is_main:
                 log(f"resharding: saved by {saved.get('world_size')} ranks, resumed by {self.par.world}")
-        return TrainerState(
-            step=int(saved["step"]),
-            micro_batches=int(saved["micro_batches"]),
-            tokens_seen=int(saved["tokens_seen"]),
-            extra=saved.get("extra") or {},
-        )
+        return TrainerState.from_json(saved)
 
     def _load_single(
         self, info: CheckpointInfo, model: torch.nn.Module, optimizer: Any, scheduler: Any
     ) -> TrainerState:
         """A single-process checkpoint into the sharded model: every rank takes its slice."""
-        from safetensors.torch import load as safetensors_load
         from torch.distributed.tensor import DTensor, distribute_tensor
 
         from trainer.model import trainable_parameters
@@ -337,14 +298,15 @@ class _Loader:
                 return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
             return full
 
-        weights = safetensors_load(blobs[WEIGHTS])
+        decoded = decode_or_corrupt(blobs)  # parsed safely (weights_only), nothing applied yet
+        weights = decoded.weights
         params = trainable_parameters(model)
         if set(params) != set(weights):
             raise CorruptCheckpoint(f"{info.path}: the checkpoint's weights do not fit the model")
         with torch.no_grad():
             for name, param in params.items():
                 param.copy_(shard_like(weights[name].to(param.dtype), param))
-        states = torch.load(io.BytesIO(blobs[OPTIMIZER]), map_location="cpu", weights_only=True)
+        states = decoded.states
         ordered = [p for p in model.parameters() if p.requires_grad]
         optim = states["optimizer"]
         optim["state"] = {
@@ -353,16 +315,11 @@ class _Loader:
         }
         optimizer.load_state_dict(optim)
         scheduler.load_state_dict(states["scheduler"])
-        saved = json.loads(blobs[STATE])
-        seed_rank(self.spec.train.seed, self.par.rank, int(saved["step"]))
+        state = TrainerState.from_json(decoded.saved)
+        seed_rank(self.spec.train.seed, self.par.rank, state.step)
         if self.par.is_main:
             log(f"resharding: a single-process checkpoint resumed by {self.par.world} ranks")
-        return TrainerState(
-            step=int(saved["step"]),
-            micro_batches=int(saved["micro_batches"]),
-            tokens_seen=int(saved["tokens_seen"]),
-            extra=saved.get("extra") or {},
-        )
+        return state
 
 
 def _done() -> Future:

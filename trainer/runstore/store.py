@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from trainer.faults import maybe_die, maybe_disk_full
 from trainer.runstore.runfiles import checked_progress
@@ -82,6 +82,37 @@ class CheckpointInfo:
     @property
     def size_bytes(self) -> int:
         return sum(int(f["size"]) for f in self.files.values())
+
+
+@dataclass
+class CheckpointListing:
+    """The run's step folders as listed once, with the manifests read then (one start of the trainer
+    lists the store once and passes this around: each listing is a request on s3://)."""
+
+    #: step folders (not links), oldest first
+    names: list[str]
+    #: name -> its checkpoint, for the folders whose manifest was readable
+    manifests: dict[str, CheckpointInfo]
+    #: step folders that are links (local stores): never followed
+    links: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> list[CheckpointInfo]:
+        """Checkpoints with a readable manifest, oldest first (files not verified yet)."""
+        return [self.manifests[n] for n in self.names if n in self.manifests]
+
+    @property
+    def newest(self) -> CheckpointInfo | None:
+        complete = self.complete
+        return complete[-1] if complete else None
+
+    def forget(self, name: str) -> None:
+        """A folder this start deleted."""
+        self.names = [n for n in self.names if n != name]
+        self.manifests.pop(name, None)
+
+
+T = TypeVar("T")
 
 
 class RunStore(Storage):
@@ -219,22 +250,31 @@ class RunStore(Storage):
             dir=str(manifest.get("dir") or ""),
         )
 
+    def _step_folders(self) -> tuple[list[str], list[str]]:
+        """(step folders, linked step folders), from one listing of checkpoints/."""
+        entries = [n for n in self.listdir(CHECKPOINTS) if step_of(n) is not None]
+        links = [n for n in entries if self.is_local and os.path.islink(self.path(CHECKPOINTS, n))]
+        names = [n for n in entries if n not in links]  # a linked folder is not part of this run store
+        return sorted(names, key=lambda n: step_of(n) or 0), links
+
+    def list_checkpoints(self) -> CheckpointListing:
+        """The step folders and their manifests: one listing, one read per manifest."""
+        names, links = self._step_folders()
+        manifests = {n: info for n in names if (info := self._manifest(n)) is not None}
+        return CheckpointListing(names, manifests, links)
+
     def checkpoint_names(self) -> list[str]:
-        names = [n for n in self.listdir(CHECKPOINTS) if step_of(n) is not None]
-        if self.is_local:  # a linked folder is not part of this run store
-            names = [n for n in names if not os.path.islink(self.path(CHECKPOINTS, n))]
-        return sorted(names, key=lambda n: step_of(n) or 0)
+        return self._step_folders()[0]
 
     def linked_checkpoint_names(self) -> list[str]:
         """Step folders that are links (local stores): never followed; pruning removes the link."""
         if not self.is_local:
             return []
-        return [n for n in self.listdir(CHECKPOINTS) if os.path.islink(self.path(CHECKPOINTS, n))]
+        return self._step_folders()[1]
 
-    def complete_checkpoints(self) -> list[CheckpointInfo]:
+    def complete_checkpoints(self, listing: CheckpointListing | None = None) -> list[CheckpointInfo]:
         """Checkpoints with a readable manifest, oldest first (files not verified yet)."""
-        found = [self._manifest(n) for n in self.checkpoint_names()]
-        return [c for c in found if c is not None]
+        return (listing or self.list_checkpoints()).complete
 
     def read_checkpoint(self, info: CheckpointInfo) -> dict[str, bytes]:
         """All files of a checkpoint, verified against its manifest (size and sha256)."""
@@ -250,41 +290,64 @@ class RunStore(Storage):
             blobs[rel] = data
         return blobs
 
+    def newest_good(
+        self,
+        load: Callable[[CheckpointInfo], T],
+        on_skip: Callable[[CheckpointInfo | str, str], None] | None = None,
+        agree: Callable[[bool], bool] | None = None,
+        listing: CheckpointListing | None = None,
+    ) -> tuple[CheckpointInfo, T] | None:
+        """The newest checkpoint that `load` takes, newest first; (info, what load returned) or None.
+
+        A folder without a manifest is skipped, and so is a checkpoint whose `load` raises
+        CorruptCheckpoint. `agree` (several ranks): any rank failing -> every rank skips it."""
+        listing = listing or self.list_checkpoints()
+        for name in reversed(listing.names):
+            info = listing.manifests.get(name)
+            if info is None:
+                if on_skip:
+                    on_skip(name, "incomplete (no manifest)")
+                continue
+            error: str | None = None
+            try:
+                value = load(info)
+            except CorruptCheckpoint as exc:
+                error = str(exc)
+            if agree(error is not None) if agree else error is not None:
+                if on_skip:
+                    on_skip(info, error or "another rank could not read it")
+                continue
+            return info, value
+        return None
+
     def newest_valid_checkpoint(
         self,
         on_skip: Callable[[CheckpointInfo | str, str], None] | None = None,
         decode: Callable[[dict[str, bytes]], Any] | None = None,
+        listing: CheckpointListing | None = None,
     ) -> tuple[CheckpointInfo, Any] | None:
         """The newest checkpoint whose files verify; corrupt or incomplete ones are skipped.
 
         With `decode`, (info, decode(files)): a checkpoint whose decode raises CorruptCheckpoint is
         skipped the same way (e.g. one that cannot be loaded safely)."""
-        complete = {c.path.rsplit("/", 1)[-1]: c for c in self.complete_checkpoints()}
-        for name in reversed(self.checkpoint_names()):
-            info = complete.get(name)
-            if info is None:
-                if on_skip:
-                    on_skip(name, "incomplete (no manifest)")
-                continue
-            try:
-                blobs = self.read_checkpoint(info)
-                return info, (decode(blobs) if decode else blobs)
-            except CorruptCheckpoint as exc:
-                if on_skip:
-                    on_skip(info, str(exc))
-        return None
 
-    def remove_partial_checkpoints(self) -> list[str]:
+        def load(info: CheckpointInfo) -> Any:
+            blobs = self.read_checkpoint(info)
+            return decode(blobs) if decode else blobs
+
+        return self.newest_good(load, on_skip, listing=listing)
+
+    def remove_partial_checkpoints(self, listing: CheckpointListing | None = None) -> list[str]:
         """At the start of an attempt: delete the files older epochs left in step folders without a
         manifest (a kill or a full disk mid-save). Only epochs older than this one's are touched, so a
-        save of a newer attempt is never disturbed; on a full disk this is what frees the space."""
+        save of a newer attempt is never disturbed; on a full disk this is what frees the space.
+        A `listing` given is kept up to date with the folders removed."""
         self.check_fence()
         if not self.epoch:
             return []
+        listing = listing or self.list_checkpoints()
         removed = []
-        for name in self.checkpoint_names():
-            if self._manifest(name) is not None:
-                continue
+        for name in [n for n in listing.names if n not in listing.manifests]:
             folder = f"{CHECKPOINTS}/{name}"
             entries = self.listdir(folder)
             older = [e for e in entries if e.startswith("e") and e[1:].isdigit() and int(e[1:]) < self.epoch]
@@ -294,9 +357,12 @@ class RunStore(Storage):
                 removed.append(name)
                 if len(older) == len(entries):
                     self.remove_tree(folder)
+                    listing.forget(name)
         return removed
 
-    def prune_checkpoints(self, keep: int, protect_above: int | None = None) -> list[str]:
+    def prune_checkpoints(
+        self, keep: int, protect_above: int | None = None, listing: CheckpointListing | None = None
+    ) -> list[str]:
         """Keep the newest `keep` complete checkpoints; delete older ones and incomplete leftovers.
 
         The manifest goes first, so a checkpoint that is half deleted is never taken for complete.
@@ -304,8 +370,9 @@ class RunStore(Storage):
         A fenced attempt deletes nothing, and a checkpoint of a newer epoch is never deleted.
         """
         self.check_fence()
-        names = self.checkpoint_names()
-        complete = self.complete_checkpoints()
+        listing = listing or self.list_checkpoints()
+        names = listing.names
+        complete = listing.complete
         complete_names = [c.path.rsplit("/", 1)[-1] for c in complete]
         doomed = complete_names[:-keep] if keep > 0 else complete_names
         newest_complete = complete[-1].step if complete else None
@@ -315,7 +382,7 @@ class RunStore(Storage):
             if n not in complete_names and newest_complete is not None and (step_of(n) or 0) < newest_complete
         ]
         removed = []
-        for name in self.linked_checkpoint_names():
+        for name in listing.links:
             self.remove_tree(f"{CHECKPOINTS}/{name}")
             removed.append(name)
         for name in [*doomed, *leftovers]:

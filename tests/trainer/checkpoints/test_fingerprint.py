@@ -109,7 +109,8 @@ def test_resume_refuses_a_changed_seed_allows_free_settings_and_records_an_allow
     # budget and checkpoint interval do not change the math: accepted, and the trainer resumes
     free = ftorch(
         "resume", job_id, "--set", "resources.budget_usd=100", "--set", "checkpoint.every=3",
-        env={"FTORCH_FAULTS": "crash@14:2"},
+        # synchronous saves: the step-12 checkpoint is committed before the crash at 14, however loaded
+        env={"FTORCH_FAULTS": "crash@14:2", "FTORCH_ASYNC_CHECKPOINT": "0"},
     )  # fmt: skip
     assert free.returncode == 0, free.stderr
     assert _wait_end(job_id) == "FAILED"  # the injected crash at step 14 of attempt 2
