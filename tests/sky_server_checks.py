@@ -24,7 +24,8 @@ from typing import Any
 
 from orchestrator.backends.skypilot import render_job
 from orchestrator.backends.skypilot_render import regions_of
-from orchestrator.controller import Config, Controller, Plan, SdkClient, split_resources
+from orchestrator.backends.skypilot_sdk import SdkClient
+from orchestrator.controller import Config, Controller, Plan, split_resources
 from orchestrator.policy import Mode, make_policy
 from orchestrator.region_order import cloud_of, entry_key, lost_region_last, region_of
 from orchestrator.spec import load_job
