@@ -44,10 +44,6 @@ class Offer:
     def nvlink(self) -> bool:
         return self.interconnect.lower() == "nvlink"
 
-    @property
-    def total_memory_gib(self) -> float:
-        return self.gpu_memory_gib * self.count
-
     def prices_in(self, regions: list[str] | None) -> tuple[float | None, float | None, tuple[str, ...]]:
         """(on-demand, spot, regions) over the allowed regions: the median of the regions' prices."""
         if not regions:
