@@ -69,10 +69,6 @@ class Offer:
         """'consumer' (GDDR GeForce/workstation cards) or 'datacenter'."""
         return "consumer" if self.accelerator.lower() in CONSUMER_TIER else "datacenter"
 
-    @property
-    def total_memory_gib(self) -> float:
-        return self.gpu_memory_gib * self.count
-
     def prices_in(self, regions: list[str] | None) -> tuple[float | None, float | None, tuple[str, ...]]:
         """(on-demand, spot, regions) over the allowed regions: the median of the regions' prices."""
         if not regions:

@@ -1,8 +1,10 @@
-"""Errors the CLI turns into exit codes."""
+"""Errors the CLI turns into exit codes, and `one_line` for any error shown on one line."""
 
 from __future__ import annotations
 
-__all__ = ["SpecError", "UserError"]
+import re
+
+__all__ = ["SpecError", "UserError", "one_line"]
 
 
 class SpecError(Exception):
@@ -19,3 +21,23 @@ class SpecError(Exception):
 
 class UserError(Exception):
     """Something the user asked for is wrong (unknown job, wrong state): exit code 2, one line."""
+
+
+def one_line(exc: BaseException, limit: int = 600) -> str:
+    """An error on one line that keeps its cause: SkyPilot's launch errors are long and the cause is
+    often at the end (or in the chained exception), so a long text keeps its head and its tail."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(current)).split())
+        part = f"{current.__class__.__name__}: {text}" if text else current.__class__.__name__
+        if not any(part in p for p in parts):
+            parts.append(part)
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    line = " <- caused by ".join(parts)
+    if len(line) <= limit:
+        return line
+    head = limit // 4
+    return f"{line[:head]} ... {line[-(limit - head - 5) :]}"

@@ -218,6 +218,46 @@ def _reject(offer: Offer, reason: str) -> Rejection:
     return Rejection(offer.cloud, offer.instance_type, offer.accelerator, offer.count, reason)
 
 
+class _Rejected(Exception):
+    """An offer lost; the message is its reason as `ftorch plan --json` shows it ("kind: why")."""
+
+
+@dataclass
+class _Job:
+    """What every offer is judged against: the spec's wishes and the memory estimate per GPU count."""
+
+    spec: Any
+    shape: ModelShape
+    work: Workload
+    use_spot: bool
+    fallback: bool
+    needs_bf16: bool
+    wanted_acc: set[str]
+    estimates: dict[int, MemoryEstimate] = field(default_factory=dict)
+    confirm: TraceConfirmation | None = None
+
+    def memory_for(self, n: int) -> MemoryEstimate:
+        if n not in self.estimates:
+            self.estimates[n] = estimate(self.shape, settings_from_spec(self.spec, n))
+        return self.estimates[n]
+
+
+def _job(spec: Any, shape: ModelShape) -> _Job:
+    from orchestrator.sky_names import ftorch_name
+
+    res = spec.resources
+    return _Job(
+        spec=spec,
+        shape=shape,
+        work=workload(spec),
+        use_spot=res.spot and res.policy != "on-demand",
+        fallback=res.fallback == "on-demand" and res.policy != "spot-only",
+        needs_bf16=spec.train.precision in ("bf16", "bf16-mixed")
+        or (spec.method == "qlora" and spec.quantization.compute_dtype == "bf16"),
+        wanted_acc={ftorch_name(a).lower() for a in res.accelerators or []},
+    )
+
+
 def make_plan(
     spec: Any,
     *,
@@ -233,151 +273,21 @@ def make_plan(
     if isinstance(catalog, list | tuple):
         catalog = Catalog(tuple(catalog), "given offers")
     catalog = catalog or load_catalog(offline=offline)
-    res = spec.resources
-    nodes = res.nodes
-    shape = shape or resolve_shape(spec.model, online=online_shapes)
-    work: Workload = workload(spec)
-    use_spot = res.spot and res.policy != "on-demand"
-    fallback = res.fallback == "on-demand" and res.policy != "spot-only"
-    needs_bf16 = spec.train.precision in ("bf16", "bf16-mixed") or (
-        spec.method == "qlora" and spec.quantization.compute_dtype == "bf16"
-    )
-    estimates: dict[int, MemoryEstimate] = {}
-
-    def memory_for(n: int) -> MemoryEstimate:
-        if n not in estimates:
-            estimates[n] = estimate(shape, settings_from_spec(spec, n))
-        return estimates[n]
-
-    memory_for(1)
-    confirm = None
+    job = _job(spec, shape or resolve_shape(spec.model, online=online_shapes))
+    job.memory_for(1)
     if trace:
-        sizes = [(o.count * nodes, o.gpu_memory_gib) for o in catalog.offers]
-        confirm = TraceConfirmation(spec, shape, sizes, memory_for, HEADROOM, TRACE_MARGIN)
+        sizes = [(o.count * spec.resources.nodes, o.gpu_memory_gib) for o in catalog.offers]
+        job.confirm = TraceConfirmation(spec, job.shape, sizes, job.memory_for, HEADROOM, TRACE_MARGIN)
     candidates: list[Candidate] = []
     rejected: list[Rejection] = []
-    from orchestrator.sky_names import ftorch_name
-
-    wanted_acc = {ftorch_name(a).lower() for a in res.accelerators or []}
     for offer in catalog.offers:
-        if res.clouds and offer.cloud not in res.clouds:
-            rejected.append(_reject(offer, f"cloud: {offer.cloud} is not in resources.clouds"))
-            continue
-        if wanted_acc and offer.accelerator.lower() not in wanted_acc:
-            rejected.append(
-                _reject(offer, f"accelerator: {offer.accelerator} is not in resources.accelerators")
-            )
-            continue
-        od, spot, regions = offer.prices_in(res.regions)
-        if res.regions and not regions:
-            rejected.append(_reject(offer, "region: not offered in resources.regions"))
-            continue
-        if res.gpus and offer.count != res.gpus:
-            rejected.append(
-                _reject(offer, f"gpus: has {offer.count} GPUs, resources.gpus asks for {res.gpus}")
-            )
-            continue
-        acc = accelerator(offer.accelerator, offer.instance_type)
-        if acc is None:
-            rejected.append(_reject(offer, f"accelerator: no performance figures for {offer.accelerator}"))
-            continue
-        if needs_bf16 and not acc.bf16:
-            rejected.append(
-                _reject(
-                    offer,
-                    f"precision: {offer.accelerator} has no bf16; "
-                    "use train.precision: fp16-mixed to run on it",
-                )
-            )
-            continue
-        if spec.train.attn_implementation == "flash_attention_2" and not acc.bf16:
-            rejected.append(
-                _reject(offer, f"attention: flash_attention_2 needs Ampere or newer, not {offer.accelerator}")
-            )
-            continue
-        if offer.count > 1 and not offer.nvlink and not res.allow_pcie:
-            rejected.append(
-                _reject(
-                    offer,
-                    f"interconnect: sharding over {offer.count} GPUs needs NVLink, this "
-                    f"is {offer.interconnect} (allow with resources.allow_pcie: true)",
-                )
-            )
-            continue
-        layout = layout_for(spec, offer.count, nodes)
-        if not layout.ok:  # the trainer would refuse it: never offered
-            rejected.append(_reject(offer, f"layout: {layout.reason}"))
-            continue
-        ranks = layout.ranks
-        mem = memory_for(ranks)
-        need, fit = (
-            confirm.peak(ranks, offer.gpu_memory_gib) if confirm else (mem.peak_gib_per_gpu, "estimated")
-        )
-        if need > offer.gpu_memory_gib * (1 - HEADROOM):
-            usable = offer.gpu_memory_gib * (1 - HEADROOM)
-            where = "on 1 GPU" if ranks == 1 else f"per GPU sharded over {ranks}"
-            if fit == "estimated" and need <= mem.load_gib_per_gpu:
-                where += " to load the model" + (
-                    " (QLoRA: the whole 4-bit model on each GPU before sharding)"
-                    if spec.method == "qlora"
-                    else ""
-                )
-            rejected.append(
-                _reject(
-                    offer,
-                    f"memory: needs {need:.1f} GiB {where} ({fit}), has "
-                    f"{offer.gpu_memory_gib:g} GiB ({usable:.1f} usable with "
-                    f"{HEADROOM:.0%} headroom)",
-                )
-            )
-            continue
-        od = od * nodes if od is not None else None  # prices of the whole job (all its nodes)
-        spot = spot * nodes if spot is not None else None
-        if use_spot and spot is not None:
-            is_spot, price = True, spot
-        elif use_spot and fallback and od is not None or not use_spot and od is not None:
-            is_spot, price = False, od
-        else:
-            what = "no spot price" if use_spot else "no on-demand price"
-            hint = " (resources.fallback: on-demand allows on-demand)" if use_spot and od else ""
-            rejected.append(_reject(offer, f"price: {what} for {offer.instance_type}{hint}"))
-            continue
-        if res.max_hourly_usd is not None and price > res.max_hourly_usd:
-            rejected.append(
-                _reject(
-                    offer,
-                    f"max price: ${price:.2f}/h is over resources.max_hourly_usd ${res.max_hourly_usd:.2f}",
-                )
-            )
-            continue
-        cand = _candidate(spec, shape, offer, layout, mem, work, acc, is_spot, price, od, spot, regions)
-        if cand is not None and fit == "traced":
-            cand.peak_gib_per_gpu, cand.fit = need, fit
-        if cand is None:
-            rejected.append(_reject(offer, "preemption: interrupted too often to make progress"))
-            continue
-        if res.budget_usd is not None and cand.expected_cost_usd > res.budget_usd:
-            rejected.append(
-                _reject(
-                    offer,
-                    f"budget: expected ${cand.expected_cost_usd:.2f} is over "
-                    f"resources.budget_usd ${res.budget_usd:.2f}",
-                )
-            )
-            continue
-        candidates.append(cand)
-
+        try:
+            candidates.append(_judge(job, offer))
+        except _Rejected as lost:
+            rejected.append(_reject(offer, str(lost)))
     candidates.sort(key=lambda c: (c.expected_cost_usd, c.ranks, c.expected_hours))
-    chosen = None
-    if candidates:
-        cheapest = candidates[0].expected_cost_usd
-        close = [c for c in candidates if c.expected_cost_usd <= cheapest * (1 + SINGLE_GPU_TIE)]
-        chosen = min(close, key=lambda c: (c.ranks, c.expected_cost_usd))
-    notes = [f"catalog: {catalog.source}", f"memory headroom {HEADROOM:.0%} per GPU"]
-    if shape.approximate:
-        notes.append(f"{shape.name}: architecture not modelled exactly; sized as llama-like")
-    if confirm:
-        notes.append(confirm.note())
+    chosen = _choose(candidates)
+    notes = _notes(job, catalog)
     if chosen is not None and (tier := tier_note(chosen, candidates)):
         notes.append(tier)
     return Plan(
@@ -385,10 +295,10 @@ def make_plan(
         candidates=candidates,
         rejected=rejected,
         catalog_source=catalog.source,
-        model=shape.name,
+        model=job.shape.name,
         method=spec.method,
-        estimates=estimates,
-        workload={**work.to_json(), "steps": work.steps(spec.train.micro_batch_size)},
+        estimates=job.estimates,
+        workload={**job.work.to_json(), "steps": job.work.steps(spec.train.micro_batch_size)},
         notes=notes,
     )
 
@@ -419,6 +329,125 @@ def tier_note(chosen: Candidate, candidates: list[Candidate]) -> str | None:
         f"on {chosen.cloud} {price} is the cheapest adequate offer at ${chosen.expected_cost_usd:.2f}; "
         f"{versus}{market}"
     )
+
+
+def _choose(candidates: list[Candidate]) -> Candidate | None:
+    """The fewest GPUs among the candidates within SINGLE_GPU_TIE of the cheapest (`candidates` sorted)."""
+    if not candidates:
+        return None
+    cheapest = candidates[0].expected_cost_usd
+    close = [c for c in candidates if c.expected_cost_usd <= cheapest * (1 + SINGLE_GPU_TIE)]
+    return min(close, key=lambda c: (c.ranks, c.expected_cost_usd))
+
+
+def _notes(job: _Job, catalog: Catalog) -> list[str]:
+    notes = [f"catalog: {catalog.source}", f"memory headroom {HEADROOM:.0%} per GPU"]
+    if job.shape.approximate:
+        notes.append(f"{job.shape.name}: architecture not modelled exactly; sized as llama-like")
+    if job.confirm:
+        notes.append(job.confirm.note())
+    return notes
+
+
+def _judge(job: _Job, offer: Offer) -> Candidate:
+    """The offer as a candidate, or _Rejected with the first reason it lost (checks in a fixed order:
+    the user's wishes, the hardware, the layout, memory, price, then the expected cost)."""
+    od, spot, regions = _check_wishes(job, offer)
+    acc = _check_hardware(job, offer)
+    nodes = job.spec.resources.nodes
+    layout = layout_for(job.spec, offer.count, nodes)
+    if not layout.ok:  # the trainer would refuse it: never offered
+        raise _Rejected(f"layout: {layout.reason}")
+    mem = job.memory_for(layout.ranks)
+    need, fit = _check_memory(job, offer, layout.ranks, mem)
+    od = od * nodes if od is not None else None  # prices of the whole job (all its nodes)
+    spot = spot * nodes if spot is not None else None
+    is_spot, price = _check_price(job, offer, od, spot)
+    cand = _candidate(
+        job.spec, job.shape, offer, layout, mem, job.work, acc, is_spot, price, od, spot, regions
+    )
+    if cand is None:
+        raise _Rejected("preemption: interrupted too often to make progress")
+    if fit == "traced":
+        cand.peak_gib_per_gpu, cand.fit = need, fit
+    budget = job.spec.resources.budget_usd
+    if budget is not None and cand.expected_cost_usd > budget:
+        raise _Rejected(
+            f"budget: expected ${cand.expected_cost_usd:.2f} is over resources.budget_usd ${budget:.2f}"
+        )
+    return cand
+
+
+def _check_wishes(job: _Job, offer: Offer) -> tuple[float | None, float | None, tuple[str, ...]]:
+    """resources.clouds, accelerators, regions and gpus; the offer's (on-demand, spot) prices per
+    instance in the wanted regions, and those regions."""
+    res = job.spec.resources
+    if res.clouds and offer.cloud not in res.clouds:
+        raise _Rejected(f"cloud: {offer.cloud} is not in resources.clouds")
+    if job.wanted_acc and offer.accelerator.lower() not in job.wanted_acc:
+        raise _Rejected(f"accelerator: {offer.accelerator} is not in resources.accelerators")
+    od, spot, regions = offer.prices_in(res.regions)
+    if res.regions and not regions:
+        raise _Rejected("region: not offered in resources.regions")
+    if res.gpus and offer.count != res.gpus:
+        raise _Rejected(f"gpus: has {offer.count} GPUs, resources.gpus asks for {res.gpus}")
+    return od, spot, regions
+
+
+def _check_hardware(job: _Job, offer: Offer) -> Any:
+    """Performance figures, bf16, flash attention and NVLink; the accelerator's figures."""
+    acc = accelerator(offer.accelerator, offer.instance_type)
+    if acc is None:
+        raise _Rejected(f"accelerator: no performance figures for {offer.accelerator}")
+    if job.needs_bf16 and not acc.bf16:
+        raise _Rejected(
+            f"precision: {offer.accelerator} has no bf16; use train.precision: fp16-mixed to run on it"
+        )
+    if job.spec.train.attn_implementation == "flash_attention_2" and not acc.bf16:
+        raise _Rejected(f"attention: flash_attention_2 needs Ampere or newer, not {offer.accelerator}")
+    if offer.count > 1 and not offer.nvlink and not job.spec.resources.allow_pcie:
+        raise _Rejected(
+            f"interconnect: sharding over {offer.count} GPUs needs NVLink, this "
+            f"is {offer.interconnect} (allow with resources.allow_pcie: true)"
+        )
+    return acc
+
+
+def _check_memory(job: _Job, offer: Offer, ranks: int, mem: MemoryEstimate) -> tuple[float, str]:
+    """Peak GiB per GPU and how it was judged ("estimated" or "traced"), when it fits with HEADROOM."""
+    need, fit = (
+        job.confirm.peak(ranks, offer.gpu_memory_gib) if job.confirm else (mem.peak_gib_per_gpu, "estimated")
+    )
+    usable = offer.gpu_memory_gib * (1 - HEADROOM)
+    if need <= usable:
+        return need, fit
+    where = "on 1 GPU" if ranks == 1 else f"per GPU sharded over {ranks}"
+    if fit == "estimated" and need <= mem.load_gib_per_gpu:
+        where += " to load the model" + (
+            " (QLoRA: the whole 4-bit model on each GPU before sharding)"
+            if job.spec.method == "qlora"
+            else ""
+        )
+    raise _Rejected(
+        f"memory: needs {need:.1f} GiB {where} ({fit}), has "
+        f"{offer.gpu_memory_gib:g} GiB ({usable:.1f} usable with {HEADROOM:.0%} headroom)"
+    )
+
+
+def _check_price(job: _Job, offer: Offer, od: float | None, spot: float | None) -> tuple[bool, float]:
+    """(on spot?, USD/hour of the whole job) under resources.spot/policy/fallback and max_hourly_usd."""
+    if job.use_spot and spot is not None:
+        is_spot, price = True, spot
+    elif job.use_spot and job.fallback and od is not None or not job.use_spot and od is not None:
+        is_spot, price = False, od
+    else:
+        what = "no spot price" if job.use_spot else "no on-demand price"
+        hint = " (resources.fallback: on-demand allows on-demand)" if job.use_spot and od else ""
+        raise _Rejected(f"price: {what} for {offer.instance_type}{hint}")
+    limit = job.spec.resources.max_hourly_usd
+    if limit is not None and price > limit:
+        raise _Rejected(f"max price: ${price:.2f}/h is over resources.max_hourly_usd ${limit:.2f}")
+    return is_spot, price
 
 
 def _candidate(

@@ -1,4 +1,5 @@
-"""A job and an attempt as the registry stores them (`orchestrator.registry` reads and writes them).
+"""A job and an attempt as the registry stores them (`orchestrator.registry` reads and writes them), and
+the facts every layer reads off attempts: their cost and whether they were preempted.
 
 Both are plain dataclasses; `JOB_COLUMNS` and `ATTEMPT_COLUMNS` are their field order, which the fast
 bulk read (`Registry.snapshot`) relies on when it builds them from tuples.
@@ -93,3 +94,26 @@ def job_from_values(values: tuple[Any, ...]) -> Job:
     job.spec = json.loads(values[JOB_COLUMNS.index("spec_json")])
     job.cancel_requested = bool(job.cancel_requested)
     return job
+
+
+# ---- facts about attempts: what they cost, whether they were preempted ------------------------------
+def attempt_cost(attempt: Attempt, state: JobState, now: float, until: float | None = None) -> float:
+    """An attempt's cost: its duration at its hourly price. A running attempt counts up to `now` (while
+    the job runs); `until` cuts it at that time (cost so far at a step)."""
+    if attempt.ended_at is not None:
+        end = attempt.ended_at
+    else:
+        end = now if not state.terminal else attempt.started_at
+    if until is not None:
+        end = min(end, until) if attempt.ended_at is not None else until
+    return max(0.0, end - attempt.started_at) / 3600.0 * attempt.hourly_usd
+
+
+def cost_usd(attempts: list[Attempt], state: JobState, now: float) -> float:
+    """What the attempts cost so far (running ones up to `now` while the job is active)."""
+    return sum(attempt_cost(a, state, now) for a in attempts)
+
+
+def preempted(attempt: Attempt) -> bool:
+    """The attempt ended by a spot preemption (simulated or real)."""
+    return attempt.outcome is Outcome.PREEMPTED

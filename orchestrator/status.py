@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from orchestrator.backends.base import backend_for, get_job, reconcile
+from orchestrator.records import attempt_cost, cost_usd, preempted
 from orchestrator.registry import ACTIVE, Attempt, Job, JobState, Outcome, Registry
 
 CACHE_KIND = "final_progress"
@@ -57,26 +58,6 @@ def checked_or_warn(data: Any, where: str) -> dict[str, Any]:
 
 
 # ---- the numbers --------------------------------------------------------------------------------
-def attempt_cost(attempt: Attempt, state: JobState, now: float, until: float | None = None) -> float:
-    """An attempt's cost: its duration at its hourly price. A running attempt counts up to `now` (while
-    the job runs); `until` cuts it at that time (cost so far at a step)."""
-    if attempt.ended_at is not None:
-        end = attempt.ended_at
-    else:
-        end = now if not state.terminal else attempt.started_at
-    if until is not None:
-        end = min(end, until) if attempt.ended_at is not None else until
-    return max(0.0, end - attempt.started_at) / 3600.0 * attempt.hourly_usd
-
-
-def cost_usd(attempts: list[Attempt], state: JobState, now: float) -> float:
-    return sum(attempt_cost(a, state, now) for a in attempts)
-
-
-def preempted(attempt: Attempt) -> bool:
-    return attempt.outcome is Outcome.PREEMPTED
-
-
 def stop_reason(job: Job) -> str | None:
     """A short word for why a job stopped: budget, cancelled, failed, succeeded; None while active.
     STOPPED is the budget guard's stop (the only thing that stops a job short of its end)."""

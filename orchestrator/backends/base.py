@@ -11,7 +11,6 @@ does not load SkyPilot (or pydantic) for local jobs.
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
@@ -115,7 +114,3 @@ def get_job(job_ref: str, registry: Registry | None = None) -> Job:
 
     registry = registry or Registry()
     return reconcile(registry, registry.lookup(job_ref))
-
-
-def warn(message: str) -> None:
-    sys.stderr.write(f"warning: {message}\n")

@@ -136,7 +136,7 @@ def policy_inputs(progress: dict[str, Any], step: int | None) -> tuple[int, int,
 def record_run_facts(registry: Registry, job_id: str, spent_usd: float) -> None:
     """Cost and preemptions into the output's model card and training_summary.json (the trainer
     wrote them without: only the supervisor knows)."""
-    from orchestrator.status import preempted
+    from orchestrator.records import preempted
     from trainer import model_card
     from trainer.runstore.store import RunStore
 

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import cast
 
 from orchestrator import procs
@@ -34,11 +35,11 @@ from orchestrator.backends.local_parts import (
 )
 from orchestrator.logtail import LogTail
 from orchestrator.notify import notify_job
+from orchestrator.records import cost_usd
 from orchestrator.registry import Registry
 from orchestrator.spot.budget import BudgetGuard
 from orchestrator.spot.policy import Mode
 from orchestrator.states import AttemptEnd, JobState, Outcome
-from orchestrator.status import cost_usd
 from trainer import exitcodes
 from trainer.config import JobSpec
 from trainer.runstore.store import RunStore
@@ -159,6 +160,17 @@ class Supervisor:
             self.registry.set_state(self.job_id, JobState.RECOVERING, end.reason)
 
     def run_attempt(self) -> AttemptEnd:
+        """One attempt: start the trainer from the newest checkpoint, watch it until it exits or is
+        stopped, and record how it ended."""
+        attempt_n, log_path, mirror = self._start_trainer()
+        tail = LogTail(log_path)
+        progress_tail = ProgressTail(mirror)
+        preempted = self._watch(attempt_n, progress_tail)
+        return self._end_attempt(attempt_n, preempted, progress_tail, tail)
+
+    def _start_trainer(self) -> tuple[int, Path, Path]:
+        """Record a new attempt and start its trainer (log to the attempt's file); the attempt number,
+        the log and the progress mirror the trainer writes."""
         progress = self.store.read_progress() or {}
         start_step = progress.get("last_checkpoint_step") or 0
         spot = None if self.driver is None else self.mode is Mode.SPOT
@@ -192,10 +204,13 @@ class Supervisor:
             )
         self.registry.update_attempt(self.job_id, attempt.n, pid=self.proc.pid)
         self.log(f"attempt {attempt.n} started (pid {self.proc.pid}) from step {start_step}")
-        tail = LogTail(log_path)
-        progress_tail = ProgressTail(mirror)
+        return attempt.n, log_path, mirror
+
+    def _watch(self, attempt_n: int, progress_tail: ProgressTail) -> AttemptEnd | None:
+        """Poll the running trainer until it exits, or stop it: on cancel or the budget (None: the exit
+        code tells), or on a policy switch or a simulated preemption (returned)."""
+        assert self.proc is not None
         running = False
-        preempted: AttemptEnd | None = None
         last = time.time()
         guard = self.budget_guard()
         last_budget_check = 0.0
@@ -208,53 +223,75 @@ class Supervisor:
             if step is not None and not running:
                 running = True
                 fields = {} if progress_tail.resumed is None else {"start_step": progress_tail.resumed}
-                self.registry.update_attempt(self.job_id, attempt.n, first_step_at=now, **fields)
+                self.registry.update_attempt(self.job_id, attempt_n, first_step_at=now, **fields)
                 self.registry.set_state(self.job_id, JobState.RUNNING)
-            if self.cancelled or (now - last > 1.0 and self.registry.get(self.job_id).cancel_requested):
-                self.cancelled = True
-                request_stop(self.store, "cancel")  # not an interruption (trainer/stops/interruptions.py)
-                self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
-                break
+            if self._stop_if_cancelled(ask_registry=now - last > 1.0):
+                return None
             if guard.budget_usd is not None and now - last_budget_check >= 1.0:
                 last_budget_check = now
-                if guard.every_steps is None and guard.every_seconds is None:
-                    guard.observe_checkpoint((self.store.read_progress() or {}).get("last_checkpoint_at"))
-                self.budget_stop = guard.check(self.spent())
-                if self.budget_stop:
-                    self.registry.event(self.job_id, "budget", self.budget_stop.removeprefix("budget: "))
-                    self.log(f"{self.budget_stop}: asking the trainer to checkpoint and stop")
-                    request_stop(self.store, "budget")
-                    self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
-                    break
+                if self._stop_if_over_budget(guard):
+                    return None
             switch = self.follow_policy(now, step)
             if switch is not None:
-                preempted = switch
-                break
+                return switch
             due = self.chaos.due(step or 0, now - last) if running else None
             last = now
             if due is not None:
-                what, notice = due
-                preempted = AttemptEnd(
-                    Outcome.PREEMPTED, f"preempted ({'with' if notice else 'without'} notice, {what})"
-                )
-                self.registry.event(self.job_id, "chaos", f"{what} notice={notice} attempt={attempt.n}")
-                self.registry.set_state(self.job_id, JobState.PREEMPTED, preempted.reason)
-                self.log(f"simulated spot preemption at step {step} ({what}, notice={notice})")
-                self.stop_trainer(notice=notice, grace=self._grace())
-                break
+                return self._simulate_preemption(attempt_n, step, *due)
+        return None
+
+    def _stop_if_cancelled(self, ask_registry: bool) -> bool:
+        """On `ftorch cancel` (a signal, or the registry's flag when `ask_registry`): the trainer
+        checkpoints and stops."""
+        if not (self.cancelled or (ask_registry and self.registry.get(self.job_id).cancel_requested)):
+            return False
+        self.cancelled = True
+        request_stop(self.store, "cancel")  # not an interruption (trainer/stops/interruptions.py)
+        self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
+        return True
+
+    def _stop_if_over_budget(self, guard: BudgetGuard) -> bool:
+        """When the next checkpoint interval would pass the budget: the trainer checkpoints and stops."""
+        if guard.every_steps is None and guard.every_seconds is None:
+            guard.observe_checkpoint((self.store.read_progress() or {}).get("last_checkpoint_at"))
+        self.budget_stop = guard.check(self.spent())
+        if not self.budget_stop:
+            return False
+        self.registry.event(self.job_id, "budget", self.budget_stop.removeprefix("budget: "))
+        self.log(f"{self.budget_stop}: asking the trainer to checkpoint and stop")
+        request_stop(self.store, "budget")
+        self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
+        return True
+
+    def _simulate_preemption(self, attempt_n: int, step: int | None, what: str, notice: bool) -> AttemptEnd:
+        """local.chaos: a spot preemption, with the notice (SIGTERM, then a grace) or without (SIGKILL)."""
+        preempted = AttemptEnd(
+            Outcome.PREEMPTED, f"preempted ({'with' if notice else 'without'} notice, {what})"
+        )
+        self.registry.event(self.job_id, "chaos", f"{what} notice={notice} attempt={attempt_n}")
+        self.registry.set_state(self.job_id, JobState.PREEMPTED, preempted.reason)
+        self.log(f"simulated spot preemption at step {step} ({what}, notice={notice})")
+        self.stop_trainer(notice=notice, grace=self._grace())
+        return preempted
+
+    def _end_attempt(
+        self, attempt_n: int, preempted: AttemptEnd | None, progress_tail: ProgressTail, tail: LogTail
+    ) -> AttemptEnd:
+        """Wait for the trainer's exit, then record the attempt's end step, exit code and outcome."""
+        assert self.proc is not None
         code = self.proc.wait()
         progress_tail.poll()
         end_progress = self.store.read_progress() or {}
         self.registry.update_attempt(
             self.job_id,
-            attempt.n,
+            attempt_n,
             ended_at=time.time(),
             exit_code=code,
             end_step=progress_tail.step if progress_tail.step is not None else end_progress.get("step"),
         )
         end = self.classify(code, preempted, end_progress, tail)
-        self.registry.update_attempt(self.job_id, attempt.n, end_reason=end.reason, outcome=end.outcome)
-        self.log(f"attempt {attempt.n} ended: exit code {code}, {end.reason}")
+        self.registry.update_attempt(self.job_id, attempt_n, end_reason=end.reason, outcome=end.outcome)
+        self.log(f"attempt {attempt_n} ended: exit code {code}, {end.reason}")
         return end
 
     def _grace(self) -> float:

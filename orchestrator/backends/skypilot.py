@@ -24,7 +24,7 @@ from orchestrator.backends import skypilot_sdk as sdk
 from orchestrator.backends import skypilot_state as sky_state
 from orchestrator.backends.base import Backend
 from orchestrator.backends.skypilot_cost import offer_prices
-from orchestrator.errors import SpecError, UserError
+from orchestrator.errors import SpecError, UserError, one_line
 from orchestrator.registry import Job, JobState, Registry
 from orchestrator.spot.policy import Mode
 from trainer.config import JobSpec
@@ -76,7 +76,7 @@ def start(registry: Registry, job: Job, launch: Launch | None = None) -> int:
         registry.set_state(job.job_id, JobState.FAILED, f"launch failed: {exc}")
         raise
     except Exception as exc:
-        reason = f"SkyPilot launch failed: {sdk.one_line(exc)}"
+        reason = f"SkyPilot launch failed: {one_line(exc)}"
         registry.set_state(job.job_id, JobState.FAILED, reason)
         raise UserError(reason) from None
     note = f"SkyPilot managed job {sky_job_id}"
@@ -226,7 +226,7 @@ class SkyPilotBackend(Backend):
 def cancel_job(registry: Registry, job: Job, client: Any = None, store: Any = None, **wait: Any) -> str:
     """`ftorch cancel` on a SkyPilot job: checkpoint first (bounded wait), then cancel; the run store
     keeps the checkpoints. `client`/`store`/`wait` are for tests (a SkyPilot double, a clock)."""
-    from orchestrator.spot.controller import SdkClient, stop_then_cancel
+    from orchestrator.spot.controller import stop_then_cancel
 
     spec = JobSpec.model_validate(job.spec)
     if store is None:
@@ -234,7 +234,7 @@ def cancel_job(registry: Registry, job: Job, client: Any = None, store: Any = No
 
         options = job.spec.get("checkpoint", {}).get("storage_options") or {}
         store = RunStore(job.run_uri, options, retry_seconds=30)
-    client = client or SdkClient(render.secret_names(spec))
+    client = client or sdk.SdkClient(render.secret_names(spec))
     sys.stderr.write(f"{job.job_id}: asking the trainer to checkpoint before cancelling (at most 10 min)\n")
     outcome = stop_then_cancel(client, store, int(job.backend_job_id or 0), "cancelled by the user", **wait)
     if outcome["saved"]:

@@ -1,5 +1,5 @@
-"""What must hold before a SkyPilot launch is recorded: one GPU per node while
-the trainer cannot shard, the secrets set, and at least one planned offer on a cloud SkyPilot can use."""
+"""What must hold before a SkyPilot launch is recorded: the secrets set, and at least one planned offer on
+a cloud SkyPilot can use."""
 
 from __future__ import annotations
 
@@ -12,28 +12,7 @@ from orchestrator.backends import skypilot_render as render
 from orchestrator.backends import skypilot_sdk as sdk
 from orchestrator.errors import SpecError, UserError
 from orchestrator.hub_check import check_hub_model
-from trainer.config import JobSpec, unsupported_features
-
-
-def check_multi_gpu(task: Mapping[str, Any]) -> None:
-    """Refuse multi-GPU plans while the trainer cannot shard (it would run independent copies)."""
-    if render.template_of(task) == "single":
-        return
-    probe = JobSpec.model_validate(
-        {
-            "model": "x",
-            "data": {"path": "x"},
-            "checkpoint": {"uri": "x"},
-            "train": {"micro_batch_size": 64},
-            "local": {"nproc": 2},
-        }
-    )
-    if any(field == "local.nproc" for field, _ in unsupported_features(probe)):
-        raise SpecError(
-            "resources.gpus",
-            "the plan needs several GPUs (FSDP), which the trainer does not support yet; "
-            "set resources.gpus: 1 (and resources.accelerators to a large GPU) to plan on one GPU",
-        )
+from trainer.config import JobSpec
 
 
 def check_secrets(spec: JobSpec, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -114,7 +93,6 @@ def check_data_readable(spec: JobSpec, timeout_s: float = 10.0) -> str | None:
 
 
 def usable_task(spec: JobSpec, task: dict[str, Any]) -> dict[str, Any]:
-    """The checks a launch and a resume share: one GPU per node, secrets, cloud access."""
-    check_multi_gpu(task)
+    """The checks a launch and a resume share: secrets, cloud access."""
     check_secrets(spec)
     return restrict_to_clouds(task, sdk.enabled_clouds())

@@ -18,13 +18,13 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from orchestrator.backends.skypilot_sdk import SdkClient
 from orchestrator.spot.controller import (  # noqa: F401 - read_state, write_state, status_fields: for the backend
     RELOCATED,
     SWITCHING,
     Config,
     Controller,
     Plan,
-    SdkClient,
     read_state,
     split_resources,
     status_fields,

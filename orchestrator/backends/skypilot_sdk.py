@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.errors import UserError
+from orchestrator.errors import UserError, one_line
 
 QUEUE_FIELDS = [
     "job_id",
@@ -43,26 +42,6 @@ SKY_INSTALL = "pip install 'ftorch[skypilot]' (SkyPilot 0.14.1)"
 
 class SkyUnavailable(UserError):
     """SkyPilot is not installed, or its API server cannot be reached."""
-
-
-def one_line(exc: BaseException, limit: int = 600) -> str:
-    """An error on one line that keeps its cause: SkyPilot's launch errors are long and the cause is
-    often at the end (or in the chained exception), so a long text keeps its head and its tail."""
-    parts: list[str] = []
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(current)).split())
-        part = f"{current.__class__.__name__}: {text}" if text else current.__class__.__name__
-        if not any(part in p for p in parts):
-            parts.append(part)
-        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
-    line = " <- caused by ".join(parts)
-    if len(line) <= limit:
-        return line
-    head = limit // 4
-    return f"{line[:head]} ... {line[-(limit - head - 5) :]}"
 
 
 def sky() -> Any:
@@ -162,3 +141,19 @@ def cancel(sky_job_id: str) -> None:
         return  # "No in-progress managed jobs" (the jobs controller is not up): nothing left to cancel
     except Exception as exc:
         raise UserError(f"SkyPilot: cannot cancel job {sky_job_id}: {one_line(exc)}") from None
+
+
+class SdkClient:
+    """The controller's SkyClient (orchestrator/spot/controller.py) on SkyPilot 0.14.1's SDK."""
+
+    def __init__(self, secret_names: list[str] | None = None) -> None:
+        self.secret_names = secret_names or []
+
+    def launch(self, task: dict[str, Any], name: str) -> int:
+        return submit(name, task, self.secret_names)
+
+    def queue(self, job_ids: list[int]) -> list[dict[str, Any]]:
+        return queue(job_ids)
+
+    def cancel(self, job_id: int) -> None:
+        cancel(str(job_id))

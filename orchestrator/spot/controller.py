@@ -55,6 +55,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from orchestrator.errors import one_line
 from orchestrator.spot.policy import Mode, Observation, Policy
 from orchestrator.spot.region_order import lost_region_last
 from trainer.stops.interruptions import STOP_REQUEST, request_stop
@@ -81,35 +82,14 @@ REFUSED_FOR_GOOD = ("NoCloudAccessError",)
 
 
 class SkyClient(Protocol):
-    """The three SkyPilot calls the controller makes (the real SDK, or a test double)."""
+    """The three SkyPilot calls the controller makes: the real SDK (backends/skypilot_sdk.SdkClient, which
+    the backend passes in) or a test double."""
 
     def launch(self, task: dict[str, Any], name: str) -> int: ...
 
     def queue(self, job_ids: list[int]) -> list[dict[str, Any]]: ...
 
     def cancel(self, job_id: int) -> None: ...
-
-
-class SdkClient:
-    """SkyPilot 0.14.1's SDK, through the SkyPilot backend's helpers."""
-
-    def __init__(self, secret_names: list[str] | None = None) -> None:
-        self.secret_names = secret_names or []
-
-    def launch(self, task: dict[str, Any], name: str) -> int:
-        from orchestrator.backends import skypilot_sdk
-
-        return skypilot_sdk.submit(name, task, self.secret_names)
-
-    def queue(self, job_ids: list[int]) -> list[dict[str, Any]]:
-        from orchestrator.backends import skypilot_sdk
-
-        return skypilot_sdk.queue(job_ids)
-
-    def cancel(self, job_id: int) -> None:
-        from orchestrator.backends import skypilot_sdk
-
-        skypilot_sdk.cancel(str(job_id))
 
 
 class Store(Protocol):
@@ -415,8 +395,6 @@ class Controller:
         try:
             self.launch(self.mode, f"{RELOCATED}{lost}: relaunched with that region last")
         except Exception as exc:  # e.g. a region SkyPilot's catalog lacks: the list it had, as it was
-            from orchestrator.backends.skypilot_sdk import one_line
-
             sys.stderr.write(
                 f"controller: relaunch with {lost} last refused ({one_line(exc)}); the list as it was\n"
             )
@@ -496,8 +474,6 @@ class Controller:
         try:
             self.launch(mode, why)
         except Exception as exc:
-            from orchestrator.backends.skypilot_sdk import one_line
-
             tries = int((self.state.get("relaunch") or {}).get("tries") or 0) + 1
             line = one_line(exc)
             self.state["relaunch"] = {

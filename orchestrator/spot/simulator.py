@@ -72,6 +72,104 @@ class Result:
         return asdict(self)
 
 
+@dataclass(slots=True)
+class _Run:
+    """One simulated job as it goes, tick by tick: where it runs, its progress, and the tallies."""
+
+    job: JobNumbers
+    gap: float
+    mode: Mode = Mode.NONE
+    zone: int = -1
+    last_zone: int = -1
+    done: float = 0.0
+    unsaved: float = 0.0
+    overhead_left: float = 0.0
+    spot_s: float = 0.0
+    od_s: float = 0.0
+    wait_s: float = 0.0
+    paid_overhead: float = 0.0
+    lost: float = 0.0
+    preemptions: int = 0
+    starts: int = 0
+    moves: int = 0
+    finish: float | None = None
+
+    def preempt(self) -> None:
+        """Spot was taken away: the work since the last checkpoint is lost, and the instance."""
+        self.preemptions += 1
+        self.done -= self.unsaved
+        self.lost += self.unsaved
+        self.unsaved = self.overhead_left = 0.0
+        self.mode = Mode.NONE
+
+    def switch(self, want: Mode, first_zone: int) -> None:
+        """Go to `want` (checkpointing first); a new instance pays the restart overhead, and a new spot
+        instance goes to `first_zone`, the first zone that is up."""
+        self.unsaved = 0.0  # a voluntary stop or switch checkpoints first
+        if want is not Mode.NONE:
+            self.starts += 1
+            self.overhead_left = self.job.restart_overhead_s
+        if want is Mode.SPOT:
+            if self.last_zone >= 0 and first_zone != self.last_zone:
+                self.moves += 1
+            self.zone = self.last_zone = first_zone
+        self.mode = want
+
+    def advance(self, now: float) -> None:
+        """One tick from `now` in the current mode: waiting, or overhead then progress (billed)."""
+        gap = self.gap
+        if self.mode is Mode.NONE:
+            self.wait_s += gap
+            return
+        ov = self.overhead_left if self.overhead_left < gap else gap
+        self.overhead_left -= ov
+        progress = gap - ov
+        work, interval = self.job.work_s, self.job.checkpoint_interval_s
+        if self.done + progress >= work:
+            used = ov + (work - self.done)
+            self.finish = now + used
+            billed, self.done = used, work
+        else:
+            billed = gap
+            self.done += progress
+            self.unsaved += progress
+            if interval > 0.0 and self.unsaved >= interval:
+                self.unsaved %= interval
+            elif interval <= 0.0:
+                self.unsaved = 0.0
+        self.paid_overhead += ov
+        if self.mode is Mode.SPOT:
+            self.spot_s += billed
+        else:
+            self.od_s += billed
+
+    def result(self, policy: str, start_tick: int) -> Result:
+        job, finish = self.job, self.finish
+        cost = self.spot_s * (job.spot_hourly_usd / 3600.0) + self.od_s * (job.ondemand_hourly_usd / 3600.0)
+        baseline = job.ondemand_only_usd()
+        deadline = job.deadline_s
+        met = None if deadline is None else (finish is not None and finish <= deadline + 1e-6)
+        return Result(
+            policy=policy,
+            start_tick=start_tick,
+            finished=finish is not None,
+            finish_s=finish,
+            deadline_s=deadline,
+            deadline_met=met,
+            cost_usd=cost,
+            cost_vs_ondemand=cost / baseline if baseline > 0 else math.nan,
+            spot_s=self.spot_s,
+            ondemand_s=self.od_s,
+            wait_s=self.wait_s,
+            overhead_s=self.paid_overhead,
+            work_done_s=self.done,
+            work_lost_s=self.lost,
+            preemptions=self.preemptions,
+            starts=self.starts,
+            zone_moves=self.moves,
+        )
+
+
 def simulate(
     policy: Policy,
     job: JobNumbers,
@@ -87,101 +185,35 @@ def simulate(
     up, first = zones.as_lists()
     n = len(first)
     gap = zones.gap_s
-    work, overhead_s, interval = job.work_s, job.restart_overhead_s, job.checkpoint_interval_s
-    spot_rate, od_rate = job.spot_hourly_usd / 3600.0, job.ondemand_hourly_usd / 3600.0
     limit = n + math.ceil(job.ondemand_only_s() / gap) + 2
     if max_ticks is not None:
         limit = min(limit, start_tick + max_ticks)
-    deadline = job.deadline_s
-    spot, none = Mode.SPOT, Mode.NONE
-
-    mode, zone = none, -1
-    done = unsaved = overhead_left = 0.0
-    spot_s = od_s = wait_s = paid_overhead = lost = 0.0
-    preemptions = starts = moves = 0
-    last_zone = -1
-    finish: float | None = None
-    obs = Observation(0.0, 0.0, deadline, 0.0, work, overhead_s, False, none, 0.0, gap, 0)
-    decide = policy.decide
-    tick = start_tick
-    now = 0.0
-    while tick < limit:
-        fz = first[tick] if tick < n else -1
-        if mode is spot and (tick >= n or not up[zone][tick]):
-            preemptions += 1
-            done -= unsaved
-            lost += unsaved
-            unsaved = overhead_left = 0.0
-            mode = none
-        obs.now_s = now
-        obs.work_done_s = done
-        obs.spot_available = fz >= 0
-        obs.mode = mode
-        obs.unsaved_work_s = unsaved
-        obs.preemptions = preemptions
-        want = decide(obs).mode
-        if want is spot and fz < 0:
-            want = none
-        if want is not mode:
-            unsaved = 0.0  # a voluntary stop or switch checkpoints first
-            if want is not none:
-                starts += 1
-                overhead_left = overhead_s
-            if want is spot:
-                if last_zone >= 0 and fz != last_zone:
-                    moves += 1
-                zone = last_zone = fz
-            mode = want
-        if mode is none:
-            wait_s += gap
-        else:
-            ov = overhead_left if overhead_left < gap else gap
-            overhead_left -= ov
-            progress = gap - ov
-            if done + progress >= work:
-                used = ov + (work - done)
-                finish = now + used
-                billed, done = used, work
-            else:
-                billed = gap
-                done += progress
-                unsaved += progress
-                if interval > 0.0 and unsaved >= interval:
-                    unsaved %= interval
-                elif interval <= 0.0:
-                    unsaved = 0.0
-            paid_overhead += ov
-            if mode is spot:
-                spot_s += billed
-            else:
-                od_s += billed
-            if finish is not None:
-                break
-        now += gap
-        tick += 1
-
-    cost = spot_s * spot_rate + od_s * od_rate
-    baseline = job.ondemand_only_usd()
-    met = None if deadline is None else (finish is not None and finish <= deadline + 1e-6)
-    return Result(
-        policy=policy.name,
-        start_tick=start_tick,
-        finished=finish is not None,
-        finish_s=finish,
-        deadline_s=deadline,
-        deadline_met=met,
-        cost_usd=cost,
-        cost_vs_ondemand=cost / baseline if baseline > 0 else math.nan,
-        spot_s=spot_s,
-        ondemand_s=od_s,
-        wait_s=wait_s,
-        overhead_s=paid_overhead,
-        work_done_s=done,
-        work_lost_s=lost,
-        preemptions=preemptions,
-        starts=starts,
-        zone_moves=moves,
+    run = _Run(job, gap)
+    obs = Observation(
+        0.0, 0.0, job.deadline_s, 0.0, job.work_s, job.restart_overhead_s, False, Mode.NONE, 0.0, gap, 0
     )
+    decide = policy.decide
+    now = 0.0
+    for tick in range(start_tick, limit):
+        fz = first[tick] if tick < n else -1
+        if run.mode is Mode.SPOT and (tick >= n or not up[run.zone][tick]):
+            run.preempt()
+        obs.now_s = now
+        obs.work_done_s = run.done
+        obs.spot_available = fz >= 0
+        obs.mode = run.mode
+        obs.unsaved_work_s = run.unsaved
+        obs.preemptions = run.preemptions
+        want = decide(obs).mode
+        if want is Mode.SPOT and fz < 0:
+            want = Mode.NONE
+        if want is not run.mode:
+            run.switch(want, fz)
+        run.advance(now)
+        if run.finish is not None:
+            break
+        now += gap
+    return run.result(policy.name, start_tick)
 
 
 @dataclass

@@ -5,11 +5,17 @@ two packages counts, at module level and inside functions alike (a function-leve
 circle is still a circle: the two modules cannot be understood, or split, one without the other).
 Imports under `if TYPE_CHECKING:` count too. `from pkg import name` is an edge to `pkg.name` when that
 is a module, else to `pkg`.
+
+And no arrow in orchestrator/ runs back up a floor: FLOORS gives each module its floor (ground, sizing,
+planning and spot, backends, jobs/status/ui, CLI); a module may import its own floor or the ones below,
+never one above, at module level or inside a function. A module with no floor in the table fails the test
+(give it one when you add it); KNOWN_UPWARD lists the few upward arrows left, each with why.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from pathlib import Path
 
 from helpers import REPO
@@ -34,10 +40,10 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     return name or None
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the package modules it imports."""
+def imports() -> list[tuple[str, str, int]]:
+    """(module, package module it imports, line) for every import in the two packages."""
     modules = _modules()
-    graph: dict[str, set[str]] = {m: set() for m in modules}
+    found: list[tuple[str, str, int]] = []
     for module, path in modules.items():
         is_package = path.name == "__init__.py"
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
@@ -55,7 +61,15 @@ def import_graph() -> dict[str, set[str]]:
             for target in targets:
                 resolved = _resolve(target, modules)
                 if resolved is not None and resolved != module:
-                    graph[module].add(resolved)
+                    found.append((module, resolved, node.lineno))
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports."""
+    graph: dict[str, set[str]] = {m: set() for m in _modules()}
+    for module, target, _line in imports():
+        graph[module].add(target)
     return graph
 
 
@@ -111,6 +125,110 @@ def _cycle_in(graph: dict[str, set[str]], members: set[str]) -> list[str]:
                     following.append(w)
         frontier = following
     return sorted(members)  # pragma: no cover - a component always has a cycle
+
+
+# ---- floors in orchestrator/ --------------------------------------------------------------------------
+GROUND, SIZING, PLANNING, BACKENDS, STATUS, CLI = range(6)
+FLOOR_NAMES = ("ground", "sizing", "planning/spot", "backends", "jobs/status/ui", "cli")
+#: module (or package: it covers everything under it) -> floor. Moving a module into a folder: rename its
+#: key here (or give the folder one key).
+FLOORS = {
+    # ground: errors, the job file, the registry and its records, processes; imported by everything
+    "orchestrator": GROUND,
+    "orchestrator.errors": GROUND,
+    "orchestrator.states": GROUND,
+    "orchestrator.records": GROUND,
+    "orchestrator.registry": GROUND,
+    "orchestrator.procs": GROUND,
+    "orchestrator.spec": GROUND,
+    "orchestrator.logtail": GROUND,
+    "orchestrator.sky_names": GROUND,
+    "orchestrator.ship": GROUND,
+    "orchestrator.hub_check": GROUND,
+    # sizing: model shapes, memory, time, offers
+    "orchestrator.sizing": SIZING,  # shapes, memory, throughput, tracing
+    "orchestrator.catalog": SIZING,
+    # planning and spot decisions: the planner, policies, their simulator and the cloud controller
+    "orchestrator.spot": PLANNING,  # policy, simulator, traces, region_order, controller, budget
+    "orchestrator.planner": PLANNING,
+    # backends: where jobs run
+    "orchestrator.backends": BACKENDS,
+    "orchestrator.notify": BACKENDS,
+    # jobs, status and the terminal UI
+    "orchestrator.jobs": STATUS,
+    "orchestrator.status": STATUS,
+    "orchestrator.follow": STATUS,
+    "orchestrator.ui": STATUS,
+    "orchestrator.charts": STATUS,
+    # the CLI
+    "orchestrator.cli": CLI,
+    "orchestrator.cli_common": CLI,
+    "orchestrator.cli_jobfile": CLI,
+    "orchestrator.cli_outputs": CLI,
+    "orchestrator.cli_simulate": CLI,
+    "orchestrator.cli_sizing": CLI,
+}
+#: upward arrows still there, (module, target) -> why; remove an entry when its arrow is gone
+KNOWN_UPWARD = {
+    ("orchestrator.notify", "orchestrator.status"): "a notification carries the job's status row "
+    "(job_row, with the backend's fields); the backends that notify cannot build it themselves",
+}
+
+
+def floor_of(module: str, floors: dict[str, int] = FLOORS) -> int | None:
+    """The floor of `module`: its own entry, else its nearest package's (None: not in the table)."""
+    name = module
+    while name:
+        if name in floors:
+            return floors[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+def upward_arrows(
+    edges: list[tuple[str, str, int]],
+    floors: dict[str, int] = FLOORS,
+    known: Mapping[tuple[str, str], str] = {},
+) -> list[str]:
+    """Each orchestrator import that runs up a floor (not in `known`), as `a (floor) -> b (floor) line N`."""
+    bad = []
+    for module, target, line in edges:
+        if not (module.startswith("orchestrator") and target.startswith("orchestrator")):
+            continue
+        low, high = floor_of(module, floors), floor_of(target, floors)
+        if low is not None and high is not None and high > low and (module, target) not in known:
+            bad.append(f"{module} ({FLOOR_NAMES[low]}) -> {target} ({FLOOR_NAMES[high]}) line {line}")
+    return sorted(set(bad))
+
+
+def test_every_orchestrator_module_has_a_floor() -> None:
+    missing = sorted(m for m in _modules() if m.startswith("orchestrator") and floor_of(m) is None)
+    assert not missing, f"give these a floor in FLOORS: {missing}"
+
+
+def test_no_orchestrator_arrow_runs_up_a_floor() -> None:
+    bad = upward_arrows(imports(), known=KNOWN_UPWARD)
+    assert not bad, "imports up a floor: " + "; ".join(bad)
+
+
+def test_the_known_upward_arrows_are_still_there() -> None:
+    graph = import_graph()
+    gone = [f"{a} -> {b}" for a, b in KNOWN_UPWARD if b not in graph.get(a, set())]
+    assert not gone, f"remove from KNOWN_UPWARD: {gone}"
+
+
+def test_the_floor_check_finds_a_planted_upward_arrow() -> None:
+    floors = {"orchestrator.errors": GROUND, "orchestrator.backends": BACKENDS, "orchestrator.cli": CLI}
+    edges = [
+        ("orchestrator.backends.local", "orchestrator.errors", 3),  # down: fine
+        ("orchestrator.backends.local", "orchestrator.backends.base", 4),  # sideways: fine
+        ("orchestrator.errors", "orchestrator.backends.local", 9),  # up, in a function or not: caught
+        ("orchestrator.cli", "trainer.config", 5),  # trainer/ has its own rule
+    ]
+    assert upward_arrows(edges, floors) == [
+        "orchestrator.errors (ground) -> orchestrator.backends.local (backends) line 9"
+    ]
+    assert upward_arrows(edges, floors, {("orchestrator.errors", "orchestrator.backends.local"): "x"}) == []
 
 
 def test_the_walk_sees_real_imports() -> None:

@@ -371,11 +371,14 @@ def test_validate_job_accepts_the_new_resources_fields() -> None:
         validate_job({**base, "resources": {"secrets": ["not a name"]}})
 
 
-def test_launch_refuses_what_the_cloud_backend_cannot_run() -> None:
-    from orchestrator.backends import skypilot_checks
+def test_a_multi_gpu_plan_is_one_the_trainer_can_run() -> None:
+    """The 8-GPU example renders the sharded template, and the trainer accepts several ranks (FSDP):
+    no launch check stands between a multi-GPU plan and the cloud (the old one-GPU refusal is gone)."""
+    from orchestrator.backends import skypilot_render
 
     spec = load_job(REPO / "examples/llama3-8b-full.yaml", check_support=False)
     _p, task = render_job(spec, "j", "s3://b/j", environ={})
+    assert skypilot_render.template_of(task) != "single"
     probe = validate_job(
         {
             "model": "x",
@@ -388,12 +391,7 @@ def test_launch_refuses_what_the_cloud_backend_cannot_run() -> None:
     )
     from trainer.config import unsupported_features
 
-    if any(field == "local.nproc" for field, _ in unsupported_features(probe)):
-        with pytest.raises(SpecError) as caught:  # 8 GPUs, while the trainer cannot shard (FSDP)
-            skypilot_checks.check_multi_gpu(task)
-        assert caught.value.field == "resources.gpus"
-    else:  # the trainer shards: multi-GPU plans launch
-        skypilot_checks.check_multi_gpu(task)
+    assert not [f for f, _ in unsupported_features(probe) if f == "local.nproc"]
 
 
 def test_accelerator_names_are_skypilots_catalog_names(sky: Any) -> None:

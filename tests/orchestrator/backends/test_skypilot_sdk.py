@@ -187,7 +187,7 @@ def test_long_launch_errors_keep_their_cause() -> None:
 
     from sky import exceptions
 
-    from orchestrator.backends.skypilot_sdk import one_line
+    from orchestrator.errors import one_line
 
     noise = "Failed to provision all possible launchable resources. " + "Tried us-east-1a ... " * 60
     try:
