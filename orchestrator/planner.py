@@ -314,11 +314,7 @@ def make_plan(
             usable = offer.gpu_memory_gib * (1 - HEADROOM)
             where = "on 1 GPU" if ranks == 1 else f"per GPU sharded over {ranks}"
             if fit == "estimated" and need <= mem.load_gib_per_gpu:
-                where += " to load the model" + (
-                    " (QLoRA: the whole 4-bit model on each GPU before sharding)"
-                    if spec.method == "qlora"
-                    else ""
-                )
+                where += " to load the model"
             rejected.append(
                 _reject(
                     offer,
