@@ -423,11 +423,7 @@ def _check_memory(job: _Job, offer: Offer, ranks: int, mem: MemoryEstimate) -> t
         return need, fit
     where = "on 1 GPU" if ranks == 1 else f"per GPU sharded over {ranks}"
     if fit == "estimated" and need <= mem.load_gib_per_gpu:
-        where += " to load the model" + (
-            " (QLoRA: the whole 4-bit model on each GPU before sharding)"
-            if job.spec.method == "qlora"
-            else ""
-        )
+        where += " to load the model"
     raise _Rejected(
         f"memory: needs {need:.1f} GiB {where} ({fit}), has "
         f"{offer.gpu_memory_gib:g} GiB ({usable:.1f} usable with {HEADROOM:.0%} headroom)"

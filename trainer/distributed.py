@@ -129,13 +129,19 @@ class Sharded(Parallel):
         fully_shard(model, mesh=self.mesh, mp_policy=policy)
 
     def load(self, spec: JobSpec, device: torch.device) -> torch.nn.Module:
-        """Full fine-tuning and LoRA load sharded (trainer/sharded_load.py: no GPU holds the whole model);
-        QLoRA loads whole on each rank, quantized as it arrives, then shards."""
-        if spec.method == "qlora":
-            return super().load(spec, device)
-        from trainer.sharded_load import load_sharded
+        """Every method loads sharded (trainer/sharded_load.py): no GPU holds the whole model. QLoRA's base
+        is quantized once, on rank 0's CPU; with a bitsandbytes that cannot run there, it loads whole on
+        each rank, quantized on the device as it arrives, then shards."""
+        from trainer import sharded_load
+        from trainer.quant import bitsandbytes_devices
 
-        model = load_sharded(spec, device, self.rank, lambda m: self._shard(m, spec))
+        shard = lambda m: self._shard(m, spec)  # noqa: E731
+        if spec.method != "qlora":
+            model = sharded_load.load_sharded(spec, device, self.rank, shard)
+        elif "cpu" in bitsandbytes_devices():
+            model = sharded_load.load_sharded_quantized(spec, device, self.rank, shard)
+        else:
+            return super().load(spec, device)
         seed_rank(spec.train.seed, self.rank, 0)
         return model
 

@@ -14,6 +14,7 @@ loading holds per GPU is in trainer/memory/load_memory.py, which the planner's e
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -61,3 +62,151 @@ def load_sharded(
             dist.broadcast(buffer, src=0)
     del full
     return model
+
+
+# ---- QLoRA: the 4-bit base, quantized once on rank 0's host, sent to every rank's shards ------------
+
+
+def quantized_meta_model(spec: JobSpec, packed: dict[str, torch.Size]) -> torch.nn.Module:
+    """The job's QLoRA model on the meta device: transformers' bitsandbytes skeleton (the same Linear4bit
+    layers `from_pretrained` makes), each 4-bit weight with its packed shape (`packed`, from rank 0), and
+    the adapters."""
+    import bitsandbytes as bnb
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.quantizers import AutoHfQuantizer
+
+    from trainer.quant import COMPUTE, bnb_config, prepare_quantized
+
+    config = AutoConfig.from_pretrained(spec.model)
+    quantization = bnb_config(spec)
+    quantizer = AutoHfQuantizer.from_config(quantization, pre_quantized=False)
+    with META:
+        model = AutoModelForCausalLM.from_config(
+            config,
+            dtype=COMPUTE[spec.quantization.compute_dtype],
+            attn_implementation=spec.train.attn_implementation,
+        )
+        quantizer.preprocess_model(model, device_map={"": META}, dtype=model.dtype)
+        for name, module in model.named_modules():
+            if isinstance(module, bnb.nn.Linear4bit):
+                old = module.weight
+                module.weight = bnb.nn.Params4bit(
+                    torch.empty(packed[name], dtype=module.quant_storage),
+                    requires_grad=False,
+                    quant_type=old.quant_type,
+                    compress_statistics=old.compress_statistics,
+                    quant_storage=module.quant_storage,
+                    bnb_quantized=True,
+                    module=module,
+                )
+        quantizer.postprocess_model(model)
+        model.hf_quantizer = quantizer
+        model.config.quantization_config = quantization
+        return prepare_model(prepare_quantized(model, spec), spec, META)
+
+
+def load_sharded_quantized(
+    spec: JobSpec, device: torch.device, rank: int, shard: Callable[[torch.nn.Module], None]
+) -> torch.nn.Module:
+    """The job's QLoRA model, sharded by `shard`, bitwise what every rank loading it whole would hold.
+
+    Rank 0 quantizes the base once, on its CPU (`load_model(spec, cpu)`: bitsandbytes quantizes each
+    projection as from_pretrained streams it in, so rank 0's host holds the 4-bit model plus one 16-bit
+    tensor). Every rank builds the quantized skeleton on the meta device, shards it and allocates its
+    shards; rank 0 then broadcasts each parameter (packed 4-bit data in the storage dtype, the 16-bit
+    rest, the adapters) one tensor at a time, each rank keeping its shard, and each layer's quant state
+    (absmax, code, the nested absmax), which FSDP leaves whole on every rank as today."""
+    import bitsandbytes as bnb
+    import torch.distributed as dist
+
+    full = load_model(spec, torch.device("cpu")) if rank == 0 else None
+    layers = _quant_layers(full)
+    base = full.get_base_model() if full is not None else None  # the names before the adapters wrap it
+    plan = [
+        {n.removesuffix(".base_layer"): tuple(m.weight.shape) for n, m in _quant_layers(base).items()},
+        {name: _quant_state_layout(m) for name, m in layers.items()},
+        {name: p.dtype for name, p in full.named_parameters()} if full is not None else {},
+    ]
+    dist.broadcast_object_list(plan, src=0)
+    packed, layouts, dtypes = plan
+    model = quantized_meta_model(spec, {n: torch.Size(s) for n, s in packed.items()})
+    _match_dtypes(model, dtypes)
+    shard(model)
+    model.to_empty(device=device)
+    source = dict(full.named_parameters()) if full is not None else {}
+    buffers = dict(full.named_buffers()) if full is not None else {}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            _receive(param, source.get(name), device)
+        for name, buffer in model.named_buffers():
+            _receive(buffer, buffers.get(name), device)
+        for name, module in model.named_modules():
+            if isinstance(module, bnb.nn.Linear4bit):
+                module.quant_state = _receive_quant_state(layers.get(name), layouts[name], device)
+    del full, source, buffers, layers
+    return model
+
+
+def _match_dtypes(model: torch.nn.Module, dtypes: dict[str, torch.dtype]) -> None:
+    """Give the meta model's parameters rank 0's dtypes: PEFT casts new adapters to the base layer's
+    dtype only when that layer holds real memory (bf16 under pure bf16), so on meta they stay fp32."""
+    names = {name for name, _ in model.named_parameters()}
+    if names != set(dtypes):
+        raise RuntimeError(
+            f"the sharded QLoRA skeleton differs from rank 0's model: {sorted(names ^ set(dtypes))[:3]}"
+        )
+    for name, param in model.named_parameters():
+        if param.dtype != dtypes[name]:
+            param.data = param.data.to(dtypes[name])
+
+
+def _quant_layers(model: torch.nn.Module | None) -> dict[str, torch.nn.Module]:
+    import bitsandbytes as bnb
+
+    if model is None:
+        return {}
+    return {n: m for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+
+
+def _quant_state_layout(module: torch.nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    return [(k, tuple(t.shape), t.dtype) for k, t in module.quant_state.as_dict(packed=True).items()]
+
+
+def _receive(target: torch.Tensor, source: torch.Tensor | None, device: torch.device) -> None:
+    """Rank 0's whole `source` broadcast to every rank (one tensor in flight), each rank keeping its
+    shard of it in `target` (a DTensor parameter under FSDP, or a plain tensor)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if source is not None:
+        whole = source.data.to(device, copy=True)
+    else:
+        whole = torch.empty(target.shape, dtype=target.dtype, device=device)
+    dist.broadcast(whole, src=0)
+    if isinstance(target, DTensor):
+        mine = distribute_tensor(whole, target.device_mesh, target.placements, src_data_rank=None)
+        target.to_local().copy_(mine.to_local())
+    else:
+        target.copy_(whole)
+
+
+def _receive_quant_state(
+    module: torch.nn.Module | None,
+    layout: list[tuple[str, tuple[int, ...], torch.dtype]],
+    device: torch.device,
+) -> Any:
+    """One layer's bitsandbytes QuantState, from rank 0 (packed as its state dict packs it)."""
+    import torch.distributed as dist
+    from bitsandbytes.functional import QuantState
+
+    sent = module.quant_state.as_dict(packed=True) if module is not None else {}
+    got: dict[str, torch.Tensor] = {}
+    for key, shape, dtype in layout:
+        tensor = (
+            sent[key].to(device, copy=True)
+            if module is not None
+            else torch.empty(shape, dtype=dtype, device=device)
+        )
+        dist.broadcast(tensor, src=0)
+        got[key] = tensor
+    return QuantState.from_dict(got, device)

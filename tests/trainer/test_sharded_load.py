@@ -10,6 +10,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 from helpers import job_dict
@@ -33,6 +34,22 @@ def _snapshot(model: torch.nn.Module) -> dict[str, Any]:
     for name, b in model.named_buffers():
         out[f"buffer:{name}"] = (b.detach().clone(), b.dtype, False, tuple(b.shape))
     out["rng"] = (torch.get_rng_state(), torch.uint8, False, ())
+    for name, module in model.named_modules():  # QLoRA: each 4-bit layer's quant state, whole on every rank
+        state = getattr(module, "quant_state", None)
+        if state is not None:
+            for key, tensor in state.as_dict(packed=True).items():
+                out[f"quant:{name}.{key}"] = (
+                    tensor.detach().clone(),
+                    tensor.dtype,
+                    False,
+                    tuple(tensor.shape),
+                )
+            out[f"quant:{name}"] = (
+                torch.zeros(1, dtype=torch.uint8),
+                module.compute_dtype,
+                False,
+                (str(module.quant_storage),),
+            )
     return out
 
 
@@ -57,7 +74,12 @@ def _compare(rank: int, port: int, jobs: list[dict[str, Any]]) -> None:
         assert old.keys() == new.keys(), (spec.method, set(old) ^ set(new))
         for key, (tensor, dtype, trains, shape) in old.items():
             got = new[key]
-            assert (got[1], got[2], got[3]) == (dtype, trains, shape), (spec.method, key)
+            assert (got[1], got[2], got[3]) == (dtype, trains, shape), (
+                spec.method,
+                key,
+                got[1:],
+                (dtype, trains, shape),
+            )
             assert torch.equal(got[0].view(torch.uint8), tensor.view(torch.uint8)), (spec.method, key)
         if tied:
             base = new_model.get_base_model() if hasattr(new_model, "get_base_model") else new_model
@@ -86,4 +108,22 @@ def test_sharded_load_gives_the_whole_model_paths_parameters_bitwise(
         job_dict(tied, data, ck, method="full", train={"precision": "bf16"}),  # tied embeddings
     ]
     jobs[-1]["tied"] = True
+    mp.spawn(_compare, args=(_free_port(), jobs), nprocs=RANKS, join=True)
+
+
+def test_sharded_qlora_load_gives_the_whole_model_paths_4bit_weights_and_quant_state_bitwise(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """QLoRA: rank 0 quantizes once on its CPU and every rank receives its shards of the packed 4-bit
+    weights (stored in bf16), the bf16 rest and the adapters, and every layer's quant state (absmax, code,
+    nested absmax, offset): bitwise what each rank quantizing the whole model gives."""
+    pytest.importorskip("bitsandbytes")
+    data, ck = tmp_path / "d.jsonl", tmp_path / "ck"
+    qlora = {"method": "qlora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"}}
+    jobs = [
+        job_dict(tiny_model, data, ck, **qlora, train={"precision": "bf16-mixed"}),  # fp32 adapters
+        job_dict(tiny_model, data, ck, **qlora, train={"precision": "bf16"}),  # bf16 adapters
+    ]
+    jobs[0]["quantization"] = {"double_quant": True}
+    jobs[1]["quantization"] = {"double_quant": False}
     mp.spawn(_compare, args=(_free_port(), jobs), nprocs=RANKS, join=True)

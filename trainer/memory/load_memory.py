@@ -11,14 +11,20 @@ How the trainer loads (trainer/model.py, trainer/quant.py, trainer/sharded_load.
   model on the meta device, shards it, allocates only its shards and receives rank 0's weights one tensor
   at a time: a GPU holds its shard of everything plus one full tensor in flight (the largest: the
   embedding or the largest projection group), never the whole model;
-- QLoRA (one process or FSDP): `from_pretrained(device_map={"": device})` quantizes each projection on
-  the GPU as it arrives, so every rank holds the whole packed 4-bit base and its absmax, the rest of the
-  base (embeddings, head, norms) in the quantization compute dtype, and the 16-bit copy of the projection
-  being quantized; adapters then; FSDP shards it only afterwards.
+- QLoRA on one process: `from_pretrained(device_map={"": device})` quantizes each projection on the GPU
+  as it arrives, so the GPU holds the whole packed 4-bit base and its absmax, the rest of the base
+  (embeddings, head, norms) in the quantization compute dtype, and the 16-bit copy of the projection
+  being quantized; adapters then;
+- QLoRA under FSDP: sharded loading too. Rank 0 quantizes the base once on its CPU; every rank builds
+  the 4-bit skeleton on the meta device, shards it, and receives rank 0's tensors one at a time: a GPU
+  holds its shard of the packed 4-bit weights (half a byte each), of the 16-bit rest and of the adapters,
+  every layer's quant state whole (FSDP does not shard bitsandbytes' absmax: the bytes of `NF4_DQ_BYTES`
+  beyond the half byte), and one full tensor in flight (the 16-bit embedding, or the largest packed
+  projection). With a bitsandbytes that cannot run on the CPU the trainer falls back to loading whole on
+  each rank (trainer/distributed.py); the estimate counts the sharded path.
 
-On one GPU the step holds all of that and more (the estimate's weights term), so the load sets the peak
-only for QLoRA under FSDP, where the step keeps one shard: a QLoRA job whose whole 4-bit model does not
-fit one GPU cannot load there, whatever the GPU count.
+On one GPU the step holds all of that and more (the estimate's weights term), so the load rarely sets the
+peak; under FSDP every method now holds a shard plus one tensor while loading.
 """
 
 from __future__ import annotations
@@ -71,11 +77,8 @@ def load_peak_bytes(
     "in_flight": the 16-bit projection being quantized, or the full tensor being broadcast), on `ranks`
     GPUs (see the module docstring)."""
     adapters = float(adapter_bytes(precision) * counts.adapters) if method != "full" else 0.0
-    if method == "qlora":  # whole on every rank, quantized as it loads
-        packed = NF4_DQ_BYTES if double_quant else NF4_BYTES
-        c = DTYPE_BYTES[quant_compute]
-        weights = packed * counts.quantizable + c * (counts.params - counts.quantizable)
-        return {"weights": weights, "adapters": adapters, "in_flight": float(c * counts.largest_quantizable)}
+    if method == "qlora":
+        return _qlora_load_peak(counts, ranks, adapters, double_quant, quant_compute)
     size = DTYPE_BYTES[base_dtype_name(method, precision)]
     if ranks <= 1:
         return {"weights": float(size * counts.params), "adapters": adapters, "in_flight": 0.0}
@@ -84,4 +87,33 @@ def load_peak_bytes(
         "weights": float(size * counts.params) / ranks,
         "adapters": adapters / ranks,
         "in_flight": float(size * counts.largest_tensor),
+    }
+
+
+#: bytes of the packed 4-bit data per quantized weight (two NF4 values per byte); the rest of
+#: `NF4_DQ_BYTES` / `NF4_BYTES` is the quant state (absmax), which every rank keeps whole
+NF4_DATA_BYTES = 0.5
+
+
+def _qlora_load_peak(
+    counts: WeightCounts, ranks: int, adapters: float, double_quant: bool, quant_compute: str
+) -> dict[str, float]:
+    """QLoRA's load peak per GPU: the whole 4-bit model on one process; under FSDP (trainer/sharded_load.py)
+    a shard of the packed data, of the 16-bit rest and of the adapters, the whole quant state, and one
+    full tensor in flight."""
+    packed = NF4_DQ_BYTES if double_quant else NF4_BYTES
+    c = DTYPE_BYTES[quant_compute]
+    rest = c * (counts.params - counts.quantizable)
+    if ranks <= 1:  # quantized on the GPU as it loads, with the 16-bit projection being quantized
+        weights = packed * counts.quantizable + rest
+        return {"weights": weights, "adapters": adapters, "in_flight": float(c * counts.largest_quantizable)}
+    state = (packed - NF4_DATA_BYTES) * counts.quantizable
+    # the largest tensor broadcast whole: a 16-bit one (the embedding) when it is larger than every
+    # projection, else the largest projection, packed
+    largest_16bit = counts.largest_tensor if counts.largest_tensor > counts.largest_quantizable else 0
+    in_flight = max(c * largest_16bit, NF4_DATA_BYTES * counts.largest_quantizable)
+    return {
+        "weights": (NF4_DATA_BYTES * counts.quantizable + rest) / ranks + state,
+        "adapters": adapters / ranks,
+        "in_flight": float(in_flight),
     }
