@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.data.dataset import DataError
     from trainer.layout import LayoutError
     from trainer.runstore.progress import log
+    from trainer.runstore.storage import LinkRefused
     from trainer.runstore.store import Fenced
 
     try:
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, LayoutError, ValidationError) as exc:
         log(f"error: {exc}")
         return exitcodes.BAD_CONFIG
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, LinkRefused) as exc:  # a link out of the run store: no retry helps
         log(f"error: {exc}")
         return exitcodes.BAD_CONFIG
     except Fenced as exc:  # a newer attempt holds the run: stop, write nothing more, do not be restarted

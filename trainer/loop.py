@@ -29,7 +29,7 @@ from trainer.loss import evaluate_batch, shifted_labels
 from trainer.memory import allocator
 from trainer.model import autocast_dtype, count_parameters, load_tokenizer, pick_device
 from trainer.runstore.progress import ProgressReporter, log
-from trainer.runstore.store import CorruptCheckpoint, RunStore
+from trainer.runstore.store import CorruptCheckpoint, RunStore, check_output, output_store
 from trainer.step import accumulate, make_scaler, restore_scaler, save_scaler, update
 from trainer.stops.interruptions import how_it_ended
 from trainer.stops.notices import start_watcher
@@ -117,9 +117,12 @@ def _quiet_evaluate(
         return evaluate(model, dataset, device, spec)
 
 
-def write_output(model: torch.nn.Module, tokenizer: Any, spec: JobSpec, output_uri: str) -> None:
-    """The final PEFT adapter (LoRA) or HF model folder (full), uploaded to output_uri."""
-    output = RunStore(output_uri, spec.checkpoint.storage_options)
+def write_output(
+    model: torch.nn.Module, tokenizer: Any, spec: JobSpec, output_uri: str, run_uri: str | None = None
+) -> None:
+    """The final PEFT adapter (LoRA) or HF model folder (full), uploaded to output_uri (never through a
+    link out of the run store: trainer.runstore.store.output_store)."""
+    output = output_store(output_uri, run_uri or output_uri, spec.checkpoint.storage_options)
     with tempfile.TemporaryDirectory(prefix="ftorch-out-") as tmp:
         if spec.method == "full":
             model.save_pretrained(tmp, safe_serialization=True)
@@ -150,7 +153,7 @@ def _record_output(
     try:
         model_card.record(
             store,
-            RunStore(output_uri, spec.checkpoint.storage_options),
+            output_store(output_uri, store.run_uri, spec.checkpoint.storage_options),
             spec,
             resolved,
             steps=steps,
@@ -180,6 +183,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         epoch = store.claim_epoch({"attempt": attempt, "pid": os.getpid(), "host": platform.node()})
         log(f"attempt {attempt} holds epoch {epoch} of the run")
     output_uri = resolved["output_uri"]
+    check_output(output_uri, run_uri, spec.checkpoint.storage_options)  # a linked output/: exit 2 now
     if spec.local.threads:
         torch.set_num_threads(spec.local.threads)
     device = pick_device(spec.local.device)
@@ -315,7 +319,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         trackers.scalar("eval/loss", state.extra["eval_after"]["loss"], state.step)
     trackers.close()
     reporter.set_state("writing_output")
-    par.write_output(write_output, model, tokenizer, spec, output_uri)
+    par.write_output(write_output, model, tokenizer, spec, output_uri, run_uri)
     reporter.finish(eval_before=state.extra.get("eval_before"), eval_after=state.extra.get("eval_after"))
     if par.is_main:
         _record_output(store, spec, resolved, steps, state, dataset, attempt, output_uri)

@@ -138,12 +138,12 @@ def record_run_facts(registry: Registry, job_id: str, spent_usd: float) -> None:
     wrote them without: only the supervisor knows)."""
     from orchestrator.status import preempted
     from trainer import model_card
-    from trainer.runstore.store import RunStore
+    from trainer.runstore.store import output_store
 
     job = registry.get(job_id)
     preemptions = sum(1 for a in registry.attempts(job_id) if preempted(a))
     try:
-        output = RunStore(job.output_uri, job.storage_options)
+        output = output_store(job.output_uri, job.run_uri, job.storage_options)  # never through a link
         model_card.add_run_facts(output, cost_usd=round(spent_usd, 4), preemptions=preemptions)
     except Exception as exc:  # noqa: BLE001 - the card is a record; the job still succeeded
         registry.event(job_id, "card", f"model card not completed: {exc.__class__.__name__}: {exc}")

@@ -32,7 +32,7 @@ from typing import Any
 
 from trainer.faults import maybe_die, maybe_disk_full
 from trainer.runstore.runfiles import checked_progress
-from trainer.runstore.storage import Storage, StoreError, sha256_bytes
+from trainer.runstore.storage import LinkRefused, Storage, StoreError, sha256_bytes
 
 MANIFEST = "MANIFEST.json"
 FENCE = "fence"
@@ -92,8 +92,9 @@ class RunStore(Storage):
         run_uri: str,
         storage_options: dict[str, Any] | None = None,
         retry_seconds: float | None = None,
+        within: str | None = None,
     ) -> None:
-        super().__init__(run_uri, storage_options, retry_seconds)
+        super().__init__(run_uri, storage_options, retry_seconds, within)
         self.run_uri = self.root_uri
         self.epoch = 0  # 0: not fenced (tools, tests); the trainer claims one with claim_epoch()
         self.fenced_by: int | None = None
@@ -372,6 +373,28 @@ class RunStore(Storage):
 
     def read_spec(self) -> dict[str, Any]:
         return self.read_json(SPEC)
+
+
+def output_store(output_uri: str, run_uri: str, storage_options: dict[str, Any] | None = None) -> RunStore:
+    """Where ftorch writes a run's output or an export. Inside the run store (the default `output/`,
+    `exports/`), links are judged against the run store: a linked `output/` is refused, never followed.
+    A folder the user named elsewhere is guarded against links out of itself, like any store."""
+    store = RunStore(output_uri, storage_options)
+    if store.is_local:
+        run_root = RunStore(run_uri, storage_options).root
+        if os.path.abspath(store.root).startswith(os.path.abspath(run_root) + os.sep):
+            store.within = run_root
+    return store
+
+
+def check_output(output_uri: str, run_uri: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Before training: LinkRefused (one line naming output) if the output folder is a link out of the
+    run store, so that the trainer stops now (exit 2) instead of after the last step."""
+    store = output_store(output_uri, run_uri, storage_options)
+    try:
+        store._guard(store.root)
+    except LinkRefused as exc:
+        raise LinkRefused(f"output: {exc}") from None
 
 
 def _epoch_rel(epoch: int) -> str:
