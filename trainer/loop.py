@@ -318,6 +318,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         reporter.eval_loss(state.step, state.extra["eval_after"]["loss"])
         trackers.scalar("eval/loss", state.extra["eval_after"]["loss"], state.step)
     trackers.close()
+    store.check_intact()  # a run store deleted under this attempt: StoreGone (exit 2), never "done"
     reporter.set_state("writing_output")
     par.write_output(write_output, model, tokenizer, spec, output_uri, run_uri)
     reporter.finish(eval_before=state.extra.get("eval_before"), eval_after=state.extra.get("eval_after"))

@@ -51,6 +51,10 @@ class CorruptCheckpoint(StoreError):
     """A checkpoint's files do not match its manifest."""
 
 
+class StoreGone(StoreError):
+    """The run store's own records vanished under a running attempt."""
+
+
 class Fenced(StoreError):
     """A newer attempt claimed this run: this attempt must stop writing."""
 
@@ -244,6 +248,8 @@ class RunStore(Storage):
                 data = self.read_bytes(where)
             except FileNotFoundError:
                 raise CorruptCheckpoint(f"{where} is missing") from None
+            except LinkRefused:  # a bad checkpoint like any other: the previous one is used
+                raise CorruptCheckpoint(f"{where} is a link out of the run store (not followed)") from None
             if len(data) != int(expected["size"]) or sha256_bytes(data) != expected["sha256"]:
                 raise CorruptCheckpoint(f"{where} does not match its manifest")
             blobs[rel] = data
@@ -366,6 +372,21 @@ class RunStore(Storage):
                 ):
                     by_step[row["step"]] = row
         return [by_step[s] for s in sorted(by_step)]
+
+    # ---- is the store still there --------------------------------------------------------------
+    def check_intact(self) -> None:
+        """StoreGone if spec.json or this attempt's epoch record vanished (the run store was deleted or
+        replaced under the running trainer): the run must not end as done with its record gone."""
+        missing = [
+            rel
+            for rel in (SPEC, _epoch_rel(self.epoch) if self.epoch else "")
+            if rel and not self.exists(rel)
+        ]
+        if missing:
+            raise StoreGone(
+                f"the run store {self.run_uri} lost {' and '.join(missing)} while this attempt ran (deleted "
+                "or replaced?); not finishing the run: its checkpoints and records may be gone"
+            )
 
     # ---- spec ----------------------------------------------------------------------------------
     def write_spec(self, spec: dict[str, Any]) -> None:
