@@ -22,8 +22,15 @@ def export_cmd(
         bool, typer.Option("--merge", help="merge the adapter into the base: a plain HF model")
     ] = False,
     to: Annotated[
-        str | None, typer.Option(help="folder or bucket URL (default: <run store>/exports/step-N[-merged])")
+        str | None,
+        typer.Option(
+            help="a new or empty folder, or bucket URL, or an earlier export (default: "
+            "<run store>/exports/step-N[-merged])"
+        ),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="write into a --to folder that holds other files (they stay)")
+    ] = False,
 ) -> None:
     """Write a PEFT adapter (or, with --merge, a merged model) from a checkpoint of JOB."""
     from orchestrator import jobs
@@ -40,7 +47,7 @@ def export_cmd(
             to = join_uri(record.run_uri, "exports", f"step-{chosen:08d}" + ("-merged" if merge else ""))
         elif "://" not in to:
             to = os.path.abspath(to)
-        result = export(record.run_uri, to, step=step, merge=merge, storage_options=options)
+        result = export(record.run_uri, to, step=step, merge=merge, storage_options=options, force=force)
     except ExportError as exc:
         raise UserError(str(exc)) from None
     typer.echo(f"{result['kind']} from step {result['step']} of {record.job_id}: {result['to']}")

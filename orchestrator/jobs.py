@@ -68,6 +68,11 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
             f"checkpoint.uri: {scheme}:// lives in one process's memory and is gone when it ends; "
             "give a local folder, s3://, gs:// or another shared store"
         )
+    if spec.output.uri:  # probed like the run store: not found after the last step
+        try:
+            preflight(spec.output.uri, spec.checkpoint.storage_options)
+        except StoreError as exc:
+            raise UserError(f"output.uri: the output folder is not writable: {exc}") from None
     try:  # preflight: write, read back and delete a probe, so a wrong store fails now, in one line
         preflight(run_uri, spec.checkpoint.storage_options)
     except StoreError as exc:
@@ -100,7 +105,7 @@ def check_data(spec: JobSpec) -> list[str]:
     remote data is checked when it can be read now (when it cannot, the trainer reports it, with the same
     messages); a hub data set is not fetched here. Returns notes on what was not checked."""
     from trainer.data import source as data_source
-    from trainer.data.check import DataError, check_row
+    from trainer.data.check import DataError, check_chat_template, check_row
 
     data = spec.data
     options = dict(spec.checkpoint.storage_options)
@@ -124,6 +129,8 @@ def check_data(spec: JobSpec) -> list[str]:
                     check_row({**row, "_line": number}, data.format, path)
             if field == "data.path":
                 data_source.held_out_split(data, len(rows))
+                if data.format == "chat" and data.chat_template:  # one record rendered, as the trainer will
+                    check_chat_template(data.chat_template, {"_line": 1, **next(iter(rows))}, path)
         except DataError as exc:
             raise SpecError(exc.field, str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - unreadable now: the trainer reads (and reports) it

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.data.dataset import DataError
     from trainer.layout import LayoutError
     from trainer.runstore.progress import log
-    from trainer.runstore.store import Fenced
+    from trainer.runstore.storage import LinkRefused
+    from trainer.runstore.store import Fenced, StoreGone
 
     try:
         from trainer.loop import run
@@ -54,12 +55,17 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, LayoutError, SpecChanged, ValidationError) as exc:
         log(f"error: {exc}")
         return exitcodes.BAD_CONFIG
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, LinkRefused, StoreGone) as exc:  # no retry helps: a link out of the
+        # run store, or the run store deleted under the attempt
         log(f"error: {exc}")
         return exitcodes.BAD_CONFIG
     except Fenced as exc:  # a newer attempt holds the run: stop, write nothing more, do not be restarted
         log(f"fenced: {exc}")
         return exitcodes.FENCED
+    finally:  # os._exit skips atexit: the trackers' scratch folders go now, however the attempt ended
+        trackers = sys.modules.get("trainer.trackers")
+        if trackers is not None:
+            trackers.remove_scratch()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ saved it.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from typing import Any
@@ -24,11 +25,40 @@ from trainer.checkpoints import dcp_io
 from trainer.checkpoints.checkpoint import WEIGHTS
 from trainer.config import JobSpec
 from trainer.model import base_dtype, hide_bitsandbytes, load_tokenizer, lora_config, trainable_parameters
-from trainer.runstore.store import CorruptCheckpoint, RunStore
+from trainer.runstore.storage import Storage, StoreError, preflight
+from trainer.runstore.store import CorruptCheckpoint, RunStore, output_store
+
+#: written last into every export folder: what a later export may replace there
+MARKER = ".ftorch-export.json"
 
 
 class ExportError(Exception):
     """A one-line reason the export cannot be done (the CLI exits 2 with it)."""
+
+
+def check_target(to: str, storage_options: dict[str, Any] | None = None, force: bool = False) -> list[str]:
+    """Refuse, before any work, a target the export must not or cannot write: a file, a folder holding
+    files that are not an earlier ftorch export (a user's README.md would be replaced; `force` allows
+    it), a place that cannot be written. Returns the files an earlier export there wrote (to replace)."""
+    try:
+        target = Storage(to, storage_options)
+        if target.is_local and os.path.lexists(target.root) and not os.path.isdir(target.root):
+            raise ExportError(f"--to: {to} is a file; give a folder (new or empty; it is created if missing)")
+        names = target.listdir("")
+        marker = target.read_json_or_none(MARKER) if MARKER in names else None
+    except (OSError, StoreError) as exc:
+        raise ExportError(f"--to: cannot read {to}: {exc.__class__.__name__}: {exc}") from None
+    earlier = [str(f) for f in marker.get("files", [])] if isinstance(marker, dict) else []
+    if names and marker is None and not force:
+        raise ExportError(
+            f"--to: {to} is not empty and holds no earlier ftorch export ({len(names)} entries, e.g. "
+            f"{names[0]}); give a new or empty folder, or --force to write beside (and over) its files"
+        )
+    try:
+        preflight(to, storage_options)
+    except StoreError as exc:
+        raise ExportError(f"--to: cannot write there: {exc}") from None
+    return earlier
 
 
 def pick_checkpoint(store: RunStore, step: int | None) -> Any:
@@ -102,16 +132,21 @@ def export(
     step: int | None = None,
     merge: bool = False,
     storage_options: dict[str, Any] | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Write the export into `to` (a local folder or a bucket URL); returns what was written."""
+    """Write the export into `to` (a local folder or a bucket URL); returns what was written.
+
+    `to` must be new, empty or an earlier export (`check_target`; `force` writes beside other files);
+    inside the run store a link out of it is never followed."""
     store = RunStore(run_uri, storage_options)
     spec = JobSpec.model_validate(store.read_spec()["job"])
+    earlier = check_target(to, spec.checkpoint.storage_options, force)
     if merge and spec.method == "full":
         raise ExportError("--merge: a full fine-tune has no adapter to merge; export it without --merge")
     info = pick_checkpoint(store, step)
     model = build(spec, _weights(store, info), merge)
-    output = RunStore(to, spec.checkpoint.storage_options)
-    written = []
+    output = output_store(to, run_uri, spec.checkpoint.storage_options)
+    written: list[str] = []
     with tempfile.TemporaryDirectory(prefix="ftorch-export-") as tmp:
         if spec.method == "full" or merge:
             model.save_pretrained(tmp, safe_serialization=True)
@@ -122,7 +157,15 @@ def export(
             for name in sorted(files):
                 rel = os.path.relpath(os.path.join(root, name), tmp)
                 with open(os.path.join(root, name), "rb") as handle:
-                    output.write_bytes(rel, handle.read())
+                    try:
+                        output.write_bytes(rel, handle.read())
+                    except (OSError, StoreError) as exc:
+                        raise ExportError(f"--to: cannot write {rel} there: {exc}") from None
                 written.append(rel)
+    for stale in sorted(set(earlier) - set(written)):  # what the earlier export wrote and this one does not
+        output.remove_file(stale)
+    output.write_bytes(
+        MARKER, json.dumps({"step": info.step, "merge": merge, "files": sorted(written)}).encode()
+    )
     kind = "merged model" if merge else ("model" if spec.method == "full" else "PEFT adapter")
     return {"step": info.step, "kind": kind, "to": to, "files": sorted(written), "base_model": spec.model}

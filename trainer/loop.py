@@ -34,7 +34,7 @@ from trainer.memory import allocator
 from trainer.model import autocast_dtype, count_parameters, load_tokenizer, pick_device
 from trainer.notify import TrainerNotifier
 from trainer.runstore.progress import ProgressReporter, log
-from trainer.runstore.store import RunStore
+from trainer.runstore.store import RunStore, check_output, output_store
 from trainer.step import accumulate, make_scaler, restore_scaler, save_scaler, update
 from trainer.stops.interruptions import how_it_ended
 from trainer.stops.notices import start_watcher
@@ -122,9 +122,12 @@ def _quiet_evaluate(
         return evaluate(model, dataset, device, spec)
 
 
-def write_output(model: torch.nn.Module, tokenizer: Any, spec: JobSpec, output_uri: str) -> None:
-    """The final PEFT adapter (LoRA) or HF model folder (full), uploaded to output_uri."""
-    output = RunStore(output_uri, spec.checkpoint.storage_options)
+def write_output(
+    model: torch.nn.Module, tokenizer: Any, spec: JobSpec, output_uri: str, run_uri: str | None = None
+) -> None:
+    """The final PEFT adapter (LoRA) or HF model folder (full), uploaded to output_uri (never through a
+    link out of the run store: trainer.runstore.store.output_store)."""
+    output = output_store(output_uri, run_uri or output_uri, spec.checkpoint.storage_options)
     with tempfile.TemporaryDirectory(prefix="ftorch-out-") as tmp:
         if spec.method == "full":
             model.save_pretrained(tmp, safe_serialization=True)
@@ -155,7 +158,7 @@ def _record_output(
     try:
         model_card.record(
             store,
-            RunStore(output_uri, spec.checkpoint.storage_options),
+            output_store(output_uri, store.run_uri, spec.checkpoint.storage_options),
             spec,
             resolved,
             steps=steps,
@@ -212,6 +215,7 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     install_signal_handlers(flag)
     start_watcher(flag, log=log)  # cloud preemption notices (AWS/GCP/Azure metadata); ends off-cloud
     store, resolved, spec = _open_store(run_uri, attempt, storage_options, flag)
+    check_output(resolved["output_uri"], run_uri, spec.checkpoint.storage_options)  # a linked output/: exit 2
     if spec.local.threads:
         torch.set_num_threads(spec.local.threads)
     device = pick_device(spec.local.device)
@@ -450,8 +454,9 @@ def finish(a: Attempt) -> int:
         a.reporter.eval_loss(state.step, state.extra["eval_after"]["loss"])
         a.trackers.scalar("eval/loss", state.extra["eval_after"]["loss"], state.step)
     a.trackers.close()
+    a.store.check_intact()  # a run store deleted under this attempt: StoreGone (exit 2), never "done"
     a.reporter.set_state("writing_output")
-    a.par.write_output(write_output, a.model, a.tokenizer, a.spec, output_uri)
+    a.par.write_output(write_output, a.model, a.tokenizer, a.spec, output_uri, a.store.run_uri)
     a.reporter.finish(eval_before=state.extra.get("eval_before"), eval_after=state.extra.get("eval_after"))
     if a.par.is_main:
         _record_output(a.store, a.spec, a.resolved, a.steps, state, a.dataset, a.number, output_uri)

@@ -22,6 +22,7 @@ SkyPilot the job's controller writes it to the run store (`control/spend.json`) 
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -34,6 +35,25 @@ FOLDER = "tensorboard"
 WANDB_FOLDER = "wandb"
 WANDB_STATE = f"{WANDB_FOLDER}/state.json"
 FLUSH_EVERY_S = float(os.environ.get("FTORCH_TRACKER_FLUSH_S", "30"))
+
+#: this process's scratch folders (TensorBoard's event files, W&B's run): removed on close, and by
+#: `remove_scratch` when the attempt ends any other way (trainer/__main__.py, atexit)
+_SCRATCH: set[str] = set()
+
+
+def _scratch(prefix: str) -> str:
+    folder = tempfile.mkdtemp(prefix=prefix)
+    _SCRATCH.add(folder)
+    return folder
+
+
+def remove_scratch() -> None:
+    """Delete every scratch folder this process made and has not removed yet."""
+    while _SCRATCH:
+        shutil.rmtree(_SCRATCH.pop(), ignore_errors=True)
+
+
+atexit.register(remove_scratch)
 
 
 def _missing(name: str, extra: str) -> Exception:
@@ -94,7 +114,7 @@ class _TensorBoard:
         except ImportError:
             raise _missing("tensorboard", "tensorboard") from None
         self.store = store
-        self.local = tempfile.mkdtemp(prefix="ftorch-tb-")
+        self.local = _scratch("ftorch-tb-")
         self.writer = SummaryWriter(self.local, purge_step=start_step + 1 if start_step else None)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -109,6 +129,8 @@ class _TensorBoard:
 
     def close(self) -> None:
         self.writer.close()
+        shutil.rmtree(self.local, ignore_errors=True)
+        _SCRATCH.discard(self.local)
 
 
 class _WandB:
@@ -120,7 +142,7 @@ class _WandB:
         self.store = store
         state = store.read_json_or_none(WANDB_STATE)
         self.logged = int(state.get("last_step", -1)) if isinstance(state, dict) else -1
-        self.local = os.environ.get("WANDB_DIR") or tempfile.mkdtemp(prefix="ftorch-wandb-")
+        self.local = os.environ.get("WANDB_DIR") or _scratch("ftorch-wandb-")
         settings = wandb.Settings(console="off", silent=True, save_code=False, x_disable_stats=True)
         self.run = wandb.init(
             id=run_id,
@@ -168,6 +190,7 @@ class _WandB:
         self.flush()  # the offline run's files complete now
         if not os.environ.get("WANDB_DIR"):
             shutil.rmtree(self.local, ignore_errors=True)
+            _SCRATCH.discard(self.local)
 
 
 class Trackers:

@@ -63,7 +63,10 @@ def wait_for_previous_trainer(registry: Registry, job: Job, timeout: float = 120
     while time.time() < deadline and _is_trainer(pid):
         time.sleep(0.1)
     if _is_trainer(pid):
-        os.kill(pid, signal.SIGKILL)
+        try:  # its process group (local_parts.start_trainer): its workers too
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _is_trainer(pid: int) -> bool:

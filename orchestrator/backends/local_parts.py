@@ -1,11 +1,14 @@
 """The pieces the local supervisor (`local_supervisor.py`) is made of: simulated spot preemptions
-(`Chaos`), the trainer's progress as it goes (`ProgressTail`), the trainer's command line, the words for
-a run store failure, and a registry that waits out another process's lock (`PatientRegistry`)."""
+(`Chaos`), the trainer's progress as it goes (`ProgressTail`), the trainer's command line, starting and
+stopping it with its children (`start_trainer`, `stop_trainer`), the words for a run store failure, and a registry that waits out another process's lock (`PatientRegistry`)."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -121,6 +124,50 @@ def trainer_command(nproc: int, run_uri: str, attempt: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
 
 
+def start_trainer(command: list[str], log_file: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The trainer in a process group of its own (its tokeniser workers, torchrun's ranks join it), so
+    that stopping it stops them all; it dies with the supervisor."""
+    from orchestrator import procs
+
+    def child() -> None:
+        os.setpgid(0, 0)
+        procs.die_with_parent()
+
+    return subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        env=env,
+        preexec_fn=child,
+    )
+
+
+def stop_trainer(
+    proc: subprocess.Popen[bytes], notice: bool, grace: float, log: Callable[[str], None]
+) -> None:
+    """SIGTERM (a notice: the trainer checkpoints) and `grace` seconds to leave, else SIGKILL; either way
+    whatever is left of its process group (e.g. a tokeniser worker) is killed after it."""
+    if notice:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            log(f"trainer still running {grace:.0f}s after the notice: killing it")
+    kill_group(proc)
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the trainer's process group (its own: `start_trainer`), the trainer first; then reap it."""
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing left of the group
+    proc.wait()
+
+
 def policy_inputs(progress: dict[str, Any], step: int | None) -> tuple[int, int, int, float]:
     """(step, total steps, last checkpoint step, wall seconds per step) from the run's progress."""
     rate = progress.get("steps_per_s") or 0.0
@@ -138,12 +185,12 @@ def record_run_facts(registry: Registry, job_id: str, spent_usd: float) -> None:
     wrote them without: only the supervisor knows)."""
     from orchestrator.records import preempted
     from trainer import model_card
-    from trainer.runstore.store import RunStore
+    from trainer.runstore.store import output_store
 
     job = registry.get(job_id)
     preemptions = sum(1 for a in registry.attempts(job_id) if preempted(a))
     try:
-        output = RunStore(job.output_uri, job.storage_options)
+        output = output_store(job.output_uri, job.run_uri, job.storage_options)  # never through a link
         model_card.add_run_facts(output, cost_usd=round(spent_usd, 4), preemptions=preemptions)
     except Exception as exc:  # noqa: BLE001 - the card is a record; the job still succeeded
         registry.event(job_id, "card", f"model card not completed: {exc.__class__.__name__}: {exc}")

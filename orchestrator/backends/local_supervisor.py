@@ -28,8 +28,11 @@ from orchestrator.backends.local_parts import (
     Chaos,
     PatientRegistry,
     ProgressTail,
+    kill_group,
     policy_inputs,
     record_run_facts,
+    start_trainer,
+    stop_trainer,
     store_failure_reason,
     trainer_command,
 )
@@ -194,13 +197,8 @@ class Supervisor:
         log_file = procs.open_private(log_path)
         with log_file:
             self.attempt_n = attempt.n
-            self.proc = subprocess.Popen(
-                trainer_command(self.spec.local.nproc, job.run_uri, attempt.n),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                preexec_fn=procs.die_with_parent,
+            self.proc = start_trainer(
+                trainer_command(self.spec.local.nproc, job.run_uri, attempt.n), log_file, env
             )
         self.registry.update_attempt(self.job_id, attempt.n, pid=self.proc.pid)
         self.log(f"attempt {attempt.n} started (pid {self.proc.pid}) from step {start_step}")
@@ -280,6 +278,7 @@ class Supervisor:
         """Wait for the trainer's exit, then record the attempt's end step, exit code and outcome."""
         assert self.proc is not None
         code = self.proc.wait()
+        kill_group(self.proc)  # what the trainer left running (e.g. a tokeniser worker) goes with it
         progress_tail.poll()
         end_progress = self.store.read_progress() or {}
         self.registry.update_attempt(
@@ -405,14 +404,7 @@ class Supervisor:
 
     def stop_trainer(self, notice: bool, grace: float) -> None:
         assert self.proc is not None
-        if notice:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace)
-                return
-            except subprocess.TimeoutExpired:
-                self.log(f"trainer still running {grace:.0f}s after the notice: killing it")
-        self.proc.kill()
+        stop_trainer(self.proc, notice, grace, self.log)
 
 
 def main() -> int:

@@ -108,6 +108,21 @@ def test_exported_adapter_gives_the_trained_models_logits(trained: tuple[str, Pa
     assert torch.allclose(_logits(plain), trained_logits, atol=1e-4)
 
 
+def test_export_writes_again_into_its_own_earlier_export_and_with_force(
+    trained: tuple[str, Path], tmp_path: Path
+) -> None:
+    run_uri, _tiny = trained
+    target = tmp_path / "again"
+    export(run_uri, str(target), step=5)
+    again = export(run_uri, str(target))  # a previous ftorch export: replaced, no --force needed
+    assert again["step"] == 10 and (target / "adapter_model.safetensors").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me\n")
+    forced = export(run_uri, str(mine), force=True)  # the user said so: written beside their files
+    assert forced["step"] == 10 and (mine / "notes.txt").read_text() == "keep me\n"
+
+
 def test_export_command_picks_steps_and_refuses_missing_ones(
     trained: tuple[str, Path], tmp_path: Path, ftorch_home: Path, capsys
 ) -> None:

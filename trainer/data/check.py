@@ -120,6 +120,11 @@ def chat_template_text(value: str) -> str:
                 f"{value}: not a Jinja template (no '{{{{' or '{{%') nor a readable file ({exc.__class__.__name__})",
                 "data.chat_template",
             ) from None
+        if "{{" not in text and "{%" not in text:  # e.g. a README: plain text is a valid (useless) template
+            raise DataError(
+                f"{value}: not a chat template (no '{{{{' or '{{%' in the file); give a Jinja chat template",
+                "data.chat_template",
+            )
     try:
         import jinja2
     except ImportError:  # transformers checks it when it renders
@@ -131,3 +136,37 @@ def chat_template_text(value: str) -> str:
             f"not a valid Jinja template (line {exc.lineno}: {exc.message})", "data.chat_template"
         ) from None
     return text
+
+
+def check_chat_template(template: str, row: dict[str, Any], path: str) -> None:
+    """Render one record with `template` as the trainer will (with and without the generation prompt):
+    DataError naming data.chat_template if it raises (e.g. `raise_exception` for a role it refuses).
+    Through transformers' own renderer where it is installed (no torch), else a plain Jinja sandbox."""
+    messages = [{"role": m["role"], "content": m["content"]} for m in row["messages"]]
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    where = f"{path}:{row.get('_line', 1)}"
+    try:
+        for upto, generation_prompt in ((first, True), (len(messages), False)):
+            if upto:
+                _render(template, messages[:upto], generation_prompt)
+    except Exception as exc:  # noqa: BLE001 - whatever the template raises, on one line
+        text = " ".join(str(exc).split()) or exc.__class__.__name__
+        raise DataError(f"rendering {where} fails: {text}", "data.chat_template") from None
+
+
+def _render(template: str, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+    try:
+        from transformers.utils.chat_template_utils import render_jinja_template
+    except ImportError:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise ValueError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        return env.from_string(template).render(messages=messages, add_generation_prompt=generation_prompt)
+    rendered, _ = render_jinja_template(
+        conversations=[messages], chat_template=template, add_generation_prompt=generation_prompt
+    )
+    return rendered[0]

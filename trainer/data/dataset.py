@@ -151,17 +151,35 @@ def load_dataset(
     """Tokenise the data file; with `cache_store` (a RunStore), reuse an earlier attempt's result.
     `identity`: data.path's (trainer.data.cache.data_identity), when the caller has it already."""
     encoded, held, skipped = _tokenise_cached(spec, tokenizer, storage_options, cache_store, identity)
+    examples = len(encoded)
     if spec.packing:  # recomputed every attempt (cheap, deterministic): trainer/data/packing.py
-        examples = len(encoded)
         encoded = pack(encoded, spec.max_seq_len)  # type: ignore[assignment]
         _log(f"packed {examples} examples into {len(encoded)} sequences of up to {spec.max_seq_len} tokens")
     if len(encoded) < micro_batch_size:
-        raise DataError(
-            f"data.path: {len(encoded)} usable training {'sequences' if spec.packing else 'examples'}, "
-            f"fewer than train.micro_batch_size ({micro_batch_size})"
-        )
+        raise _too_few(spec, examples, len(encoded), skipped, micro_batch_size)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return Dataset(encoded, held, skipped, micro_batch_size, seed, int(pad if pad is not None else 0))
+
+
+def _too_few(spec: DataSpec, examples: int, usable: int, skipped: int, micro_batch_size: int) -> DataError:
+    """Fewer training sequences than one micro-batch, blamed on what caused it: packing (enough examples,
+    too few packs), the chat template (it left examples nothing to learn), else the data."""
+    fewer = f"fewer than train.micro_batch_size ({micro_batch_size})"
+    if spec.packing and examples >= micro_batch_size:
+        return DataError(
+            f"data.packing: {examples} examples pack into {usable} sequences of up to data.max_seq_len "
+            f"({spec.max_seq_len}) tokens, {fewer}; turn packing off, lower train.micro_batch_size or add data",
+            "data.packing",
+        )
+    if skipped and spec.format == "chat" and spec.chat_template:
+        return DataError(
+            f"data.chat_template: {skipped} examples have nothing to learn with this template (no assistant "
+            f"tokens after rendering): {examples} usable, {fewer}",
+            "data.chat_template",
+        )
+    return DataError(
+        f"data.path: {usable} usable training {'sequences' if spec.packing else 'examples'}, {fewer}"
+    )
 
 
 def _tokenise_cached(

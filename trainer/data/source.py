@@ -8,10 +8,12 @@ JSONL goes through `data_check.iter_jsonl` (its `file:line` messages); the rest 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -52,12 +54,17 @@ def load(
 
     Raises DataError (its `field` names the job-file field) for a missing source, an unknown split or
     subset, a column the format needs, or (JSONL) a bad line."""
-    if looks_like_hub_id(path):
-        ds = _hub(path, split, subset, field)
-    else:
-        if subset is not None:
-            raise DataError(f"{subset!r}: a subset applies to hub data sets, not {path}", "data.subset")
-        ds = _files(path, fmt, split, storage_options or {}, field)
+    try:
+        if looks_like_hub_id(path):
+            ds = _hub(path, split, subset, field)
+        else:
+            if subset is not None:
+                raise DataError(f"{subset!r}: a subset applies to hub data sets, not {path}", "data.subset")
+            ds = _files(path, fmt, split, storage_options or {}, field)
+    except DataError as exc:  # a JSONL line's error names data.path; this source may be another field
+        if exc.field == "data.path" and field != "data.path":
+            raise DataError(str(exc), field) from None
+        raise
     missing = [c for c in REQUIRED[fmt] if c not in ds.column_names]
     if missing:
         raise DataError(
@@ -103,10 +110,51 @@ def _files(path: str, fmt: str, split: str, options: dict[str, Any], field: str)
             for remote, here in zip(files, local, strict=True):
                 fs.get(remote, here)
             urls = local
+        if kind == "parquet":
+            _check_parquet(urls, path, field)
         try:  # the Arrow result lives in the `datasets` cache: the fetched copies can go
-            return datasets.load_dataset(kind, data_files=urls, split="train")
+            with quiet_datasets():
+                return datasets.load_dataset(kind, data_files=urls, split="train")
         except Exception as exc:  # noqa: BLE001 - a malformed file, told on one line
             raise DataError(f"{path}: cannot be read as {kind} ({_first_line(exc)})", field) from None
+
+
+def _check_parquet(files: list[str], path: str, field: str) -> None:
+    """Each parquet file opens (else DataError naming it) and together they hold rows (else "no
+    examples", not a reader's error about batch sizes)."""
+    import pyarrow.parquet as pq
+
+    rows = 0
+    for name in files:
+        try:
+            rows += pq.ParquetFile(name).metadata.num_rows
+        except Exception as exc:  # noqa: BLE001 - a damaged or foreign file, told on one line
+            # a fetched copy is named after the remote file (00003-<name>)
+            shown = f"{path}: {PurePosixPath(name).name.split('-', 1)[-1]}" if is_remote(path) else name
+            raise DataError(f"{shown}: not a readable parquet file ({_first_line(exc)})", field) from None
+    if rows == 0:
+        raise DataError(f"{path}: no examples (its parquet files hold no rows)", field)
+
+
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """`datasets` without its log lines and progress bars (restored after), around a call that imported
+    it: a bad source is reported by ftorch's own one line, not after a reader's error log and bars."""
+    import logging
+
+    import datasets.utils.logging as ds_logging
+
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    bars = ds_logging.is_progress_bar_enabled()
+    logger.setLevel(logging.CRITICAL + 1)
+    ds_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if bars:
+            ds_logging.enable_progress_bar()
 
 
 def _suffix(name: str) -> str:
@@ -153,7 +201,8 @@ def _from_rows(rows: list[dict[str, Any]], fmt: str) -> Rows:
 def _saved(path: str, split: str, options: dict[str, Any], field: str) -> Any:
     import datasets
 
-    saved = datasets.load_from_disk(path, storage_options=options or None)
+    with quiet_datasets():
+        saved = datasets.load_from_disk(path, storage_options=options or None)
     if isinstance(saved, datasets.DatasetDict):
         if split not in saved:
             raise DataError(
@@ -176,7 +225,8 @@ def _hub(path: str, split: str, subset: str | None, field: str) -> Any:
     import datasets
 
     try:
-        return datasets.load_dataset(path, name=subset, split=split)
+        with quiet_datasets():
+            return datasets.load_dataset(path, name=subset, split=split)
     except datasets.exceptions.DatasetNotFoundError:
         raise DataError(
             f"{path}: not a local file or folder, nor a data set on the Hugging Face Hub", field

@@ -35,6 +35,10 @@ class StoreError(RuntimeError):
     """The store failed in a way retrying did not fix."""
 
 
+class LinkRefused(StoreError):
+    """A local path that a link leads out of the folder it must stay in: never followed."""
+
+
 class StoreUnavailable(StoreError):
     """The store kept failing for longer than the outage bound."""
 
@@ -111,7 +115,10 @@ class Storage:
         uri: str,
         storage_options: dict[str, Any] | None = None,
         retry_seconds: float | None = None,
+        within: str | None = None,
     ) -> None:
+        """`within`: a local folder that links must not lead out of (default: this folder itself); e.g.
+        the run store for an `output/` inside it, so that a linked `output/` is refused."""
         if retry_seconds is None:
             retry_seconds = float(os.environ.get("FTORCH_STORE_RETRY_S", "120"))
         self.root_uri = uri.rstrip("/")
@@ -120,6 +127,7 @@ class Storage:
         self.root = self.root.rstrip("/")
         self._retry = _retrying(retry_seconds)
         self.is_local = "file" in _protocols(self.fs)
+        self.within = within
 
     # ---- paths ---------------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -140,8 +148,8 @@ class Storage:
         """
         target = self.path(rel)
         if self.is_local:
+            self._guard(target)  # before any folder is made: never through a link
             _makedirs_private(os.path.dirname(target))
-            self._guard(target)
             tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
             try:
                 # owner-only, whatever the umask: a run store holds weights and the resolved job
@@ -186,10 +194,11 @@ class Storage:
         """A local path that a link leads out of the run store is refused: never read, written or deleted."""
         if not self.is_local:
             return
-        base = os.path.realpath(self.root)
+        folder = self.within or self.root
+        base = os.path.realpath(folder)
         real = os.path.realpath(target)
         if real != base and not real.startswith(base + os.sep):
-            raise StoreError(f"{target} leads outside the run store {self.root} (a link); not following it")
+            raise LinkRefused(f"{target} leads outside the run store {folder} (a link); not following it")
 
     def exists(self, rel: str) -> bool:
         return self._call(self.fs.exists, self.path(rel))

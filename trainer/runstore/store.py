@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from trainer.faults import maybe_die, maybe_disk_full
 from trainer.runstore.runfiles import checked_progress
-from trainer.runstore.storage import Storage, StoreError, sha256_bytes
+from trainer.runstore.storage import LinkRefused, Storage, StoreError, sha256_bytes
 
 MANIFEST = "MANIFEST.json"
 FENCE = "fence"
@@ -49,6 +49,10 @@ LOGS = "logs"
 
 class CorruptCheckpoint(StoreError):
     """A checkpoint's files do not match its manifest."""
+
+
+class StoreGone(StoreError):
+    """The run store's own records vanished under a running attempt."""
 
 
 class Fenced(StoreError):
@@ -123,8 +127,9 @@ class RunStore(Storage):
         run_uri: str,
         storage_options: dict[str, Any] | None = None,
         retry_seconds: float | None = None,
+        within: str | None = None,
     ) -> None:
-        super().__init__(run_uri, storage_options, retry_seconds)
+        super().__init__(run_uri, storage_options, retry_seconds, within)
         self.run_uri = self.root_uri
         self.epoch = 0  # 0: not fenced (tools, tests); the trainer claims one with claim_epoch()
         self.fenced_by: int | None = None
@@ -285,6 +290,8 @@ class RunStore(Storage):
                 data = self.read_bytes(where)
             except FileNotFoundError:
                 raise CorruptCheckpoint(f"{where} is missing") from None
+            except LinkRefused:  # a bad checkpoint like any other: the previous one is used
+                raise CorruptCheckpoint(f"{where} is a link out of the run store (not followed)") from None
             if len(data) != int(expected["size"]) or sha256_bytes(data) != expected["sha256"]:
                 raise CorruptCheckpoint(f"{where} does not match its manifest")
             blobs[rel] = data
@@ -435,12 +442,49 @@ class RunStore(Storage):
                     by_step[row["step"]] = row
         return [by_step[s] for s in sorted(by_step)]
 
+    # ---- is the store still there --------------------------------------------------------------
+    def check_intact(self) -> None:
+        """StoreGone if spec.json or this attempt's epoch record vanished (the run store was deleted or
+        replaced under the running trainer): the run must not end as done with its record gone."""
+        missing = [
+            rel
+            for rel in (SPEC, _epoch_rel(self.epoch) if self.epoch else "")
+            if rel and not self.exists(rel)
+        ]
+        if missing:
+            raise StoreGone(
+                f"the run store {self.run_uri} lost {' and '.join(missing)} while this attempt ran (deleted "
+                "or replaced?); not finishing the run: its checkpoints and records may be gone"
+            )
+
     # ---- spec ----------------------------------------------------------------------------------
     def write_spec(self, spec: dict[str, Any]) -> None:
         self.write_json(SPEC, spec)
 
     def read_spec(self) -> dict[str, Any]:
         return self.read_json(SPEC)
+
+
+def output_store(output_uri: str, run_uri: str, storage_options: dict[str, Any] | None = None) -> RunStore:
+    """Where ftorch writes a run's output or an export. Inside the run store (the default `output/`,
+    `exports/`), links are judged against the run store: a linked `output/` is refused, never followed.
+    A folder the user named elsewhere is guarded against links out of itself, like any store."""
+    store = RunStore(output_uri, storage_options)
+    if store.is_local:
+        run_root = RunStore(run_uri, storage_options).root
+        if os.path.abspath(store.root).startswith(os.path.abspath(run_root) + os.sep):
+            store.within = run_root
+    return store
+
+
+def check_output(output_uri: str, run_uri: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Before training: LinkRefused (one line naming output) if the output folder is a link out of the
+    run store, so that the trainer stops now (exit 2) instead of after the last step."""
+    store = output_store(output_uri, run_uri, storage_options)
+    try:
+        store._guard(store.root)
+    except LinkRefused as exc:
+        raise LinkRefused(f"output: {exc}") from None
 
 
 def _epoch_rel(epoch: int) -> str:
