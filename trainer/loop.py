@@ -34,7 +34,7 @@ from trainer.notify import TrainerNotifier
 from trainer.runstore.progress import ProgressReporter, log
 from trainer.runstore.store import CorruptCheckpoint, RunStore
 from trainer.step import accumulate, make_scaler, restore_scaler, save_scaler, update
-from trainer.stops.interruptions import how_it_ended
+from trainer.stops.interruptions import SUPERVISOR_LOST, how_it_ended
 from trainer.stops.notices import start_watcher
 from trainer.stops.preemption import PreemptionFlag, install_signal_handlers
 from trainer.stops.stop_request import start_stop_watcher
@@ -392,7 +392,9 @@ def _stop_on_notice(
     reporter: ProgressReporter,
 ) -> int:
     ended = how_it_ended(checkpointer.store)  # a requested stop (cancel, budget) is no interruption
-    if ended["ended"] == "stopped":
+    if ended.get("stop_reason") == SUPERVISOR_LOST:
+        log(f"the supervisor that started this trainer is gone (SIGTERM) at step {state.step}: saving")
+    elif ended["ended"] == "stopped":
         log(f"stop requested ({ended['stop_reason']}) at step {state.step}: saving before leaving")
     else:
         log(f"preemption notice ({flag.reason}) at step {state.step}: saving before the machine goes")

@@ -27,9 +27,12 @@ from orchestrator.backends.local_parts import (
     Chaos,
     PatientRegistry,
     ProgressTail,
+    newest_checkpoint_step,
+    own_step,
     policy_inputs,
     record_run_facts,
     store_failure_reason,
+    times,
     trainer_command,
 )
 from orchestrator.logtail import LogTail
@@ -159,8 +162,7 @@ class Supervisor:
             self.registry.set_state(self.job_id, JobState.RECOVERING, end.reason)
 
     def run_attempt(self) -> AttemptEnd:
-        progress = self.store.read_progress() or {}
-        start_step = progress.get("last_checkpoint_step") or 0
+        start_step = newest_checkpoint_step(self.store)  # progress.json can lag the newest checkpoint
         spot = None if self.driver is None else self.mode is Mode.SPOT
         attempt = self.registry.start_attempt(
             self.job_id,
@@ -174,6 +176,7 @@ class Supervisor:
         job = self.registry.get(self.job_id)
         env = dict(os.environ)
         env["FTORCH_ATTEMPT"] = str(attempt.n)
+        env["FTORCH_SUPERVISOR_PID"] = str(os.getpid())  # its SIGTERM on our death is no preemption
         # for the trackers (train.report_to): what only the supervisor knows
         env.update(FTORCH_PREEMPTIONS=str(self.preemptions), FTORCH_COST_USD=f"{self.spent():.6f}")
         env["FTORCH_HOURLY_USD"] = str(self.spec.local.hourly_usd)
@@ -250,7 +253,9 @@ class Supervisor:
             attempt.n,
             ended_at=time.time(),
             exit_code=code,
-            end_step=progress_tail.step if progress_tail.step is not None else end_progress.get("step"),
+            end_step=progress_tail.step
+            if progress_tail.step is not None
+            else own_step(end_progress, attempt.n, start_step),
         )
         end = self.classify(code, preempted, end_progress, tail)
         self.registry.update_attempt(self.job_id, attempt.n, end_reason=end.reason, outcome=end.outcome)
@@ -289,7 +294,7 @@ class Supervisor:
         limit = self.spec.local.max_restarts_on_errors
         if self.crashes > limit:
             return AttemptEnd.of(
-                Outcome.FAILED, f"the trainer crashed {self.crashes} times (exit code {code}); last: {last}"
+                Outcome.FAILED, f"the trainer crashed {times(self.crashes)} (exit code {code}); last: {last}"
             )
         self.registry.event(
             self.job_id, "crash", f"exit code {code} ({self.crashes}/{limit} restarts): {last}"
