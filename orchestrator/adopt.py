@@ -131,7 +131,7 @@ def attempts_from_store(store: Any) -> list[dict[str, Any]]:
             entry["outcome"] = _ENDED[ended]
             entry["end_reason"] = "succeeded" if ended == "finished" else "preempted (with notice)"
     ordered = [by_attempt[n] for n in sorted(by_attempt)]
-    for entry, following in zip(ordered, [*ordered[1:], None], strict=True):
+    for entry, following in zip(ordered, [*ordered[1:], None], strict=False):  # [] for a run never started
         entry["ended_at"] = following["started_at"] if following else None
         if "end_reason" not in entry and following is not None:
             entry["end_reason"] = "ended without a record (killed, crashed or preempted without notice)"

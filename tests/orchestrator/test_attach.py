@@ -112,3 +112,27 @@ def test_an_s3_run_is_adopted(tmp_path: Path, tiny_model: Path, s3: object, ftor
     _adopt_and_finish(
         "s3run-abc123", store.run_uri, tmp_path, "--storage-option", f"endpoint_url={s3.endpoint}"
     )  # type: ignore[attr-defined]
+
+
+def test_a_skypilot_run_is_registered_from_its_store_when_the_api_server_is_unreachable(
+    tmp_path: Path, tiny_model: Path, ftorch_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from helpers import prepare_run
+
+    from orchestrator import adopt
+    from orchestrator.backends import skypilot_sdk
+
+    data = write_data(tmp_path / "d.jsonl", "instruction", 8)
+    job = job_dict(tiny_model, data, tmp_path / "runs", resources={"backend": "skypilot"})
+    run_uri = prepare_run(job, "sky-abc123")
+
+    def unreachable(job_ids: object = None) -> list:  # no API server on this machine
+        raise skypilot_sdk.SkyUnavailable("SkyPilot: cannot read the managed jobs queue: connection refused")
+
+    monkeypatch.setattr(skypilot_sdk, "queue", unreachable)
+    said = adopt.attach(run_uri)
+    assert said.splitlines()[0] == f"sky-abc123 attached from {run_uri}: FAILED"
+    assert (
+        said.splitlines()[1].startswith("note: state from the run store only") and len(said.splitlines()) == 2
+    )
+    assert Registry().get("sky-abc123").backend == "skypilot"
