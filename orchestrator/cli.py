@@ -149,7 +149,7 @@ def cancel(job: Annotated[str, typer.Argument(help="a job id")]) -> None:
 
 @app.command()
 def resume(
-    job: Annotated[str, typer.Argument(help="a job id")],
+    job: Annotated[str, typer.Argument(help="a job id, or a run store (RUN_URI) to attach and resume")],
     set_: Sets = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="stream new progress until the job ends")
@@ -164,13 +164,35 @@ def resume(
     ] = False,
 ) -> None:
     """Continue a stopped, failed or cancelled run from its newest checkpoint."""
+    from orchestrator import adopt, jobs
     from orchestrator import follow as follow_mod
-    from orchestrator import jobs
 
+    if adopt.looks_like_run_uri(job):  # `resume RUN_URI`: attach (when not yet known), then resume
+        said, job = adopt.attach_for_resume(job)
+        typer.echo(said)
     seen = follow_mod.mark(job) if follow else None  # --follow prints only what this resume adds
     typer.echo(jobs.resume(job, list(set_ or []), allow_change=allow_change))
     if follow:
         raise typer.Exit(follow_mod.follow(job, since=seen))
+
+
+@app.command()
+def attach(
+    run_uri: Annotated[str, typer.Argument(help="the run store: a local folder, s3://..., gs://...")],
+    name: Annotated[str | None, typer.Option(help="job name (default: the run's own)")] = None,
+    storage_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--storage-option",
+            metavar="KEY=VALUE",
+            help="an fsspec option to reach the store (e.g. endpoint_url=http://...); repeatable",
+        ),
+    ] = None,
+) -> None:
+    """Register a run found in its store (another machine's, or after the registry was lost)."""
+    from orchestrator import adopt
+
+    typer.echo(adopt.attach(run_uri, name, adopt.parse_options(storage_option or [])))
 
 
 def _register_optional_commands() -> None:

@@ -215,7 +215,17 @@ def resume(job_ref: str, overrides: list[str], allow_change: bool = False) -> st
     job = registry.get(job.job_id)
     backend_for(job.backend).start(registry, job)
     said = f" ({describe_allowance(allowance)})" if allowance is not None else ""
+    if step is None and not _has_checkpoint(store):
+        return f"{job.job_id} restarted: no checkpoint was saved, so it starts from step 0"
     return f"{job.job_id} resumed from its newest checkpoint{said}"
+
+
+def _has_checkpoint(store: RunStore) -> bool:
+    """A complete checkpoint is in the store (True when it cannot be read now: the trainer will see)."""
+    try:
+        return bool(store.complete_checkpoints())
+    except Exception:  # noqa: BLE001
+        return True
 
 
 def changes_since_checkpoint(

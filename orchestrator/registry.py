@@ -141,13 +141,25 @@ class Registry:
         output_uri: str,
         spec: dict[str, Any],
         hourly_usd: float = 0.0,
+        created_at: float | None = None,
     ) -> Job:
+        """A new PENDING job; `created_at` (default now) is the run's own when it is adopted from its store."""
         now = time.time()
         with self._connect() as db:
             db.execute(
                 "INSERT INTO jobs (job_id, name, backend, state, run_uri, output_uri, spec_json, created_at,"
                 " updated_at, hourly_usd) VALUES (?, ?, ?, 'PENDING', ?, ?, ?, ?, ?, ?)",
-                (job_id, name, backend, run_uri, output_uri, json.dumps(spec), now, now, hourly_usd),
+                (
+                    job_id,
+                    name,
+                    backend,
+                    run_uri,
+                    output_uri,
+                    json.dumps(spec),
+                    created_at or now,
+                    now,
+                    hourly_usd,
+                ),
             )
             db.execute(
                 "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, 'state', 'PENDING')",
@@ -311,6 +323,7 @@ class Registry:
     def update_attempt(self, job_id: str, n: int, **fields: Any) -> None:
         allowed = {
             "ended_at", "pid", "exit_code", "end_reason", "end_step", "first_step_at", "start_step", "outcome",
+            "started_at",  # an attempt adopted from the run store's records (orchestrator/adopt.py)
         }  # fmt: skip
         assert set(fields) <= allowed, fields
         sets = ", ".join(f"{k} = ?" for k in fields)

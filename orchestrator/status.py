@@ -57,6 +57,37 @@ def checked_or_warn(data: Any, where: str) -> dict[str, Any]:
     return {}
 
 
+def newest_checkpoint(job: Job) -> tuple[int, float] | None:
+    """(step, saved at) of the newest complete checkpoint in the job's store; None when there is none or
+    the store cannot be read now."""
+    try:
+        found = job.run_store(retry_seconds=2.0).complete_checkpoints()
+    except Exception:  # an unreachable store must not break status
+        return None
+    return (found[-1].step, found[-1].created_at) if found else None
+
+
+def with_saved_checkpoint(
+    job: Job, progress: dict[str, Any], newest: tuple[int, float] | None | bool = True
+) -> dict[str, Any]:
+    """A job that stopped short of its end: its saved progress is at least the newest complete checkpoint
+    in the store (progress.json is written every few seconds and can lag a checkpoint made durable just
+    before a kill). `newest`: that checkpoint when the caller read it, True to read it here."""
+    if job.state in ACTIVE or job.state is JobState.SUCCEEDED:
+        return progress
+    if newest is True:
+        newest = newest_checkpoint(job)
+    if not newest:
+        return progress
+    step, saved_at = newest
+    out = dict(progress)
+    if (out.get("last_checkpoint_step") or 0) < step:
+        out.update(last_checkpoint_step=step, last_checkpoint_at=saved_at)
+    if (out.get("step") or 0) < step:
+        out["step"] = step
+    return out
+
+
 # ---- the numbers --------------------------------------------------------------------------------
 def stop_reason(job: Job) -> str | None:
     """A short word for why a job stopped: budget, cancelled, failed, succeeded; None while active.
@@ -142,7 +173,7 @@ def with_backend_fields(registry: Registry, job: Job, row: dict[str, Any]) -> di
 def job_row(registry: Registry, job: Job, progress: dict[str, Any] | None = None) -> dict[str, Any]:
     """One job's status row, with its backend's fields."""
     if progress is None:
-        progress = read_progress(job)
+        progress = with_saved_checkpoint(job, read_progress(job))
     return with_backend_fields(
         registry, job, summarize(job, registry.attempts(job.job_id), progress, time.time())
     )
@@ -174,6 +205,7 @@ def _progress_for(registry: Registry, job: Job, cached: dict[str, Any] | None) -
         return cached.get("progress") or {}
     progress = read_progress(job)
     if job.state.terminal:
+        progress = with_saved_checkpoint(job, progress)
         cache_final_progress(registry, job, progress)
     return progress
 
@@ -196,26 +228,58 @@ def status_all(registry: Registry | None = None) -> list[dict[str, Any]]:
 
 
 # ---- one job in detail --------------------------------------------------------------------------
+def _current_step(current: dict[str, Any] | int | None, attempt: Attempt) -> int | None:
+    """The running attempt's step so far: progress that is this attempt's (a progress file still
+    holding the previous attempt's step, while this one loads, is not)."""
+    if not isinstance(current, dict):
+        return current
+    if current.get("attempt") is not None and current.get("attempt") != attempt.n:
+        return None
+    return current.get("step")
+
+
+def _kept(attempts: list[Attempt], i: int) -> int | None:
+    """The step attempt i's work survived to: where the next attempt that trained resumed from (its
+    start is the trainer's own word; an attempt that never took a step may carry a stale start)."""
+    following = attempts[i + 1 :]
+    trained = next((f for f in following if f.first_step_at is not None and f.start_step is not None), None)
+    if trained is not None:
+        return trained.start_step
+    if following and following[0].start_step is not None:
+        return following[0].start_step
+    return attempts[i].end_step
+
+
 def timeline(
-    attempts: list[Attempt], state: str, now: float, current_step: int | None = None
+    attempts: list[Attempt], state: str, now: float, current: dict[str, Any] | int | None = None
 ) -> list[dict[str, Any]]:
     """Each attempt with what it gained (steps that survived) and what it lost (steps and seconds).
 
-    A running attempt has no end step yet: its gain so far is `current_step` (from progress)."""
+    A running attempt has no end step yet: its gain so far comes from `current` (the run's progress, or
+    its step). An ended attempt that never took a step gained and lost nothing."""
     rows = []
     for i, a in enumerate(attempts):
         following = attempts[i + 1] if i + 1 < len(attempts) else None
         start = a.start_step or 0
-        kept = following.start_step if following and following.start_step is not None else a.end_step
-        if kept is None and a.ended_at is None and following is None and current_step is not None:
-            kept = current_step
-        steps_lost = max(0, (a.end_step or 0) - kept) if kept is not None and a.end_step is not None else 0
+        # an attempt that never took a step (it records its start step, and the first one when it comes)
+        idle = a.ended_at is not None and a.first_step_at is None and a.start_step is not None
+        idle = idle and following is not None
+        kept = None if idle else _kept(attempts, i)
+        if following is None and a.ended_at is None and a.end_step is None:
+            kept = _current_step(current, a)
+        if idle:
+            steps_lost = 0
+        else:
+            steps_lost = (
+                max(0, (a.end_step or 0) - kept) if kept is not None and a.end_step is not None else 0
+            )
         time_lost = None
         if following is not None and a.ended_at and following.first_step_at:
             time_lost = following.first_step_at - a.ended_at
             if a.end_step and a.first_step_at and a.end_step > start:
                 per_step = (a.ended_at - a.first_step_at) / max(1, a.end_step - start)
                 time_lost += steps_lost * per_step
+        gained = 0 if idle else (max(0, kept - start) if kept is not None else None)
         rows.append(
             {
                 "n": a.n,
@@ -230,7 +294,7 @@ def timeline(
                 "outcome": a.outcome,
                 "start_step": a.start_step,
                 "end_step": a.end_step,
-                "steps_gained": max(0, (kept or 0) - start) if kept is not None else None,
+                "steps_gained": gained,
                 "steps_lost": steps_lost,
                 "time_lost_s": None if time_lost is None else round(time_lost, 2),
                 "cost_usd": round(attempt_cost(a, state, now), 6),
@@ -296,13 +360,15 @@ def status_one(job_ref: str) -> dict[str, Any]:
             for c in store.complete_checkpoints()
         ]
         metrics = store.read_metrics()
+        newest = (checkpoints[-1]["step"], checkpoints[-1]["created_at"]) if checkpoints else None
+        progress = with_saved_checkpoint(job, progress, newest)
         changes = allowed_changes(store.read_json_or_none("spec.json"))
     except Exception as exc:
         progress = {}
         sys.stderr.write(f"warning: cannot read the run store {job.run_uri}: {exc.__class__.__name__}\n")
     now = time.time()
     detail = with_backend_fields(registry, job, summarize(job, attempts, progress, now))
-    detail["attempt_timeline"] = timeline(attempts, job.state, now, progress.get("step"))
+    detail["attempt_timeline"] = timeline(attempts, job.state, now, progress)
     detail["allowed_changes"] = changes
     _attach_changes(detail["attempt_timeline"], changes)
     detail["events"] = [e for e in registry.events(job.job_id) if e["kind"] != CACHE_KIND]

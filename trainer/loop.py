@@ -36,7 +36,7 @@ from trainer.notify import TrainerNotifier
 from trainer.runstore.progress import ProgressReporter, log
 from trainer.runstore.store import RunStore, check_output, output_store
 from trainer.step import accumulate, make_scaler, restore_scaler, save_scaler, update
-from trainer.stops.interruptions import how_it_ended
+from trainer.stops.interruptions import SUPERVISOR_LOST, how_it_ended
 from trainer.stops.notices import start_watcher
 from trainer.stops.preemption import PreemptionFlag, install_signal_handlers
 from trainer.stops.stop_request import start_stop_watcher
@@ -424,7 +424,9 @@ def _stop_on_notice(a: Attempt) -> int:
     """A notice or a requested stop: the upload in flight, then a final checkpoint; exit PREEMPTED."""
     state, checkpoints = a.state, a.checkpoints
     ended = how_it_ended(a.store)  # a requested stop (cancel, budget) is no interruption
-    if ended["ended"] == "stopped":
+    if ended.get("stop_reason") == SUPERVISOR_LOST:
+        log(f"the supervisor that started this trainer is gone (SIGTERM) at step {state.step}: saving")
+    elif ended["ended"] == "stopped":
         log(f"stop requested ({ended['stop_reason']}) at step {state.step}: saving before leaving")
     else:
         log(f"preemption notice ({a.flag.reason}) at step {state.step}: saving before the machine goes")

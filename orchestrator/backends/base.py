@@ -84,6 +84,11 @@ class Backend:
         job's controller). A message when something was restarted, else None (resume refuses)."""
         return None
 
+    def adopt(self, registry: Registry, job: Job) -> str | None:
+        """`ftorch attach`: the job was just registered from its run store (state, attempts derived from
+        it, orchestrator/adopt.py). Learn what this backend knows about it; a line for the user, or None."""
+        return None
+
     def cancel(self, registry: Registry, job: Job) -> str | None:
         """Ask the job to stop (checkpoints kept). A message when it is done, or None when the caller
         should wait for the job to reach an end state."""

@@ -122,6 +122,12 @@ class LocalBackend(Backend):
     def print_logs(self, registry: Registry, job: Job, follow: bool) -> None:
         from orchestrator.backends.base import reconcile
 
+        if not log_paths(registry, job) and any(e["kind"] == "adopted" for e in registry.events(job.job_id)):
+            from orchestrator.run_records import store_log_lines
+
+            sys.stdout.write("".join(line + "\n" for line in store_log_lines(job)))
+            if job.state.terminal:
+                return
         tails: dict[Path, LogTail] = {}
         while True:
             job = reconcile(registry, registry.get(job.job_id))

@@ -102,6 +102,26 @@ class PatientRegistry:
         return patient
 
 
+def times(n: int) -> str:
+    """'once', '2 times'."""
+    return "once" if n == 1 else f"{n} times"
+
+
+def newest_checkpoint_step(store: Any) -> int:
+    """The step of the newest complete checkpoint (where the next attempt resumes), 0 when none."""
+    try:
+        found = store.complete_checkpoints()
+    except Exception:  # noqa: BLE001 - a record only: the trainer finds the checkpoint itself
+        found = []
+    return found[-1].step if found else 0
+
+
+def own_step(progress: dict[str, Any], attempt: int, otherwise: int) -> int:
+    """The run's step if the progress is this attempt's (not the previous attempt's, left over)."""
+    step = progress.get("step")
+    return step if progress.get("attempt") == attempt and isinstance(step, int) else otherwise
+
+
 def store_failure_reason(last_line: str) -> str:
     """Why a trainer that exited STORE_UNAVAILABLE stopped, from its last log line."""
     if "ENOSPC" in last_line or "EDQUOT" in last_line or "disk is full" in last_line:

@@ -29,11 +29,14 @@ from orchestrator.backends.local_parts import (
     PatientRegistry,
     ProgressTail,
     kill_group,
+    newest_checkpoint_step,
+    own_step,
     policy_inputs,
     record_run_facts,
     start_trainer,
     stop_trainer,
     store_failure_reason,
+    times,
     trainer_command,
 )
 from orchestrator.logtail import LogTail
@@ -70,6 +73,7 @@ class Supervisor:
             rng=random.Random((self.spec.local.chaos.seed if self.spec.local.chaos else 0) + len(fired)),
         )
         self.crashes = 0
+        self.start_step = 0  # the current attempt's start (the newest checkpoint when it began)
         self.proc: subprocess.Popen[bytes] | None = None
         self.budget_stop: str | None = None
         # simulated spot capacity (local.chaos.trace) and the policy that reacts to it
@@ -174,8 +178,8 @@ class Supervisor:
     def _start_trainer(self) -> tuple[int, Path, Path]:
         """Record a new attempt and start its trainer (log to the attempt's file); the attempt number,
         the log and the progress mirror the trainer writes."""
-        progress = self.store.read_progress() or {}
-        start_step = progress.get("last_checkpoint_step") or 0
+        start_step = newest_checkpoint_step(self.store)  # progress.json can lag the newest checkpoint
+        self.start_step = start_step
         spot = None if self.driver is None else self.mode is Mode.SPOT
         attempt = self.registry.start_attempt(
             self.job_id,
@@ -189,6 +193,7 @@ class Supervisor:
         job = self.registry.get(self.job_id)
         env = dict(os.environ)
         env["FTORCH_ATTEMPT"] = str(attempt.n)
+        env["FTORCH_SUPERVISOR_PID"] = str(os.getpid())  # its SIGTERM on our death is no preemption
         # for the trackers (train.report_to): what only the supervisor knows
         env.update(FTORCH_PREEMPTIONS=str(self.preemptions), FTORCH_COST_USD=f"{self.spent():.6f}")
         env["FTORCH_HOURLY_USD"] = str(self.spec.local.hourly_usd)
@@ -286,7 +291,9 @@ class Supervisor:
             attempt_n,
             ended_at=time.time(),
             exit_code=code,
-            end_step=progress_tail.step if progress_tail.step is not None else end_progress.get("step"),
+            end_step=progress_tail.step
+            if progress_tail.step is not None
+            else own_step(end_progress, attempt_n, self.start_step),
         )
         end = self.classify(code, preempted, end_progress, tail)
         self.registry.update_attempt(self.job_id, attempt_n, end_reason=end.reason, outcome=end.outcome)
@@ -325,7 +332,7 @@ class Supervisor:
         limit = self.spec.local.max_restarts_on_errors
         if self.crashes > limit:
             return AttemptEnd.of(
-                Outcome.FAILED, f"the trainer crashed {self.crashes} times (exit code {code}); last: {last}"
+                Outcome.FAILED, f"the trainer crashed {times(self.crashes)} (exit code {code}); last: {last}"
             )
         self.registry.event(
             self.job_id, "crash", f"exit code {code} ({self.crashes}/{limit} restarts): {last}"

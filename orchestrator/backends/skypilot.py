@@ -167,6 +167,23 @@ def reconcile(registry: Registry, job: Job) -> Job:
     return sky_state.apply_record(registry, job, record)
 
 
+def adopt(registry: Registry, job: Job) -> str | None:
+    """An adopted run's managed job, found by name (the job id) in SkyPilot's queue: the newest one is
+    followed from now on. When the API server cannot be reached the job keeps its state from the store."""
+    try:
+        records = [r for r in sdk.queue() if r.get("job_name") == job.job_id]
+    except sdk.SkyUnavailable as exc:
+        return f"note: state from the run store only; {exc}"
+    if not records:
+        return "note: SkyPilot lists no managed job named " + job.job_id + "; state from the run store"
+    record = max(records, key=lambda r: int(r.get("job_id") or 0))
+    sky_state.record_launch(
+        registry, job, int(record["job_id"]), f"adopted: SkyPilot managed job {record['job_id']}"
+    )
+    sky_state.apply_record(registry, registry.get(job.job_id), record)
+    return f"following SkyPilot managed job {record['job_id']} ({record.get('status')})"
+
+
 class SkyPilotBackend(Backend):
     name = "skypilot"
     remote = True
@@ -213,6 +230,9 @@ class SkyPilotBackend(Backend):
 
     def resume_running(self, registry: Registry, job: Job) -> str | None:
         return controller.restart_if_dead(registry, job)
+
+    def adopt(self, registry: Registry, job: Job) -> str | None:
+        return adopt(registry, job)
 
     def cancel(self, registry: Registry, job: Job) -> str:
         """Ask the trainer to checkpoint through the run store, wait for it (at most 10 min), then

@@ -138,6 +138,7 @@ FLOORS = {
     "orchestrator.errors": GROUND,
     "orchestrator.states": GROUND,
     "orchestrator.records": GROUND,
+    "orchestrator.run_records": GROUND,
     "orchestrator.registry": GROUND,
     "orchestrator.procs": GROUND,
     "orchestrator.spec": GROUND,
@@ -156,6 +157,7 @@ FLOORS = {
     "orchestrator.notify": BACKENDS,
     # jobs, status and the terminal UI
     "orchestrator.jobs": STATUS,
+    "orchestrator.adopt": STATUS,
     "orchestrator.status": STATUS,
     "orchestrator.follow": STATUS,
     "orchestrator.ui": STATUS,

@@ -9,7 +9,10 @@ ended attempts count as interruptions.
 - A stop someone asked for (`ftorch cancel`, the budget guard, a policy switch) is not an interruption:
   whoever sends the trainer its SIGTERM for such a reason first writes `control/stop.json` in the run
   store (`request_stop`); the trainer then records its attempt as `ended: stopped` instead of `notice`,
-  and the MTBF estimate (trainer/checkpoints/interval.py) leaves it out.
+  and the MTBF estimate (trainer/checkpoints/interval.py) leaves it out. A request counts from the
+  trainer process's start (a cancel while it loads is still a cancel), not from its epoch claim.
+- Nor is the end of the local supervisor that watched the trainer (FTORCH_SUPERVISOR_PID): the SIGTERM
+  its death sends the trainer is recorded as `ended: stopped, stop_reason: supervisor lost`.
 
 No torch here.
 """
@@ -80,13 +83,57 @@ def stop_reason(store: Any, since: float) -> str | None:
     return None
 
 
+SUPERVISOR_LOST = "supervisor lost"
+
+
+def process_started_at() -> float:
+    """When this process started (wall clock; Linux /proc), else when this module was imported."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as handle:
+            ticks = int(handle.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat", encoding="ascii") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED_AT
+
+
+_IMPORTED_AT = time.time()
+
+
+def _gone(pid: int) -> bool:
+    """The process is gone (or a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+
+
+def supervisor_lost(environ: Mapping[str, str] | None = None) -> bool:
+    """The local supervisor that started this trainer (FTORCH_SUPERVISOR_PID) has died."""
+    pid = (os.environ if environ is None else environ).get("FTORCH_SUPERVISOR_PID", "")
+    return pid.isdigit() and _gone(int(pid))
+
+
 def how_it_ended(store: Any) -> dict[str, str]:
-    """The epoch-record fields for an attempt leaving on SIGTERM: a requested stop or a notice."""
+    """The epoch-record fields for an attempt leaving on SIGTERM: a requested stop (cancel, budget, a
+    policy switch), the loss of its supervisor, or a notice (an interruption)."""
     if not getattr(store, "epoch", 0):
         return {"ended": "notice"}
     try:
-        since = float((store.epoch_records().get(store.epoch) or {}).get("claimed_at", 0.0))
+        claimed = float((store.epoch_records().get(store.epoch) or {}).get("claimed_at", 0.0))
     except Exception:  # advisory
-        return {"ended": "notice"}
-    reason = stop_reason(store, since)
+        claimed = 0.0
+    reason = stop_reason(store, min(claimed, process_started_at()) if claimed else process_started_at())
+    if reason is None and supervisor_lost():
+        reason = SUPERVISOR_LOST
     return {"ended": "stopped", "stop_reason": reason} if reason else {"ended": "notice"}
