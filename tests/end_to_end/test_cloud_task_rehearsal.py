@@ -9,12 +9,13 @@ What SkyPilot would do on its instances is done here:
   the dependencies, torch and the rest, come from the test venv through a path entry, as in
   test_wheel_install.py; gcsfs, which the instance would download, is not needed here);
 - `run` runs under `bash -c` once per node, with SKYPILOT_NODE_IPS/RANK/NUM_NODES/NUM_GPUS_PER_NODE,
-  SKYPILOT_TASK_ID (stable), SKYPILOT_CLUSTER_INFO (new on every relaunch), the task's envs and the store's
+  SKYPILOT_TASK_ID (stable), SKYPILOT_CLUSTER_INFO, the task's envs and the store's
   credentials (its secrets). Two "nodes" are two processes on 127.0.0.1; torchrun's rendezvous goes
   through SKYPILOT_NODE_IPS' first line; on CPU torch uses gloo, one process per node.
 - a preemption is SIGTERM to each node's whole process group (what a cancel or a Kubernetes eviction
   sends; a VM that disappears sends nothing, and SkyPilot recovers it for being down); SkyPilot recovers
-  a node exit of 75 (`recover_on_exit_codes`), and the relaunch re-runs `setup`'s result and `run`.
+  a node exit of 75 (`recover_on_exit_codes`); the relaunch here is the hardest case for the attempt
+  number: the same machines (FAILOVER on a cluster still up), so the same node IPs and cluster info.
 """
 
 from __future__ import annotations
@@ -352,8 +353,9 @@ def test_two_nodes_train_are_preempted_agree_on_the_attempt_and_resume_exactly(i
     assert 3 <= cut < STEPS and progress["last_checkpoint_step"] == cut, progress  # saved on the notice
     assert [_claimed(n) for n in nodes] == [1, 1] and _attempts(store) == [1]
 
-    # SkyPilot's relaunch: setup's result and the same run script on a new cluster
-    nodes = instance.start(task, nodes=2, relaunch=1)
+    # SkyPilot's relaunch (exit 75 on a cluster still up, FAILOVER): the same run script on the same
+    # machines, the same node IPs and cluster info, so the same attempt key; still a new attempt number
+    nodes = instance.start(task, nodes=2, relaunch=0)
     codes = [n.wait() for n in nodes]
     logs = "\n---\n".join(n.log() for n in nodes)
     assert codes == [0, 0], logs
