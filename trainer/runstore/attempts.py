@@ -3,7 +3,8 @@
 `python -m trainer.runstore.attempts RUN_URI` prints the attempt number for this machine and records it in the
 run store as `attempts/<n>.json` (when it started, where: SkyPilot's cluster info). The key is this
 machine's identity (SkyPilot's node IPs and cluster info, else the host name and boot time), so every
-node of one multi-node attempt gets the same number, and a relaunch on new machines gets the next one.
+node of one multi-node attempt gets the same number, and a relaunch gets the next one (on new machines by
+its key; on the same machines because a trainer of the attempt already started: `claim_attempt`).
 No torch here.
 """
 
@@ -65,14 +66,25 @@ def _highest_seen(store: RunStore) -> int:
     return max(seen)
 
 
+def _started(store: RunStore, attempt: int) -> bool:
+    """Has a trainer of `attempt` started (claimed a fencing epoch of the run)?"""
+    return any(record.get("attempt") == attempt for record in store.epoch_records().values())
+
+
 def claim_attempt(store: RunStore, env: dict[str, str] | None = None) -> int:
-    """This machine's attempt number: the one already recorded for its key, else the next one."""
+    """This machine's attempt number: the newest one recorded for its key while no trainer of it has
+    started, else the next one.
+
+    No trainer of an attempt starts before every node has claimed its number (torchrun starts the
+    trainers once all nodes have joined), so a key whose attempt has started is a relaunch on the same
+    machines: SkyPilot's FAILOVER or a restart after an error on a cluster still up keeps the node IPs
+    and the cluster info, and still gets a new number."""
     env = dict(os.environ if env is None else env)
     key = machine_key(env)
     known = _known(store)
-    for n, record in sorted(known.items()):
-        if record.get("key") == key:
-            return n
+    mine = [n for n, record in known.items() if record.get("key") == key]
+    if mine and not _started(store, max(mine)):
+        return max(mine)
     n = max([_highest_seen(store), *known]) + 1
     record = {
         "n": n,

@@ -289,6 +289,20 @@ def test_attempt_numbers_are_claimed_per_placement(tmp_path: Path) -> None:
     assert was_preempted(store, 5) and not was_preempted(store, 6)
 
 
+def test_a_relaunch_on_the_same_machines_gets_a_new_attempt_number(tmp_path: Path) -> None:
+    """FAILOVER (or a restart after an error) on a cluster still up: same node IPs, same cluster info.
+    Once attempt 1's trainer has started (its epoch), the same key claims 2; both nodes agree."""
+    store = RunStore(str(tmp_path / "run"))
+    store.write_spec({"job": {}, "run_id": "r"})
+    same = {"SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2", "SKYPILOT_CLUSTER_INFO": '{"cloud": "aws"}'}
+    assert claim_attempt(store, same) == 1 and claim_attempt(store, same) == 1  # node 0, node 1
+    store.claim_epoch({"attempt": 1})  # rank 0's trainer of attempt 1 starts
+    store.write_progress({"attempt": 1, "state": "preempted"})
+    assert claim_attempt(store, same) == 2  # the relaunch, node 0
+    assert claim_attempt(store, same) == 2  # node 1 of the relaunch
+    assert sorted(store.listdir("attempts")) == ["0001.json", "0002.json"]
+
+
 def test_a_worker_node_waits_for_rank_0s_record_before_exit_75(tmp_path: Path) -> None:
     """Multi-node: a worker's torchrun ends first (killed when rank 0 leaves); only rank 0's recorded
     preemption turns its exit into 75, so it waits (bounded) while progress still says running."""

@@ -1,0 +1,367 @@
+"""The SkyPilot task rehearsed on this machine: the rendered task's own `setup` and `run`, with SkyPilot's
+environment variables, for the single-GPU, one-node and two-node templates.
+
+What SkyPilot would do on its instances is done here:
+- the task is rendered as `ftorch launch JOB --backend skypilot --dry-run` renders it (the run store and
+  the data on the tests' S3 server, the model a Hub id whose files sit in a local Hub cache);
+- the workdir (the source tree, as orchestrator/ship.py ships it) is copied to a folder, and `setup`
+  runs there once against a fresh "instance" environment: pip offline (`PIP_NO_INDEX`, `PIP_NO_DEPS`:
+  the dependencies, torch and the rest, come from the test venv through a path entry, as in
+  test_wheel_install.py; gcsfs, which the instance would download, is not needed here);
+- `run` runs under `bash -c` once per node, with SKYPILOT_NODE_IPS/RANK/NUM_NODES/NUM_GPUS_PER_NODE,
+  SKYPILOT_TASK_ID (stable), SKYPILOT_CLUSTER_INFO, the task's envs and the store's
+  credentials (its secrets). Two "nodes" are two processes on 127.0.0.1; torchrun's rendezvous goes
+  through SKYPILOT_NODE_IPS' first line; on CPU torch uses gloo, one process per node.
+- a preemption is SIGTERM to each node's whole process group (what a cancel or a Kubernetes eviction
+  sends; a VM that disappears sends nothing, and SkyPilot recovers it for being down); SkyPilot recovers
+  a node exit of 75 (`recover_on_exit_codes`); the relaunch here is the hardest case for the attempt
+  number: the same machines (FAILOVER on a cluster still up), so the same node IPs and cluster info.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helpers import REPO, assert_bitwise_equal, build_tiny_model, job_dict, write_data
+from s3runs import s3_final_weights
+from s3server import SeaweedS3, s3_env
+
+from trainer import exitcodes
+from trainer.runstore.store import RunStore
+
+#: a Hub id, so that the render accepts the model; its files are in the Hub cache made below
+MODEL_ID = "ftorch-rehearsal/tiny-llama"
+SOURCES = ("pyproject.toml", "README.md", "orchestrator", "trainer", "task_templates")
+STEPS = 60
+
+
+@dataclass
+class Instance:
+    """The rehearsal's "cloud": a bucket, the instance environment after `setup`, the synced workdir."""
+
+    bucket: str
+    endpoint: str
+    venv: Path
+    workdir: Path
+    env: dict[str, str]
+    data_uri: str
+    home: Path
+    setups: list[str] = field(default_factory=list)
+
+    def job(self, **resources: Any) -> dict[str, Any]:
+        job = job_dict(
+            MODEL_ID,
+            Path(self.data_uri),
+            Path("/unused"),
+            data={"path": self.data_uri, "format": "instruction", "max_seq_len": 96},
+            checkpoint={
+                "uri": f"s3://{self.bucket}/runs",
+                "every": 10,
+                "keep": 2,
+                "storage_options": {"endpoint_url": self.endpoint},
+            },
+            resources={"backend": "skypilot", "accelerators": ["H100"], **resources},
+            train={"max_steps": STEPS, "log_every": 1, "warmup_steps": 2},
+        )
+        job.pop("local")
+        return job
+
+    def render(self, run_id: str, **resources: Any) -> dict[str, Any]:
+        """What `ftorch launch JOB --backend skypilot --dry-run` shows, and what the launch writes to the store."""
+        from orchestrator.backends import skypilot
+        from orchestrator.jobs import _resolved_spec
+        from orchestrator.spec import validate_job
+        from trainer.runstore.storage import join_uri
+
+        spec = validate_job(self.job(**resources))
+        run_uri = join_uri(spec.checkpoint.uri, run_id)
+        result = skypilot.dry_run(spec, run_id, run_uri)
+        assert yaml.safe_load(result["task_yaml"]) == result["task"]  # the YAML shown is the task
+        RunStore(run_uri, spec.checkpoint.storage_options).write_spec(
+            _resolved_spec(spec, run_id, join_uri(run_uri, "output"))
+        )
+        task = result["task"]
+        task["_template"] = result["template"]
+        return task
+
+    def node_env(
+        self, task: dict[str, Any], rank: int, nodes: int, relaunch: int, port: int
+    ) -> dict[str, str]:
+        env = dict(self.env)
+        env.update(task["envs"])
+        env.update(
+            SKYPILOT_NODE_IPS="\n".join(["127.0.0.1"] * nodes),
+            SKYPILOT_NODE_RANK=str(rank),
+            SKYPILOT_NUM_NODES=str(nodes),
+            SKYPILOT_NUM_GPUS_PER_NODE="1",
+            SKYPILOT_TASK_ID=f"sky-managed-2026-12-01-00-00-00-000000_{task['name']}_1-0",
+            # a relaunch lands on a new cluster: where it is changes (the node IPs cannot, on one machine)
+            SKYPILOT_CLUSTER_INFO=json.dumps(
+                {"cluster": f"{task['name']}-1", "cloud": "gcp", "region": f"r{relaunch}", "zone": None}
+            ),
+            FTORCH_MASTER_PORT=str(port),  # the template's 29500 may be taken on a shared CI machine
+            FTORCH_LOG_ALL_RANKS="1",  # every node's trainer says which attempt it runs
+        )
+        return env
+
+    def start(self, task: dict[str, Any], nodes: int = 1, relaunch: int = 0) -> list[Node]:
+        port = _free_port()
+        return [
+            Node.start(task["run"], self.workdir, self.node_env(task, rank, nodes, relaunch, port))
+            for rank in range(nodes)
+        ]
+
+
+@dataclass
+class Node:
+    """One node's `bash -c "$run"`, in its own process group (as SkyPilot runs a task's script)."""
+
+    proc: subprocess.Popen[str]
+    lines: list[str]
+    reader: threading.Thread
+
+    @classmethod
+    def start(cls, script: str, cwd: Path, env: dict[str, str]) -> Node:
+        proc = subprocess.Popen(
+            ["bash", "-c", script],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        lines: list[str] = []
+        assert proc.stdout is not None
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+        reader.start()
+        return cls(proc, lines, reader)
+
+    def wait(self, timeout: float = 150) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError("node timed out:\n" + self.log()) from None
+        self.reader.join(10)
+        return code
+
+    def log(self) -> str:
+        return "".join(self.lines)[-4000:]
+
+    def wait_for(self, needle: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(needle in line for line in list(self.lines)):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no {needle!r} in the node's log:\n{self.log()}")
+
+    def preempt(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _hub_cache(model: Path, cache: Path) -> None:
+    """The model's files as the Hub client caches a download (read with HF_HUB_OFFLINE=1)."""
+    repo = cache / f"models--{MODEL_ID.replace('/', '--')}"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(model, repo / "snapshots" / commit)
+
+
+def _instance_venv(tmp: Path) -> Path:
+    """A fresh environment: only pip's target; the dependencies from the test venv via a path entry."""
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(purelib, "zz_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # torch's console script, as pip writes it when it installs torch on the instance
+    torchrun = venv / "bin" / "torchrun"
+    torchrun.write_text(f"#!{python}\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n")
+    torchrun.chmod(0o755)
+    return venv
+
+
+@pytest.fixture(scope="module")
+def instance(tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedS3) -> Iterator[Instance]:
+    import fsspec
+
+    tmp = tmp_path_factory.mktemp("rehearsal")
+    bucket = "rehearsal"
+    s3_server.make_bucket(bucket)
+    model = build_tiny_model(tmp / "model")
+    _hub_cache(model, tmp / "hf" / "hub")
+    home = tmp / "home"  # the planner reads the model's shape from ftorch's Hub config cache
+    (home / "hub" / MODEL_ID.replace("/", "--")).mkdir(parents=True)
+    shutil.copy(model / "config.json", home / "hub" / MODEL_ID.replace("/", "--") / "config.json")
+    data = write_data(tmp / "data.jsonl", "instruction", 120)
+    fs = fsspec.filesystem("s3", endpoint_url=s3_server.endpoint, **_keys(s3_server.endpoint))
+    data_uri = f"s3://{bucket}/data/train.jsonl"
+    fs.put_file(str(data), data_uri)
+
+    workdir = tmp / "sky_workdir"  # SkyPilot syncs the workdir here and runs setup and run in it
+    workdir.mkdir()
+    for name in SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, workdir / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(REPO / name, workdir / name)
+    venv = _instance_venv(tmp)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "FTORCH_FAULTS")}
+    env.update(s3_env(s3_server.endpoint))  # the task's secrets: the store's credentials
+    env.update(
+        PATH=f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
+        HF_HUB_CACHE=str(tmp / "hf" / "hub"),
+        HF_HUB_OFFLINE="1",
+        PYTHONNOUSERSITE="1",
+        OMP_NUM_THREADS="1",
+        FTORCH_HOME=str(home),
+        FTORCH_NOTICES="0",  # no cloud metadata service here
+        FTORCH_PROGRESS_EVERY_S="0.2",
+        # setup's pip, offline: nothing is downloaded; the dependencies are already on the path
+        PIP_NO_INDEX="1",
+        PIP_NO_DEPS="1",
+        PIP_NO_BUILD_ISOLATION="0",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FTORCH_HOME", str(home))
+        for key, value in s3_env(s3_server.endpoint).items():
+            mp.setenv(key, value)
+        yield Instance(bucket, s3_server.endpoint, venv, workdir, env, data_uri, home)
+
+
+def _keys(endpoint: str) -> dict[str, Any]:
+    env = s3_env(endpoint)
+    return {"key": env["AWS_ACCESS_KEY_ID"], "secret": env["AWS_SECRET_ACCESS_KEY"]}
+
+
+def _setup(instance: Instance, task: dict[str, Any]) -> None:
+    """The task's setup, as SkyPilot runs it before `run` on every (re)launch; installed once here (the
+    three templates' setups are one script; a relaunch on new machines installs again, as here)."""
+    if task["setup"] in instance.setups:
+        return
+    env = {**instance.env, **task["envs"]}
+    done = subprocess.run(
+        ["bash", "-c", task["setup"]],
+        cwd=instance.workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "ftorch trainer ready" in done.stdout
+    where = subprocess.run(
+        [str(instance.venv / "bin" / "python"), "-c", "import trainer; print(trainer.__file__)"],
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert where.stdout.startswith(str(instance.venv)), where  # installed into the instance's environment
+    instance.setups.append(task["setup"])
+
+
+def _store(instance: Instance, task: dict[str, Any]) -> RunStore:
+    return RunStore(task["envs"]["FTORCH_RUN_URI"], {"endpoint_url": instance.endpoint})
+
+
+def _attempts(store: RunStore) -> list[int]:
+    return sorted(int(n.removesuffix(".json")) for n in store.listdir("attempts") if n.endswith(".json"))
+
+
+def _claimed(node: Node) -> int:
+    """The attempt number this node's run script claimed (the trainer logs it)."""
+    for line in node.lines:
+        if "attempt " in line and " of run " in line:
+            return int(line.split("attempt ", 1)[1].split()[0])
+    raise AssertionError(f"no attempt line:\n{node.log()}")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("kind", "resources"), [("single", {"gpus": 1}), ("node", {"gpus": 2})])
+def test_one_node_task_trains_to_completion(instance: Instance, kind: str, resources: dict[str, Any]) -> None:
+    task = instance.render(f"{kind}-1", **resources)
+    assert task["_template"] == kind
+    _setup(instance, task)
+    (node,) = instance.start(task)
+    assert node.wait() == 0, node.log()
+    store = _store(instance, task)
+    progress = store.read_progress() or {}
+    assert progress["state"] == "finished" and progress["step"] == STEPS, progress
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= set(store.listdir("output"))
+    assert _attempts(store) == [1]
+
+
+@pytest.mark.timeout(600)
+def test_two_nodes_train_are_preempted_agree_on_the_attempt_and_resume_exactly(instance: Instance) -> None:
+    # an uninterrupted two-node run: the reference adapter
+    ref_task = instance.render("two-ref", nodes=2, gpus=1)
+    assert ref_task["_template"] == "multinode" and ref_task["num_nodes"] == 2
+    _setup(instance, ref_task)
+    nodes = instance.start(ref_task, nodes=2)
+    codes = [n.wait() for n in nodes]
+    assert codes == [0, 0], "\n".join(n.log() for n in nodes)
+    reference = s3_final_weights(_store(instance, ref_task))
+
+    # the same job preempted: SIGTERM to both nodes' process groups once training runs
+    task = instance.render("two-cut", nodes=2, gpus=1)
+    store = _store(instance, task)
+    nodes = instance.start(task, nodes=2, relaunch=0)
+    nodes[0].wait_for(f"step 3/{STEPS}")
+    for node in nodes:
+        node.preempt()
+    codes = [n.wait() for n in nodes]
+    logs = "\n---\n".join(n.log() for n in nodes)
+    assert codes == [exitcodes.PREEMPTED] * 2, logs  # what job_recovery.recover_on_exit_codes relaunches
+    assert task["resources"]["job_recovery"]["recover_on_exit_codes"] == [exitcodes.PREEMPTED]
+    progress = store.read_progress() or {}
+    assert progress["state"] == "preempted" and progress["attempt"] == 1, progress
+    cut = progress["step"]
+    assert 3 <= cut < STEPS and progress["last_checkpoint_step"] == cut, progress  # saved on the notice
+    assert [_claimed(n) for n in nodes] == [1, 1] and _attempts(store) == [1]
+
+    # SkyPilot's relaunch (exit 75 on a cluster still up, FAILOVER): the same run script on the same
+    # machines, the same node IPs and cluster info, so the same attempt key; still a new attempt number
+    nodes = instance.start(task, nodes=2, relaunch=0)
+    codes = [n.wait() for n in nodes]
+    logs = "\n---\n".join(n.log() for n in nodes)
+    assert codes == [0, 0], logs
+    assert [_claimed(n) for n in nodes] == [2, 2] and _attempts(store) == [1, 2]
+    for node in nodes:  # both ranks load the preempted attempt's checkpoint
+        assert f"resumed from checkpoints/step-{cut:08d} (step {cut}/{STEPS})" in "".join(node.lines), logs
+    progress = store.read_progress() or {}
+    assert progress["state"] == "finished" and progress["step"] == STEPS and progress["attempt"] == 2
+    assert_bitwise_equal(s3_final_weights(store), reference)
