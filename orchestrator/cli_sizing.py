@@ -65,9 +65,11 @@ def estimate_cmd(
 
         result = trace_job(spec, shape, [est.n_gpus])
         traced, why = result.results.get(est.n_gpus), result.error
+    measured = measured_for(spec, est.n_gpus)
     if as_json:
         payload = est.to_json()
         payload["shape"] = shape.summary()
+        payload["measured"] = measured
         if trace:
             payload["trace"] = traced
             if why:
@@ -78,6 +80,13 @@ def estimate_cmd(
 
     con = _console()
     con.print(estimate_view(spec, shape, est, traced, why))
+    if measured:
+        con.print(
+            f"measured: {measured['peak_gib_per_gpu']:.1f} GiB per GPU by job {measured['job_id']} "
+            f"(attempt {measured['attempt']}, {measured['ranks']}x {measured['gpu']}); the plan uses it "
+            "over the estimate (fit measured)",
+            markup=False,
+        )
     # the trace measures the step; loading (estimated) can need more
     peak = max(traced["total_gib"], est.load_gib_per_gpu) if traced else est.peak_gib_per_gpu
     fits = [g for g in COMMON_GPU_SIZES_GIB if peak <= g * (1 - HEADROOM)]
@@ -207,8 +216,37 @@ def gpus_cmd(
     con.print(f"{len(offers)} offers")
 
 
+def measured_for(spec: Any, n_gpus: int) -> dict[str, Any] | None:
+    """The newest plausible measurement of this job's key on `n_gpus` ranks (orchestrator/history.py)."""
+    from orchestrator.history import key_of, load_history, peak_gib
+    from orchestrator.sizing.memory import settings_from_spec
+
+    settings = settings_from_spec(spec, n_gpus)
+    key = key_of(spec.model_dump(mode="json"), settings.micro_batch, settings.grad_ckpt, n_gpus, None)
+    row = load_history().peak_for(key)
+    return None if row is None else {**row, "peak_gib_per_gpu": round(peak_gib(row), 3)}
+
+
+def history_cmd(as_json: JsonOut = False) -> None:
+    """What runs measured (peak memory, tokens/s) and whether the planner uses it."""
+    from orchestrator.history import load_history, peak_gib
+
+    rows = load_history().rows
+    if as_json:
+        _print_json({"measurements": [{**r, "peak_gib_per_gpu": round(peak_gib(r), 3)} for r in rows]})
+        return
+    from orchestrator.ui import history_table
+
+    con = _console()
+    if not rows:
+        con.print("nothing measured yet: each attempt's measured facts are kept when its job ends")
+        return
+    con.print(history_table(rows))
+
+
 def register(app: typer.Typer) -> None:
     """Add the sizing commands to the CLI."""
+    app.command("history")(history_cmd)
     app.command("estimate")(estimate_cmd)
     app.command("plan")(plan_cmd)
     app.command("gpus")(gpus_cmd)

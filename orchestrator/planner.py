@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.catalog import CONSUMER_TIER, Catalog, Offer, load_catalog
+from orchestrator.history import History, key_of, load_history, peak_gib
 from orchestrator.sizing.memory import MemoryEstimate, checkpoint_bytes, estimate, settings_from_spec
 from orchestrator.sizing.shapes import ModelShape, resolve_shape
-from orchestrator.sizing.throughput import Workload, accelerator, estimate_time, workload
+from orchestrator.sizing.throughput import Workload, accelerator, estimate_time, scaled, workload
 from orchestrator.sizing.tracing import TraceConfirmation
 from trainer.checkpoints.interval import CHECKPOINT_GBPS, CheckpointCost, auto_interval, fixed_interval_s
 from trainer.layout import Layout, layout_for
@@ -104,8 +105,11 @@ class Candidate:
     regions: list[str] = field(default_factory=list)
     tokens_per_s: float = 0.0
     checkpoint_blocking_s: float = 0.0  # what training stops for (the copy into host memory)
-    #: how the memory fit was judged: "traced" (one step traced, trainer/memory/memtrace.py) or "estimated"
+    #: how the memory fit was judged: "measured" (a run's peak, orchestrator/history.py), "traced" (one step
+    #: traced, trainer/memory/memtrace.py) or "estimated"
     fit: str = "estimated"
+    fit_job: str | None = None  # the job whose measured peak decided the fit
+    time_scale: float = 1.0  # measured / predicted tokens/s of runs on this GPU (1.0: none measured)
     nodes: int = 1  # instances of `instance_type`; prices and `count` are per instance
     layout: Layout | None = None  # ranks, micro-batch per rank, accumulation, sharding (trainer/layout.py)
 
@@ -235,6 +239,8 @@ class _Job:
     wanted_acc: set[str]
     estimates: dict[int, MemoryEstimate] = field(default_factory=dict)
     confirm: TraceConfirmation | None = None
+    history: History = field(default_factory=History)
+    learned: dict[str, str] = field(default_factory=dict)  # what the history decided -> the note saying so
 
     def memory_for(self, n: int) -> MemoryEstimate:
         if n not in self.estimates:
@@ -266,6 +272,7 @@ def make_plan(
     shape: ModelShape | None = None,
     online_shapes: bool = False,
     trace: bool = False,
+    history: History | None = None,
 ) -> Plan:
     """Rank every offer of the catalog for `spec` by expected cost; explain every rejection. With `trace`,
     offers whose estimated fit is close (within TRACE_MARGIN of usable memory) are judged by a trace of
@@ -274,6 +281,7 @@ def make_plan(
         catalog = Catalog(tuple(catalog), "given offers")
     catalog = catalog or load_catalog(offline=offline)
     job = _job(spec, shape or resolve_shape(spec.model, online=online_shapes))
+    job.history = history if history is not None else load_history()
     job.memory_for(1)
     if trace:
         sizes = [(o.count * spec.resources.nodes, o.gpu_memory_gib) for o in catalog.offers]
@@ -346,6 +354,7 @@ def _notes(job: _Job, catalog: Catalog) -> list[str]:
         notes.append(f"{job.shape.name}: architecture not modelled exactly; sized as llama-like")
     if job.confirm:
         notes.append(job.confirm.note())
+    notes += sorted(job.learned.values())
     return notes
 
 
@@ -359,17 +368,18 @@ def _judge(job: _Job, offer: Offer) -> Candidate:
     if not layout.ok:  # the trainer would refuse it: never offered
         raise _Rejected(f"layout: {layout.reason}")
     mem = job.memory_for(layout.ranks)
-    need, fit = _check_memory(job, offer, layout.ranks, mem)
+    need, fit, fit_job = _check_memory(job, offer, layout, mem)
     od = od * nodes if od is not None else None  # prices of the whole job (all its nodes)
     spot = spot * nodes if spot is not None else None
     is_spot, price = _check_price(job, offer, od, spot)
+    scale = _time_scale(job, offer)
     cand = _candidate(
-        job.spec, job.shape, offer, layout, mem, job.work, acc, is_spot, price, od, spot, regions
+        job.spec, job.shape, offer, layout, mem, job.work, acc, is_spot, price, od, spot, regions, scale
     )
     if cand is None:
         raise _Rejected("preemption: interrupted too often to make progress")
-    if fit == "traced":
-        cand.peak_gib_per_gpu, cand.fit = need, fit
+    if fit in ("traced", "measured"):
+        cand.peak_gib_per_gpu, cand.fit, cand.fit_job = need, fit, fit_job
     budget = job.spec.resources.budget_usd
     if budget is not None and cand.expected_cost_usd > budget:
         raise _Rejected(
@@ -413,19 +423,58 @@ def _check_hardware(job: _Job, offer: Offer) -> Any:
     return acc
 
 
-def _check_memory(job: _Job, offer: Offer, ranks: int, mem: MemoryEstimate) -> tuple[float, str]:
-    """Peak GiB per GPU and how it was judged ("estimated" or "traced"), when it fits with HEADROOM."""
+def _measured_peak(job: _Job, offer: Offer, layout: Layout) -> tuple[float, str, str] | None:
+    """(peak GiB, "measured", job id) from a plausible run with this job's key (orchestrator/history.py)."""
+    acc = accelerator(offer.accelerator, offer.instance_type)
+    gpu = acc.name if acc else offer.accelerator
+    spec = job.spec.model_dump(mode="json")
+    key = key_of(spec, layout.micro_batch, job.spec.train.gradient_checkpointing, layout.ranks, gpu)
+    row = job.history.peak_for(key)
+    if row is None:
+        return None
+    job.learned[f"memory {row['job_id']}"] = (
+        f"memory: measured {peak_gib(row):.1f} GiB per GPU by job {row['job_id']} (attempt {row['attempt']}, "
+        f"{row['ranks']}x {row['gpu']}) is used over the estimate for {layout.ranks}-rank layouts"
+    )
+    return peak_gib(row), "measured", str(row["job_id"])
+
+
+def _time_scale(job: _Job, offer: Offer) -> float:
+    """Measured / predicted tokens/s of runs on the offer's GPU (1.0 when none): the time model's scale."""
+    acc = accelerator(offer.accelerator, offer.instance_type)
+    found = job.history.time_scale(acc.name, job.spec.method) if acc else None
+    if acc is None or found is None:
+        return 1.0
+    ratio, rows = found
+    jobs = ", ".join(sorted({str(r["job_id"]) for r in rows}))
+    job.learned[f"time {acc.name}"] = (
+        f"time: {acc.name} runs at x{ratio:.2f} the time model's tokens/s, measured by {len(rows)} "
+        f"run(s) ({jobs}); its hours are scaled by that"
+    )
+    return ratio
+
+
+def _check_memory(
+    job: _Job, offer: Offer, layout: Layout, mem: MemoryEstimate
+) -> tuple[float, str, str | None]:
+    """Peak GiB per GPU, how it was judged ("estimated", "traced" or "measured") and the job that measured
+    it, when it fits with HEADROOM. A measurement of the same key overrides the trace and the estimate."""
+    ranks = layout.ranks
     need, fit = (
         job.confirm.peak(ranks, offer.gpu_memory_gib) if job.confirm else (mem.peak_gib_per_gpu, "estimated")
     )
+    source = None
+    if (measured := _measured_peak(job, offer, layout)) is not None:
+        need, fit, source = measured
     usable = offer.gpu_memory_gib * (1 - HEADROOM)
     if need <= usable:
-        return need, fit
+        return need, fit, source
     where = "on 1 GPU" if ranks == 1 else f"per GPU sharded over {ranks}"
     if fit == "estimated" and need <= mem.load_gib_per_gpu:
         where += " to load the model"
+    how = fit if source is None else f"measured by job {source}"
     raise _Rejected(
-        f"memory: needs {need:.1f} GiB {where} ({fit}), has "
+        f"memory: needs {need:.1f} GiB {where} ({how}), has "
         f"{offer.gpu_memory_gib:g} GiB ({usable:.1f} usable with {HEADROOM:.0%} headroom)"
     )
 
@@ -459,11 +508,12 @@ def _candidate(
     od: float | None,
     spot: float | None,
     regions: tuple[str, ...],
+    scale: float = 1.0,
 ) -> Candidate | None:
     ranks = layout.ranks
     settings = settings_from_spec(spec, ranks)
     link = offer.interconnect if layout.nodes == 1 else "network"  # FSDP across nodes: not NVLink
-    t = estimate_time(shape, settings, mem.trainable_params, work, acc, ranks, link)
+    t = scaled(estimate_time(shape, settings, mem.trainable_params, work, acc, ranks, link), scale)
     hours = t.hours
     ckpt_bytes = checkpoint_bytes(shape, settings)
     ckpt = CheckpointCost.of_bytes(ckpt_bytes)
@@ -520,6 +570,7 @@ def _candidate(
         peak_gib_per_gpu=mem.peak_gib_per_gpu,
         regions=list(regions),
         tokens_per_s=t.tokens_per_s,
+        time_scale=scale,
         nodes=layout.nodes,
         layout=layout,
     )

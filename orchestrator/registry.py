@@ -67,6 +67,13 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT
 );
 CREATE INDEX IF NOT EXISTS events_job ON events (job_id, at);
+CREATE TABLE IF NOT EXISTS measurements (
+    job_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    recorded_at REAL NOT NULL,
+    row_json TEXT NOT NULL,
+    PRIMARY KEY (job_id, attempt)
+);
 """
 #: columns added after the first release: (table, column, type); added to older registries on open
 MIGRATIONS = (("attempts", "outcome", "TEXT"),)
@@ -336,6 +343,26 @@ class Registry:
         with self._connect() as db:
             rows = db.execute("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,)).fetchall()
         return [Attempt(**{c: r[c] for c in ATTEMPT_COLUMNS}) for r in rows]
+
+    # ---- measurements (orchestrator/history.py) -------------------------------------------------
+    def record_measurement(self, job_id: str, attempt: int, row: dict[str, Any]) -> bool:
+        """Keep what an attempt measured (once per job and attempt); False when it was already kept."""
+        with self._connect() as db:
+            cursor = db.execute(
+                "INSERT OR IGNORE INTO measurements (job_id, attempt, recorded_at, row_json) VALUES (?, ?, ?, ?)",
+                (job_id, attempt, time.time(), json.dumps(row, sort_keys=True)),
+            )
+            return cursor.rowcount > 0
+
+    def measurements(self) -> list[dict[str, Any]]:
+        """Every kept measurement, oldest first (the row as recorded, with job_id, attempt, recorded_at)."""
+        with self._connect() as db:
+            rows = db.execute("SELECT * FROM measurements ORDER BY recorded_at, job_id, attempt").fetchall()
+        return [
+            {**json.loads(r["row_json"]), "job_id": r["job_id"], "attempt": r["attempt"],
+             "recorded_at": r["recorded_at"]}
+            for r in rows
+        ]  # fmt: skip
 
 
 def _like_prefix(prefix: str) -> str:

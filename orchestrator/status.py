@@ -222,8 +222,10 @@ def status_all(registry: Registry | None = None) -> list[dict[str, Any]]:
             job = reconcile(registry, job)
             if job.state.terminal:
                 job_attempts = registry.attempts(job.job_id)
+                learn(registry, job)  # it ended: what it measured feeds the next plan
         progress = _progress_for(registry, job, cached.get(job.job_id))
-        rows.append(with_backend_fields(registry, job, summarize(job, job_attempts, progress, time.time())))
+        row = with_backend_fields(registry, job, summarize(job, job_attempts, progress, time.time()))
+        rows.append(with_savings(registry, job, job_attempts, row))  # the cost ledger's savings column
     return rows
 
 
@@ -379,4 +381,41 @@ def status_one(job_ref: str) -> dict[str, Any]:
     detail["eval_before"] = progress.get("eval_before")
     detail["eval_after"] = progress.get("eval_after")
     detail["lost_time_s"] = lost_time_per_preemption(detail["attempt_timeline"])
+    detail["ledger"] = ledger_for(registry, job, attempts, detail, metrics, progress)
     return detail
+
+
+# ---- the cost ledger (trainer/ledger.py) ----------------------------------------------------------
+def ledger_for(
+    registry: Registry,
+    job: Job,
+    attempts: list[Attempt],
+    row: dict[str, Any],
+    metrics: list[dict[str, Any]],
+    progress: dict[str, Any],
+) -> dict[str, Any]:
+    """One job's cost ledger (`ledger` in `status JOB --json`); what it measured goes to the history."""
+    from orchestrator.cost_ledger import job_ledger
+    from orchestrator.history import learn_from_job
+
+    learn_from_job(registry, job)  # status reconciles a job: its measured facts feed the next plan
+    tokens = progress.get("tokens_seen") if isinstance(progress.get("tokens_seen"), int) else None
+    return job_ledger(registry, job, attempts, row.get("cost_usd"), metrics=metrics, tokens=tokens)
+
+
+def with_savings(
+    registry: Registry, job: Job, attempts: list[Attempt], row: dict[str, Any]
+) -> dict[str, Any]:
+    """`savings_usd`/`savings_pct` for the jobs table: the ledger from the registry alone (no run store
+    read: restart losses are not subtracted, `ftorch status JOB` has the full ledger)."""
+    from orchestrator.cost_ledger import job_ledger
+
+    ledger = job_ledger(registry, job, attempts, row.get("cost_usd"), records={}, metrics=[])
+    row["savings_usd"], row["savings_pct"] = ledger["savings_usd"], ledger["savings_pct"]
+    return row
+
+
+def learn(registry: Registry, job: Job) -> None:
+    from orchestrator.history import learn_from_job
+
+    learn_from_job(registry, job)

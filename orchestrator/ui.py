@@ -34,6 +34,7 @@ STATE_STYLE = {
 RECENT_S = 24 * 3600.0
 WIDE = 120
 NARROW = 80
+WIDEST = 140  # and up: the savings column too
 
 
 def console() -> Console:
@@ -137,6 +138,8 @@ def _table(rows: list[dict[str, Any]], width: int, now: float) -> Table:
     table.add_column("CKPT", no_wrap=True)
     if wide:
         table.add_column("WHERE", no_wrap=True, overflow="ellipsis")
+    if width >= WIDEST:
+        table.add_column("SAVED", justify="right", no_wrap=True)
     for r in rows:
         ckpt_age = duration(now - r["last_checkpoint_at"]) if r.get("last_checkpoint_at") else "-"
         cells: list[RenderableType] = [
@@ -151,8 +154,27 @@ def _table(rows: list[dict[str, Any]], width: int, now: float) -> Table:
         ]
         if wide:
             cells.append(where_text(r))
+        if width >= WIDEST:
+            cells.append(savings_text(r))
         table.add_row(*cells)
     return table
+
+
+def savings_text(r: dict[str, Any]) -> str:
+    """'$1.20 (35%)' saved against on demand, '-' when there is no on-demand price (trainer/ledger.py)."""
+    if r.get("savings_usd") is None:
+        return "-"
+    pct = r.get("savings_pct")
+    return money(r["savings_usd"]) + ("" if pct is None else f" ({pct:.0f}%)")
+
+
+def ledger_view(ledger: dict[str, Any] | None, pad: str) -> list[RenderableType]:
+    """The cost ledger of `ftorch status JOB`: spent, saved vs on demand, $/1M tokens, each preemption."""
+    from trainer.ledger import ledger_lines
+
+    if not ledger:
+        return []
+    return [Text(f"{pad}{label}: {value}") for label, value in ledger_lines(ledger)]
 
 
 def _card(r: dict[str, Any], width: int, now: float) -> Group:
@@ -312,6 +334,7 @@ def render_detail(d: dict[str, Any], width: int) -> RenderableType:
         )
     )
     parts += _controller(d.get("controller"), pad, now)
+    parts += ledger_view(d.get("ledger"), pad)
     lost = d.get("lost_time_s") or []
     if lost:
         parts.append(Text(f"{pad}time lost per preemption: " + ", ".join(duration(s) for s in lost)))
@@ -546,4 +569,29 @@ def gpus_table(offers: list[Any]) -> Table:
             usd(o.spot_usd),
             str(len(o.regions)),
         )
+    return table
+
+
+def history_table(rows: list[dict[str, Any]]) -> Table:
+    """`ftorch history`: each measurement, its key, what it measured and whether plans use it."""
+    from orchestrator.history import peak_gib
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("JOB", "ATT", "GPU", "RANKS", "MODEL", "METHOD", "SEQ", "MB", "CKPT", "PEAK GiB", "TOK/S",
+                   "VS MODEL", "USED"):  # fmt: skip
+        table.add_column(column, no_wrap=column != "USED", overflow="fold")
+    for r in rows:
+        predicted, measured = r.get("predicted_tokens_per_s"), r.get("tokens_per_s")
+        ratio = f"x{measured / predicted:.2f}" if predicted and measured else "-"
+        peak = (
+            f"{peak_gib(r):.1f}"
+            if r.get("plausible")
+            else f"(rss {(r.get('peak_rss_bytes') or 0) / 2**30:.1f})"
+        )
+        table.add_row(
+            str(r["job_id"]), str(r["attempt"]), str(r.get("gpu")), str(r.get("ranks")), str(r.get("model")),
+            str(r.get("method")), str(r.get("seq_len")), str(r.get("micro_batch")),
+            "on" if r.get("grad_ckpt") else "off", peak, "-" if measured is None else f"{measured:,.0f}", ratio,
+            "yes" if r.get("plausible") else f"no: {r.get('why')}",
+        )  # fmt: skip
     return table

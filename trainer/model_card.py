@@ -142,6 +142,7 @@ def render_card(s: dict[str, Any]) -> str:
         f"| preemptions | {_fmt(s.get('preemptions'))} |",
         f"| cost | {cost} |",
     ]
+    lines += [f"| {label} | {value} |" for label, value in _ledger_rows(s.get("ledger"))]
     if s.get("lora"):
         lo = s["lora"]
         lines.append(
@@ -184,6 +185,12 @@ def render_card(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _ledger_rows(ledger: dict[str, Any] | None) -> list[tuple[str, str]]:
+    from trainer.ledger import ledger_lines
+
+    return [(f"cost: {label}", value) for label, value in ledger_lines(ledger)] if ledger else []
+
+
 def _example_prompt(s: dict[str, Any]) -> str:
     fmt = s["data"]["format"]
     if fmt == "instruction":
@@ -221,8 +228,22 @@ def record(store: Any, output: Any, spec: JobSpec, resolved: dict[str, Any], **f
         prompt_format=prompt_format(spec.data.format),
         **facts,
     )
+    summary["ledger"] = _trainer_ledger(store, records, facts.get("tokens_seen"))
     write(output, summary)
     return summary
+
+
+def _trainer_ledger(store: Any, records: dict[int, dict[str, Any]], tokens: int | None) -> dict[str, Any]:
+    """The cost ledger as the trainer knows it (trainer/ledger.py): its price and spend where it was
+    given them; no on-demand price (the orchestrator completes it, `add_run_facts`)."""
+    from trainer.ledger import compute_ledger
+    from trainer.trackers import run_facts
+
+    facts = run_facts(store)
+    return compute_ledger(
+        records, spent_usd=facts.get("cost_usd"), hourly_usd=facts.get("hourly_usd"), ondemand_hourly_usd=None,
+        tokens=tokens,
+    )  # fmt: skip
 
 
 def write(output: Any, summary: dict[str, Any]) -> None:
@@ -231,11 +252,15 @@ def write(output: Any, summary: dict[str, Any]) -> None:
     output.write_bytes(CARD, render_card(summary).encode())
 
 
-def add_run_facts(output: Any, *, cost_usd: float | None, preemptions: int | None) -> bool:
+def add_run_facts(
+    output: Any, *, cost_usd: float | None, preemptions: int | None, ledger: dict[str, Any] | None = None
+) -> bool:
     """The orchestrator's figures into an existing summary and card; False when there is no summary."""
     summary = output.read_json_or_none(SUMMARY)
     if not isinstance(summary, dict):
         return False
     summary.update(cost_usd=cost_usd, preemptions=preemptions)
+    if ledger is not None:
+        summary["ledger"] = ledger
     write(output, summary)
     return True

@@ -71,6 +71,11 @@ class Backend:
         """Fields this backend knows better than the registry (where, preemptions, its own cost)."""
         return {}
 
+    def ondemand_hourly_usd(self, registry: Registry, job: Job) -> float | None:
+        """The on-demand price of the offer the job ran on, for its cost ledger (trainer/ledger.py);
+        None when there is none (the ledger then says n/a)."""
+        return None
+
     def log_paths(self, registry: Registry, job: Job) -> list[Path]:
         """Attempt logs kept on this machine, oldest first ([] when the backend keeps them elsewhere)."""
         return []

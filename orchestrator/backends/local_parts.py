@@ -211,6 +211,16 @@ def record_run_facts(registry: Registry, job_id: str, spent_usd: float) -> None:
     preemptions = sum(1 for a in registry.attempts(job_id) if preempted(a))
     try:
         output = output_store(job.output_uri, job.run_uri, job.storage_options)  # never through a link
-        model_card.add_run_facts(output, cost_usd=round(spent_usd, 4), preemptions=preemptions)
+        ledger = _ledger(registry, job, spent_usd)  # the cost ledger (trainer/ledger.py); feeds the history
+        model_card.add_run_facts(output, cost_usd=round(spent_usd, 4), preemptions=preemptions, ledger=ledger)
     except Exception as exc:  # noqa: BLE001 - the card is a record; the job still succeeded
         registry.event(job_id, "card", f"model card not completed: {exc.__class__.__name__}: {exc}")
+
+
+def _ledger(registry: Registry, job: Any, spent_usd: float) -> dict[str, Any] | None:
+    """The job's cost ledger, after keeping what its attempts measured (orchestrator/history.py)."""
+    from orchestrator.cost_ledger import job_ledger
+    from orchestrator.history import learn_from_job
+
+    learn_from_job(registry, job)
+    return job_ledger(registry, job, registry.attempts(job.job_id), round(spent_usd, 4))

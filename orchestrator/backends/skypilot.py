@@ -23,7 +23,7 @@ from orchestrator.backends import skypilot_render as render
 from orchestrator.backends import skypilot_sdk as sdk
 from orchestrator.backends import skypilot_state as sky_state
 from orchestrator.backends.base import Backend
-from orchestrator.backends.skypilot_cost import offer_prices
+from orchestrator.backends.skypilot_cost import offer_prices, ondemand_price
 from orchestrator.errors import SpecError, UserError, one_line
 from orchestrator.registry import Job, JobState, Registry
 from orchestrator.spot.policy import Mode
@@ -222,6 +222,9 @@ class SkyPilotBackend(Backend):
 
     def status_fields(self, registry: Registry, job: Job) -> dict[str, Any]:
         return sky_state.status_fields(registry, job)
+
+    def ondemand_hourly_usd(self, registry: Registry, job: Job) -> float | None:
+        return ondemand_price(sky_state.read_state(registry, job))
 
     def print_logs(self, registry: Registry, job: Job, follow: bool) -> None:
         if not job.backend_job_id:

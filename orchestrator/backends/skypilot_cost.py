@@ -128,3 +128,34 @@ def cost_usd(state: Mapping[str, Any]) -> float | None:
             price = dearest * int(seg.get("nodes") or 1)
         cost += max(0.0, end - seg["offset_s"]) / 3600.0 * price
     return round(cost, 6)
+
+
+def ondemand_price(state: Mapping[str, Any]) -> float | None:
+    """The on-demand hourly price of the offer the newest placement ran on (its cloud, GPUs and count,
+    from the launch's offers in `skypilot.json`), times its nodes: what the ledger prices the same work
+    at (trainer/ledger.py). None when the placement is unknown or that offer has no on-demand price."""
+    offers = state.get("offers") or []
+    segments = [s for s in state.get("segments") or [] if s.get("hourly_usd") is not None]
+    if not segments:
+        return None
+    seg = segments[-1]
+    nodes_n = int(seg.get("nodes") or 1)
+    where_ = str(seg.get("where") or "").lower()
+    for offer in offers:
+        scale = nodes_n if offer.get("per") == "node" else 1
+        if (
+            not where_.startswith(str(offer["cloud"]))
+            or abs(offer["hourly_usd"] * scale - seg["hourly_usd"]) > 1e-9
+        ):
+            continue
+        if not offer["spot"]:
+            return float(seg["hourly_usd"])
+        for other in offers:
+            same = (other["cloud"], other["accelerator"], other["count"]) == (
+                offer["cloud"],
+                offer["accelerator"],
+                offer["count"],
+            )
+            if same and not other["spot"]:
+                return float(other["hourly_usd"]) * scale
+    return None

@@ -396,3 +396,21 @@ def estimate_time(
         dequant_s_per_microbatch=dequant,
         step_s_per_microbatch=step_s,
     )
+
+
+def scaled(t: TimeEstimate, ratio: float) -> TimeEstimate:
+    """The estimate with throughput multiplied by `ratio` (measured / predicted tokens/s of runs on this
+    GPU, orchestrator/history.py): hours and per-micro-batch times divided by it."""
+    if ratio == 1.0 or ratio <= 0:
+        return t
+    return replace(
+        t,
+        hours=t.hours / ratio,
+        tokens_per_s=t.tokens_per_s * ratio,
+        utilisation=t.utilisation * ratio,
+        compute_s_per_microbatch=t.compute_s_per_microbatch / ratio,
+        weights_s_per_microbatch=t.weights_s_per_microbatch / ratio,
+        comm_s_per_microbatch=t.comm_s_per_microbatch / ratio,
+        dequant_s_per_microbatch=t.dequant_s_per_microbatch / ratio,
+        step_s_per_microbatch=t.step_s_per_microbatch / ratio,
+    )

@@ -149,12 +149,14 @@ FLOORS = {
     # sizing: model shapes, memory, time, offers
     "orchestrator.sizing": SIZING,  # shapes, memory, throughput, tracing
     "orchestrator.catalog": SIZING,
+    "orchestrator.history": SIZING,  # measured facts kept in the registry, read by the planner
     # planning and spot decisions: the planner, policies, their simulator and the cloud controller
     "orchestrator.spot": PLANNING,  # policy, simulator, traces, region_order, controller, budget
     "orchestrator.planner": PLANNING,
     # backends: where jobs run
     "orchestrator.backends": BACKENDS,
     "orchestrator.notify": BACKENDS,
+    "orchestrator.cost_ledger": BACKENDS,  # the ledger needs the backend's on-demand price
     # jobs, status and the terminal UI
     "orchestrator.jobs": STATUS,
     "orchestrator.adopt": STATUS,

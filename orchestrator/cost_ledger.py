@@ -1,0 +1,73 @@
+"""A job's cost ledger as the orchestrator sees it (`ftorch status JOB`, its JSON `ledger`, the model card):
+trainer/ledger.py's function over the run store's epoch records, with what only the orchestrator knows:
+the attempts' start and end times and kept steps (registry), each trainer's last logged step (metrics),
+the cost so far, and the on-demand price of the offer the job ran on (its backend: SkyPilot keeps the
+launch's offers in skypilot.json; a local job has none, so its savings are n/a).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.backends.base import backend_for
+from orchestrator.records import Attempt, Job, preempted
+from orchestrator.registry import Registry
+from trainer.ledger import compute_ledger
+
+
+def attempt_dicts(attempts: list[Attempt]) -> list[dict[str, Any]]:
+    return [
+        {
+            "n": a.n,
+            "started_at": a.started_at,
+            "ended_at": a.ended_at,
+            "start_step": a.start_step,
+            "end_step": a.end_step,
+            "preempted": preempted(a),
+            "hourly_usd": a.hourly_usd,
+        }
+        for a in attempts
+    ]
+
+
+def last_step_times(metrics: list[dict[str, Any]]) -> dict[int, float]:
+    """Each attempt's last logged step time (metrics rows carry the attempt and the time)."""
+    out: dict[int, float] = {}
+    for row in metrics:
+        n, at = row.get("attempt"), row.get("time")
+        if isinstance(n, int) and isinstance(at, int | float):
+            out[n] = max(out.get(n, 0.0), float(at))
+    return out
+
+
+def job_ledger(
+    registry: Registry,
+    job: Job,
+    attempts: list[Attempt],
+    spent_usd: float | None,
+    records: dict[int, dict[str, Any]] | None = None,
+    metrics: list[dict[str, Any]] | None = None,
+    tokens: int | None = None,
+) -> dict[str, Any]:
+    """The job's ledger; `records` and `metrics` are read from the run store when not given."""
+    if records is None or metrics is None:
+        try:
+            store = job.run_store(retry_seconds=2.0)
+            records = store.epoch_records() if records is None else records
+            metrics = store.read_metrics() if metrics is None else metrics
+        except Exception:  # noqa: BLE001 - an unreachable store: the ledger from the registry alone
+            records, metrics = records or {}, metrics or []
+    try:
+        ondemand = backend_for(job.backend).ondemand_hourly_usd(registry, job)
+    except Exception:  # noqa: BLE001 - a backend that cannot say: n/a
+        ondemand = None
+    hourly = attempts[-1].hourly_usd if attempts else job.hourly_usd
+    return compute_ledger(
+        records,
+        spent_usd=spent_usd,
+        hourly_usd=hourly,
+        ondemand_hourly_usd=ondemand,
+        attempts=attempt_dicts(attempts),
+        tokens=tokens,
+        last_step_at=last_step_times(metrics),
+    )

@@ -1,0 +1,85 @@
+"""The cost ledger (trainer/ledger.py): spent, on-demand counterpart and savings, $/1M tokens, and each
+preemption's loss split; the orchestrator's view (status, the jobs table) and the model card."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from trainer.ledger import compute_ledger, ledger_lines
+
+
+def records() -> dict[int, dict[str, Any]]:
+    """Two attempts' epoch records: the first preempted at step 50, the second resumed from 40."""
+    phases = {"process_start_s": 4.0, "model_load_s": 20.0, "checkpoint_read_s": 2.0, "first_step_s": 3.0}
+    return {
+        1: {"attempt": 1, "claimed_at": 1000.0, "ended": "notice", "step": 50,
+            "measured": {"steps": 50, "tokens": 5000, "step_s": 2.0, "phases": {**phases}}},
+        2: {"attempt": 2, "claimed_at": 1200.0, "ended": "finished", "step": 100,
+            "measured": {"steps": 60, "tokens": 6000, "step_s": 2.5, "phases": phases}},
+    }  # fmt: skip
+
+
+ATTEMPTS = [
+    {"n": 1, "started_at": 990.0, "ended_at": 1105.0, "start_step": 0, "end_step": 50, "preempted": True},
+    {"n": 2, "started_at": 1150.0, "ended_at": 1400.0, "start_step": 40, "end_step": 100, "preempted": False},
+]
+
+
+def test_the_orchestrator_ledger_splits_each_preemption_and_prices_on_demand() -> None:
+    spent = (115 + 250) / 3600.0
+    ledger = compute_ledger(
+        records(), spent_usd=spent, hourly_usd=1.0, ondemand_hourly_usd=3.0, attempts=ATTEMPTS,
+        last_step_at={1: 1100.0},
+    )  # fmt: skip
+    (loss,) = ledger["preemptions"]
+    assert loss == {
+        "attempt": 1, "next_attempt": 2, "detection_s": 5.0, "provisioning_s": 45.0, "setup_s": 4.0,
+        "loading_s": 22.0, "redo_s": 20.0, "steps_redone": 10, "total_s": 96.0,
+    }  # fmt: skip
+    ondemand = (365 - 4 - 22 - 20) / 3600.0 * 3.0  # the billed time less what the restart cost
+    assert ledger["ondemand_usd"] == pytest.approx(ondemand, abs=1e-6)
+    assert ledger["savings_usd"] == pytest.approx(ondemand - spent, abs=1e-6)
+    assert ledger["savings_pct"] == pytest.approx(100 * (ondemand - spent) / ondemand, abs=0.01)
+    assert ledger["tokens"] == 11000
+    assert ledger["usd_per_million_tokens"] == pytest.approx(spent / 11000 * 1e6, abs=1e-5)
+
+
+def test_the_trainer_side_knows_less_and_says_so() -> None:
+    ledger = compute_ledger(records(), spent_usd=None, hourly_usd=None, ondemand_hourly_usd=None, tokens=9000)
+    (loss,) = ledger["preemptions"]
+    assert loss["detection_s"] is None and loss["provisioning_s"] is None
+    assert (loss["setup_s"], loss["loading_s"], loss["steps_redone"], loss["redo_s"]) == (4.0, 22.0, 10, 20.0)
+    assert ledger["savings_usd"] is None and ledger["usd_per_million_tokens"] is None
+    lines = dict(ledger_lines(ledger))
+    assert lines["spent"] == "-" and lines["saved"].startswith("n/a")
+    assert "detection -" in lines["preemption 1"] and "loading 22.0s" in lines["preemption 1"]
+
+
+def test_a_finished_run_without_preemptions_has_no_losses() -> None:
+    one = {1: {"attempt": 1, "claimed_at": 0.0, "ended": "finished", "step": 10, "measured": {"tokens": 100}}}
+    ledger = compute_ledger(one, spent_usd=0.5, hourly_usd=2.0, ondemand_hourly_usd=4.0)
+    assert ledger["preemptions"] == [] and ledger["lost_s"] == 0.0
+    assert ledger["ondemand_usd"] == pytest.approx(1.0) and ledger["savings_pct"] == pytest.approx(50.0)
+
+
+def test_the_model_card_shows_the_ledger(tmp_path: Any) -> None:
+    from trainer import model_card
+    from trainer.runstore.store import RunStore
+
+    output = RunStore(str(tmp_path / "out"))
+    summary = {"method": "lora", "base_model": "m", "job_id": "j", "data": {"path": "d", "format": "text",
+               "training_examples": 1, "training_tokens": 10, "max_seq_len": 8}, "steps": 1, "tokens_seen": 10,
+               "first_loss": None, "final_loss": None, "attempts": 2, "interruptions": 1,
+               "hyperparameters": {}, "prompt_format": "plain", "cost_usd": None}  # fmt: skip
+    model_card.write(output, summary)
+    ledger = compute_ledger(
+        records(), spent_usd=0.1, hourly_usd=1.0, ondemand_hourly_usd=3.0, attempts=ATTEMPTS
+    )
+    assert model_card.add_run_facts(output, cost_usd=0.1, preemptions=1, ledger=ledger)
+    kept = json.loads(output.read_bytes(model_card.SUMMARY))
+    assert kept["ledger"]["savings_usd"] == ledger["savings_usd"]
+    card = output.read_bytes(model_card.CARD).decode()
+    assert "| cost: saved | $" in card and "| cost: preemption 1 | detection -" in card

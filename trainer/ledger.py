@@ -1,0 +1,211 @@
+"""A run's cost ledger: what it cost, what on demand would have cost, $ per million tokens, and where each
+preemption's time went. One torch-free function that the trainer (training summary, model card) and the
+orchestrator (`ftorch status JOB`, its `ledger`) both call, from the run store's epoch records.
+
+Each attempt's epoch record carries what it measured (`measured`: steps, tokens, step_s and the restart
+phases process_start_s, model_load_s, checkpoint_read_s, first_step_s). The orchestrator adds what only it
+saw (its attempts: when each started and ended, the steps it kept; the trainers' last step times); the
+trainer side passes none of that, and what cannot be known stays None.
+
+A preemption's loss, for the attempt that ended and the one that followed:
+- detection: from the old attempt's last logged step to the moment ftorch recorded its end;
+- provisioning: from that end to the next attempt's start (a new machine, placed);
+- setup: the new trainer's process start (`phases.process_start_s`: imports, environment);
+- loading: the model load and the checkpoint read (`phases.model_load_s + checkpoint_read_s`);
+- steps redone: the steps the old attempt took after its last checkpoint, at its measured step time.
+On demand, the same work = the billed time less setup, loading and steps redone (provisioning and
+detection fall between billed attempts), at the on-demand price of the chosen offer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: epoch record `ended` values after which the run did not lose the machine
+_NOT_PREEMPTED = ("finished", "stopped")
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _measured(record: dict[str, Any] | None) -> dict[str, Any]:
+    found = (record or {}).get("measured")
+    return found if isinstance(found, dict) else {}
+
+
+def _phase(measured: dict[str, Any], name: str) -> float | None:
+    phases = measured.get("phases")
+    return _num(phases.get(name)) if isinstance(phases, dict) else None
+
+
+def by_attempt(records: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The newest epoch record of each attempt number (an attempt that restarted in place has several)."""
+    out: dict[int, dict[str, Any]] = {}
+    for epoch in sorted(records):
+        record = records[epoch] or {}
+        n = record.get("attempt") if isinstance(record.get("attempt"), int) else epoch
+        out[n] = {**out.get(n, {}), **record}
+    return out
+
+
+def attempts_from_records(records: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Attempts as the trainer side knows them: started when its trainer claimed the run, preempted when
+    a later attempt followed and it did not end finished or stopped; start step from its measured steps."""
+    mine = by_attempt(records)
+    out = []
+    numbers = sorted(mine)
+    for i, n in enumerate(numbers):
+        record = mine[n]
+        steps = _num(_measured(record).get("steps"))
+        end = record.get("step") if isinstance(record.get("step"), int) else None
+        out.append(
+            {
+                "n": n,
+                "started_at": _num(record.get("claimed_at")),
+                "ended_at": None,
+                "start_step": int(end - steps) if end is not None and steps is not None else None,
+                "end_step": end,
+                "preempted": i + 1 < len(numbers) and record.get("ended") not in _NOT_PREEMPTED,
+                "hourly_usd": None,
+            }
+        )
+    return out
+
+
+def preemption_loss(
+    old: dict[str, Any],
+    new: dict[str, Any],
+    new_measured: dict[str, Any],
+    old_measured: dict[str, Any],
+    last_step_at: float | None,
+) -> dict[str, Any]:
+    """One preemption's loss split (seconds; None where it cannot be known)."""
+    ended, started = _num(old.get("ended_at")), _num(new.get("started_at"))
+    detection = max(0.0, ended - last_step_at) if ended is not None and last_step_at is not None else None
+    provisioning = max(0.0, started - ended) if ended is not None and started is not None else None
+    setup = _phase(new_measured, "process_start_s")
+    parts = [_phase(new_measured, "model_load_s"), _phase(new_measured, "checkpoint_read_s")]
+    loading = sum(p for p in parts if p is not None) if any(p is not None for p in parts) else None
+    redone = None
+    if isinstance(old.get("end_step"), int) and isinstance(new.get("start_step"), int):
+        redone = max(0, old["end_step"] - new["start_step"])
+    step_s = _num(old_measured.get("step_s")) or _num(new_measured.get("step_s"))
+    redo_s = redone * step_s if redone is not None and step_s is not None else None
+    if redone == 0:
+        redo_s = 0.0
+    split = {"detection_s": detection, "provisioning_s": provisioning, "setup_s": setup,
+             "loading_s": loading, "redo_s": redo_s}  # fmt: skip
+    known = [v for v in split.values() if v is not None]
+    return {
+        "attempt": old.get("n"),
+        "next_attempt": new.get("n"),
+        **{k: None if v is None else round(v, 3) for k, v in split.items()},
+        "steps_redone": redone,
+        "total_s": round(sum(known), 3) if known else None,
+    }
+
+
+def compute_ledger(
+    records: dict[int, dict[str, Any]],
+    *,
+    spent_usd: float | None,
+    hourly_usd: float | None,
+    ondemand_hourly_usd: float | None,
+    attempts: list[dict[str, Any]] | None = None,
+    tokens: int | None = None,
+    last_step_at: dict[int, float] | None = None,
+) -> dict[str, Any]:
+    """The ledger of a run. `attempts` (dicts with n, started_at, ended_at, start_step, end_step,
+    preempted, hourly_usd) default to what the epoch records say; `tokens` to the attempts' measured
+    tokens; `last_step_at`: each attempt's last logged step time (for detection)."""
+    mine = by_attempt(records)
+    attempts = attempts if attempts is not None else attempts_from_records(records)
+    last_step_at = last_step_at or {}
+    losses = []
+    for old, new in zip(attempts, attempts[1:], strict=False):
+        if old.get("preempted"):
+            losses.append(
+                preemption_loss(
+                    old,
+                    new,
+                    _measured(mine.get(new["n"])),
+                    _measured(mine.get(old["n"])),
+                    last_step_at.get(old["n"]),
+                )
+            )
+    if tokens is None:
+        counted = [_num(_measured(r).get("tokens")) for r in mine.values()]
+        tokens = (
+            int(sum(t for t in counted if t is not None)) if any(t is not None for t in counted) else None
+        )
+    paid_s = _paid_seconds(attempts, spent_usd, hourly_usd)
+    wasted_s = sum((loss[k] or 0.0) for loss in losses for k in ("setup_s", "loading_s", "redo_s"))
+    ondemand = None
+    if ondemand_hourly_usd is not None and paid_s is not None:
+        ondemand = max(0.0, paid_s - wasted_s) / 3600.0 * ondemand_hourly_usd
+    savings = None if ondemand is None or spent_usd is None else ondemand - spent_usd
+    return {
+        "spent_usd": None if spent_usd is None else round(spent_usd, 6),
+        "hourly_usd": hourly_usd,
+        "ondemand_hourly_usd": ondemand_hourly_usd,
+        "ondemand_usd": None if ondemand is None else round(ondemand, 6),
+        "savings_usd": None if savings is None else round(savings, 6),
+        "savings_pct": round(100.0 * savings / ondemand, 2) if savings is not None and ondemand else None,
+        "tokens": tokens,
+        "usd_per_million_tokens": (
+            round(spent_usd / tokens * 1e6, 6) if spent_usd is not None and tokens else None
+        ),
+        "preemptions": losses,
+        "lost_s": round(sum(loss["total_s"] or 0.0 for loss in losses), 3) if losses else 0.0,
+    }
+
+
+def _paid_seconds(attempts: list[dict[str, Any]], spent: float | None, hourly: float | None) -> float | None:
+    """Billed seconds: the attempts' own spans when all ended ones are known, else spent / hourly price."""
+    spans = [(_num(a.get("started_at")), _num(a.get("ended_at"))) for a in attempts]
+    if attempts and all(s is not None and e is not None for s, e in spans):
+        return sum(e - s for s, e in spans)  # type: ignore[operator]
+    if spent is not None and hourly:
+        return spent / hourly * 3600.0
+    return None
+
+
+def fmt_usd(value: float | None) -> str:
+    """'$1.23', or '-' when not known (the card and status show the same)."""
+    return "-" if value is None else f"${value:.2f}"
+
+
+def ledger_lines(ledger: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) rows of a ledger for the model card and `ftorch status JOB`; '-' where unknown."""
+    pct = ledger.get("savings_pct")
+    saved = (
+        "n/a (no on-demand price for this offer)"
+        if ledger.get("ondemand_usd") is None
+        else f"{fmt_usd(ledger.get('savings_usd'))} ({'-' if pct is None else f'{pct:.0f}%'}) "
+        f"vs {fmt_usd(ledger.get('ondemand_usd'))} on demand"
+    )
+    per_m = ledger.get("usd_per_million_tokens")
+    rows = [
+        ("spent", fmt_usd(ledger.get("spent_usd"))),
+        ("saved", saved),
+        ("per 1M tokens", "-" if per_m is None else f"${per_m:.4f}"),
+    ]
+    for loss in ledger.get("preemptions") or []:
+        cells = ", ".join(
+            f"{name} {_s(loss.get(key))}"
+            for name, key in (("detection", "detection_s"), ("provisioning", "provisioning_s"),
+                              ("setup", "setup_s"), ("loading", "loading_s"), ("redo", "redo_s"))
+        )  # fmt: skip
+        redone = loss.get("steps_redone")
+        rows.append(
+            (
+                f"preemption {loss.get('attempt')}",
+                f"{cells} ({'-' if redone is None else redone} steps redone)",
+            )
+        )
+    return rows
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
