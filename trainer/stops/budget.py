@@ -104,7 +104,8 @@ class BudgetGuard:
         """A reason starting with 'budget' when the run must stop now, else None."""
         if self.budget_usd is None or self.hourly_usd <= 0:
             return None
-        interval = (self.interval_s() or 0.0) + self.margin_s
+        save_s = (self.auto.cost_s or 0.0) + self.auto.upload_s  # the trainer's measured save adds to it
+        interval = (self.interval_s() or 0.0) + self.margin_s + save_s
         next_cost = interval / 3600.0 * self.hourly_usd
         if spent_usd + next_cost <= self.budget_usd:
             return None
@@ -201,11 +202,15 @@ def attempt_price(
 def alive_s(record: Mapping[str, Any], now: float | None = None) -> float:
     """How long an attempt was paid for: from its start to its end, or to when it was last seen alive
     (`now` for the caller's own attempt)."""
-    start = record.get("started_at") or record.get("claimed_at")
-    if not start:
+    start = _first(record, "started_at", "claimed_at")
+    if start is None:
         return 0.0
-    end = now if now is not None else record.get("ended_at") or record.get("alive_at") or start
-    return max(0.0, float(end) - float(start))
+    end = now if now is not None else _first(record, "ended_at", "alive_at", "started_at", "claimed_at")
+    return max(0.0, float(end or 0.0) - float(start))
+
+
+def _first(record: Mapping[str, Any], *keys: str) -> Any:
+    return next((record[k] for k in keys if record.get(k) is not None), None)
 
 
 def spend_usd(
@@ -259,7 +264,8 @@ class BudgetWatch:
         self.hourly = float(self.own.get("hourly_usd") or 0.0)
         self.guard = BudgetGuard.for_spec(job, self.hourly, progress)
         self.past_usd = spend_usd({n: r for n, r in records.items() if n != store.epoch})
-        self.started = float(self.own.get("started_at") or self.own.get("claimed_at") or clock())
+        start = _first(self.own, "started_at", "claimed_at")
+        self.started = float(start if start is not None else clock())
         self._checked = self._alive = 0.0
         self.reason: str | None = None
 
