@@ -262,3 +262,13 @@ def test_a_preempted_job_is_relaunched_with_the_lost_region_last(
     assert job.state is JobState.FAILED and job.reason.startswith(
         "relaunch refused by SkyPilot: NoCloudAccessError: Cloud access is not set up."
     )
+
+
+def test_launch_says_in_one_line_when_a_job_relies_on_the_controller() -> None:
+    from orchestrator.backends.skypilot_controller import reliance_line
+
+    spec = load_job(REPO / "examples" / "llama3-8b-qlora-deadline.yaml", check_support=False)
+    line = reliance_line(spec, SPOT_TASK)
+    assert line is not None and "\n" not in line and "deadline policy" in line and "budget" in line
+    quiet = spec.model_copy(update={"resources": spec.resources.model_copy(update={"policy": "spot-only"})})
+    assert reliance_line(quiet, SPOT_TASK) is None  # FAILOVER, no switching: nothing relies on it
