@@ -48,6 +48,8 @@ class FakeMetadata:
     def __init__(self, provider: str) -> None:
         self.provider = provider
         self.notice = threading.Event()
+        #: what the instance says it is: "spot" or "on-demand" (AWS instance-life-cycle, GCP preemptible)
+        self.market = "spot"
         self.requests: list[tuple[str, str]] = []
         outer = self
 
@@ -82,6 +84,12 @@ class FakeMetadata:
                         self._send(200, json.dumps(body).encode())
                     else:
                         self._send(404)
+                elif p == "aws" and self.path == "/latest/meta-data/instance-life-cycle":
+                    ok = self.headers.get("X-aws-ec2-metadata-token") == TOKEN
+                    self._send(200, outer.market.encode()) if ok else self._send(401)
+                elif p == "gcp" and self.path == "/computeMetadata/v1/instance/scheduling/preemptible":
+                    body = b"TRUE" if outer.market == "spot" else b"FALSE"
+                    self._send(200, body, {"Metadata-Flavor": "Google"})
                 elif p == "gcp" and self.path == "/computeMetadata/v1/instance/preempted":
                     if self.headers.get("Metadata-Flavor") != "Google":
                         self._send(403)

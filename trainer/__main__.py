@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.runstore.progress import log
     from trainer.runstore.storage import LinkRefused
     from trainer.runstore.store import Fenced, StoreGone
+    from trainer.stops.budget import BudgetReached
 
     try:
         from trainer.loop import run
@@ -59,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         # run store, or the run store deleted under the attempt
         log(f"error: {exc}")
         return exitcodes.BAD_CONFIG
+    except BudgetReached as exc:  # a resumed run at its budget: one line, nothing trained, not restarted
+        log(f"stopped at once: {exc}")
+        return exitcodes.BUDGET_STOPPED
     except Fenced as exc:  # a newer attempt holds the run: stop, write nothing more, do not be restarted
         log(f"fenced: {exc}")
         return exitcodes.FENCED

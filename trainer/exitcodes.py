@@ -8,6 +8,10 @@ orchestrator/follow.py (FOLLOW_EXIT_CODES) and the README.
 OK = 0
 ERROR = 1
 BAD_CONFIG = 2
+#: the budget stop (trainer/stops/budget.py): a checkpoint was written and the epoch record says
+#: `stop_reason: budget`; 0 so that SkyPilot does not restart it (its managed job ends SUCCEEDED, which
+#: ftorch reads as STOPPED (budget) from the run store); the local supervisor maps it the same way
+BUDGET_STOPPED = OK
 #: a preemption notice (SIGTERM or a cloud notice) arrived; a checkpoint was written; relaunch me
 PREEMPTED = 75
 #: another attempt of the same run took over (fencing); this attempt must not write again

@@ -36,7 +36,8 @@ from trainer.notify import TrainerNotifier
 from trainer.runstore.progress import ProgressReporter, log
 from trainer.runstore.store import RunStore, check_output, output_store
 from trainer.step import accumulate, make_scaler, restore_scaler, save_scaler, update
-from trainer.stops.interruptions import SUPERVISOR_LOST, how_it_ended
+from trainer.stops import budget
+from trainer.stops.interruptions import SUPERVISOR_LOST, how_it_ended, process_started_at
 from trainer.stops.notices import start_watcher
 from trainer.stops.preemption import PreemptionFlag, install_signal_handlers
 from trainer.stops.stop_request import start_stop_watcher
@@ -199,6 +200,7 @@ class Attempt:
     reporter: ProgressReporter
     trackers: Trackers
     notifier: TrainerNotifier
+    budget: budget.BudgetWatch | None = None  # rank 0's budget stop (trainer/stops/budget.py)
 
 
 def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = None) -> int:
@@ -267,9 +269,11 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     notifier = TrainerNotifier(store, resolved, attempt, steps, log)
     if checkpoints.resumed_from is not None:
         notifier.resumed(state.step)
+    # budget: the trainer stops itself at resources.budget_usd (rank 0 holds the epoch and its price)
+    watch = budget.start_watch(store, resolved, checkpoints.auto, log) if store.epoch else None
     return Attempt(
         attempt, resolved, spec, store, flag, device, layout, par, tokenizer, dataset, steps,
-        model, optimizer, scheduler, scaler, checkpoints, state, reporter, trackers, notifier,
+        model, optimizer, scheduler, scaler, checkpoints, state, reporter, trackers, notifier, watch,
     )  # fmt: skip
 
 
@@ -281,10 +285,20 @@ def _open_store(
     spec = JobSpec.model_validate(resolved["job"])
     store = RunStore(run_uri, spec.checkpoint.storage_options)
     start_stop_watcher(flag, store, log=log)  # a cloud controller's switch request (run store)
+    # budget: the price this attempt runs at, and a run already at its budget leaves at once (every rank)
+    price = budget.price_record(_gpu_name(), process_started_at())
+    over = budget.over_at_start(store, resolved["job"], attempt, price)
     if int(os.environ.get("RANK", "0")) == 0:  # fencing: this attempt's epoch; older attempts stop writing
-        epoch = store.claim_epoch({"attempt": attempt, "pid": os.getpid(), "host": platform.node()})
+        record = {"attempt": attempt, "pid": os.getpid(), "host": platform.node(), **price}
+        epoch = store.claim_epoch(record)
         log(f"attempt {attempt} holds epoch {epoch} of the run")
+    if over:
+        budget.leave_at_start(store, over)  # raises BudgetReached: exit 0 with one line
     return store, resolved, spec
+
+
+def _gpu_name() -> str | None:
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
 def _build_model(
@@ -374,6 +388,10 @@ def fit(a: Attempt) -> int | None:
             return code
         step_loss, lr, grad_norm = _train_step(a)
         _report_step(a, step_loss, lr, grad_norm, log_every)
+        if a.budget is not None and a.state.step < a.steps:  # the budget stop (trainer/stops/budget.py)
+            over = a.budget.over(a.state.step, a.checkpoints.last_time)
+            if over:
+                budget.stop_now(a.store, a.flag, over, log)
         if eval_every and a.state.step % eval_every == 0 and a.state.step < a.steps:
             result = _quiet_evaluate(a.model, a.dataset, a.device, a.spec)
             log(f"step {a.state.step}/{a.steps} held-out {_fmt_eval(result)}")
@@ -436,7 +454,13 @@ def _stop_on_notice(a: Attempt) -> int:
         checkpoints.save(a.model, a.optimizer, a.scheduler, state, wait=True)
         checkpoints.wait()
     a.reporter.last_checkpoint(state.step)
-    a.store.update_epoch_record(**ended, step=state.step)
+    a.store.update_epoch_record(**ended, step=state.step, ended_at=time.time())
+    if ended.get("stop_reason") == budget.BUDGET:  # exit 0: SkyPilot does not restart it
+        a.reporter.set_state("stopped", flush=True)
+        log(
+            f"checkpoint at step {state.step} is safe; stopped at the budget (exit {exitcodes.BUDGET_STOPPED})"
+        )
+        return exitcodes.BUDGET_STOPPED
     a.reporter.set_state("preempted", flush=True)
     log(f"checkpoint at step {state.step} is safe; exiting with code {exitcodes.PREEMPTED} (preempted)")
     return exitcodes.PREEMPTED

@@ -67,8 +67,8 @@ def run_facts(store: RunStore, environ: dict[str, str] | None = None) -> dict[st
 
     The local supervisor passes what it knows (FTORCH_PREEMPTIONS, FTORCH_COST_USD, FTORCH_HOURLY_USD);
     elsewhere the preemptions are the earlier attempts that ended neither finished nor stopped (fencing
-    records in the run store), and the cost comes from the cloud controller's spend record, brought
-    forward to now at its price (no record: no cost logged)."""
+    records in the run store), and the cost from a spend record (control/spend.json) brought forward to now at its
+    price, else from the epoch records' prices and alive times (no price: no cost logged)."""
     from trainer.stops.interruptions import NOT_INTERRUPTIONS, SPEND_RECORD
 
     env = os.environ if environ is None else environ
@@ -91,6 +91,14 @@ def run_facts(store: RunStore, environ: dict[str, str] | None = None) -> dict[st
                 facts["cost_usd"] = (
                     float(spend.get("spent_usd") or 0.0) + hourly * max(0.0, time.time() - at) / 3600
                 )
+            else:  # each attempt's price and alive time in its epoch record (trainer/stops/budget.py)
+                from trainer.stops.budget import spend_usd
+
+                records = store.epoch_records()
+                own = records.get(store.epoch) or {}
+                if own.get("hourly_usd"):
+                    facts["hourly_usd"] = float(own["hourly_usd"])
+                    facts["cost_usd"] = spend_usd(records, store.epoch, time.time())
     except (ValueError, TypeError, OSError):  # advisory
         pass
     return facts

@@ -6,7 +6,10 @@ State machine (registry states):
                             -> RECOVERING (crash, within local.max_restarts_on_errors) -> RUNNING ...
                             -> FAILED (bad config, or too many crashes)
                             -> CANCELLED (ftorch cancel: SIGTERM to the trainer, which checkpoints)
-                            -> STOPPED "budget: ..." (the next checkpoint interval would pass budget_usd)
+                            -> STOPPED "budget: ..." (the trainer stopped itself at budget_usd: it
+                               exits 0 and its epoch record says budget; trainer/stops/budget.py)
+The budget is the trainer's (it holds with this process frozen, as on a sleeping laptop); this process
+keeps the spend for status and refuses to start an attempt of a run already at its budget (the same rule).
 Notifications (`notify:`) go out on SUCCEEDED, FAILED, CANCELLED, the budget stop and each preemption.
 The trainer gets SIGTERM if this process dies, so it never runs unsupervised.
 """
@@ -43,12 +46,12 @@ from orchestrator.logtail import LogTail
 from orchestrator.notify import notify_job
 from orchestrator.records import cost_usd
 from orchestrator.registry import Registry
-from orchestrator.spot.budget import BudgetGuard
 from orchestrator.spot.policy import Mode
 from orchestrator.states import AttemptEnd, JobState, Outcome
 from trainer import exitcodes
 from trainer.config import JobSpec
 from trainer.runstore.store import RunStore
+from trainer.stops.budget import BudgetGuard, budget_stop_of
 from trainer.stops.interruptions import request_stop
 
 POLL_S = 0.05
@@ -142,7 +145,8 @@ class Supervisor:
             if outcome is Outcome.CANCELLED:
                 self.end(JobState.CANCELLED, "cancelled by the user; checkpoints kept")
                 return 0
-            if outcome is Outcome.BUDGET:
+            if outcome is Outcome.BUDGET:  # the trainer stopped itself (it sent its own notification)
+                self.registry.event(self.job_id, "budget", end.reason.removeprefix("budget: "))
                 self.end(JobState.STOPPED, end.reason, event="budget")
                 return 0
             if outcome is Outcome.FAILED:
@@ -215,14 +219,10 @@ class Supervisor:
         assert self.proc is not None
         running = False
         last = time.time()
-        guard = self.budget_guard()
-        last_budget_check = 0.0
         while self.proc.poll() is None:
             time.sleep(POLL_S)
             now = time.time()
             step = progress_tail.poll()
-            if step is not None:
-                guard.observe_step(step, now)
             if step is not None and not running:
                 running = True
                 fields = {} if progress_tail.resumed is None else {"start_step": progress_tail.resumed}
@@ -230,10 +230,6 @@ class Supervisor:
                 self.registry.set_state(self.job_id, JobState.RUNNING)
             if self._stop_if_cancelled(ask_registry=now - last > 1.0):
                 return None
-            if guard.budget_usd is not None and now - last_budget_check >= 1.0:
-                last_budget_check = now
-                if self._stop_if_over_budget(guard):
-                    return None
             switch = self.follow_policy(now, step)
             if switch is not None:
                 return switch
@@ -250,19 +246,6 @@ class Supervisor:
             return False
         self.cancelled = True
         request_stop(self.store, "cancel")  # not an interruption (trainer/stops/interruptions.py)
-        self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
-        return True
-
-    def _stop_if_over_budget(self, guard: BudgetGuard) -> bool:
-        """When the next checkpoint interval would pass the budget: the trainer checkpoints and stops."""
-        if guard.every_steps is None and guard.every_seconds is None:
-            guard.observe_checkpoint((self.store.read_progress() or {}).get("last_checkpoint_at"))
-        self.budget_stop = guard.check(self.spent())
-        if not self.budget_stop:
-            return False
-        self.registry.event(self.job_id, "budget", self.budget_stop.removeprefix("budget: "))
-        self.log(f"{self.budget_stop}: asking the trainer to checkpoint and stop")
-        request_stop(self.store, "budget")
         self.stop_trainer(notice=True, grace=max(60.0, self._grace()))
         return True
 
@@ -286,10 +269,15 @@ class Supervisor:
         kill_group(self.proc)  # what the trainer left running (e.g. a tokeniser worker) goes with it
         progress_tail.poll()
         end_progress = self.store.read_progress() or {}
+        ended_at = time.time()
+        stopped = budget_stop_of(self.store, attempt_n) if code == exitcodes.BUDGET_STOPPED else None
+        self.budget_stop = (stopped or {}).get("stop_detail") or ("budget" if stopped else None)
+        if stopped and stopped.get("ended_at"):  # this process may have been frozen since (a laptop asleep)
+            ended_at = min(ended_at, float(stopped["ended_at"]) + 1.0)
         self.registry.update_attempt(
             self.job_id,
             attempt_n,
-            ended_at=time.time(),
+            ended_at=ended_at,
             exit_code=code,
             end_step=progress_tail.step
             if progress_tail.step is not None
@@ -308,9 +296,8 @@ class Supervisor:
         if self.cancelled:
             return AttemptEnd.of(Outcome.CANCELLED)
         noticed = code == exitcodes.PREEMPTED or self.ranks_preempted(code, progress)
-        if self.budget_stop and (noticed or code in (exitcodes.OK, -signal.SIGTERM)):
-            finished = code == exitcodes.OK and progress.get("state") == "finished"
-            return succeeded if finished else AttemptEnd(Outcome.BUDGET, self.budget_stop)
+        if self.budget_stop and progress.get("state") != "finished":  # the trainer's budget stop
+            return AttemptEnd(Outcome.BUDGET, self.budget_stop)
         if preempted and preempted.outcome is Outcome.SWITCH and code == exitcodes.OK:
             finished = progress.get("state") == "finished"
             return succeeded if finished else preempted

@@ -83,6 +83,9 @@ def start(registry: Registry, job: Job, launch: Launch | None = None) -> int:
     sky_state.record_launch(registry, job, sky_job_id, note, offer_prices(launch.plan))
     if tasks:
         controller.start(registry, job, sky_job_id, Mode.SPOT if Mode.SPOT in tasks else Mode.ON_DEMAND)
+        line = controller.reliance_line(spec, launch.task)  # what is lost with this machine asleep
+        if line:
+            sys.stderr.write(line + "\n")
     return sky_job_id
 
 

@@ -1,8 +1,10 @@
 """Wiring of the cloud controller (orchestrator/spot/controller.py) into the SkyPilot backend.
 
-A job gets a controller when its policy switches, when it has `resources.budget_usd` or `notify:`, or
-when it has spot offers under EAGER_NEXT_REGION (a relaunch after a preemption with the lost region
-last); a job with none of these runs under SkyPilot's own recovery alone.
+A job gets a controller when its policy switches, or when it has spot offers under EAGER_NEXT_REGION (a
+relaunch after a preemption with the lost region last); a job with neither runs under SkyPilot's own
+recovery alone. The budget and the notifications are no reason: the trainer stops itself at its budget
+(trainer/stops/budget.py) and the job sends its own notifications (trainer/notify.py, the task's
+`event_callback`), with the launching machine asleep (docs/clouds.md, "With the laptop closed").
 
 The backend calls `tasks_for` / `save_tasks` / `spawn` at launch (and resume); `dry_run_lines` shows the
 controller's plan in `launch --dry-run`; `python -m orchestrator.backends.skypilot_controller JOB_ID`
@@ -40,7 +42,7 @@ def describe_plan(
     config = config or Config()
     if not tasks:
         return [
-            f"controller: none (policy {policy_name}, no budget, no notify, no spot offer to move):"
+            f"controller: none (policy {policy_name}, no spot offer to move):"
             " SkyPilot's own recovery keeps the job on one resources list"
         ]
     lines = [f"controller: policy {policy_name}, runs in the detached supervisor on this machine"]
@@ -73,17 +75,13 @@ def policy_of(spec: Any) -> str:
 
 
 def needs_controller(spec: Any, task: Mapping[str, Any]) -> bool:
-    """A switching policy, a budget, notifications, or spot offers to move away from a lost region."""
+    """A switching policy, or spot offers to move away from a lost region (not the budget, not notify:
+    the job does those itself)."""
     from orchestrator.spot.controller import recovery_strategy
 
     spot = any(e.get("use_spot") for e in task["resources"]["ordered"])
     eager = recovery_strategy(task) == "EAGER_NEXT_REGION"
-    return bool(
-        policy_of(spec) in SWITCHING
-        or spec.resources.budget_usd is not None
-        or spec.notify is not None
-        or (spot and eager)
-    )
+    return bool(policy_of(spec) in SWITCHING or (spot and eager))
 
 
 def single_list(spec: Any, task: Mapping[str, Any]) -> dict[Mode, dict[str, Any]]:
@@ -125,9 +123,39 @@ def dry_run_lines(
     lines = describe_plan(name, tasks)
     if name == "deadline" and spec.resources.deadline:
         lines.insert(1, f"  deadline: {spec.resources.deadline} (uniform progress with a safety net)")
-    if tasks:
-        lines.extend(watch_lines(spec, task))
+    lines.extend(watch_lines(spec, task) if tasks else budget_lines(spec))
     return lines
+
+
+def budget_lines(spec: Any) -> list[str]:
+    """The budget, as `launch --dry-run` says it: the trainer's own stop, no controller needed."""
+    if spec.resources.budget_usd is None:
+        return []
+    return [
+        f"  budget: ${spec.resources.budget_usd:g}; the trainer stops itself (each attempt's price from the"
+        " task's FTORCH_PRICES and the instance metadata, spend in the run store's epoch records): when the"
+        " spend plus the next checkpoint interval would pass it, checkpoint, exit 0, STOPPED (budget)"
+    ]
+
+
+def reliance_line(spec: Any, task: Mapping[str, Any]) -> str | None:
+    """The one line `ftorch launch` prints when the job relies on the controller for anything."""
+    if not needs_controller(spec, task):
+        return None
+    duties = []
+    if policy_of(spec) in SWITCHING:
+        duties.append(f"the {policy_of(spec)} policy's waiting for spot and safety-net switch")
+    if any(e.get("use_spot") for e in task["resources"]["ordered"]):
+        from orchestrator.spot.controller import recovery_strategy
+
+        if recovery_strategy(task) == "EAGER_NEXT_REGION":
+            duties.append("re-bidding away from a lost region")
+    return (
+        "note: this job relies on the ftorch controller on this machine for "
+        + " and ".join(duties)
+        + "; with it asleep SkyPilot still recovers the job and the budget and notifications hold"
+        " (docs/clouds.md, 'With the laptop closed')"
+    )
 
 
 def watch_lines(spec: Any, task: Mapping[str, Any], config: Config | None = None) -> list[str]:
@@ -135,14 +163,7 @@ def watch_lines(spec: Any, task: Mapping[str, Any], config: Config | None = None
     from orchestrator.spot.controller import recovery_strategy
 
     config = config or Config()
-    lines = []
-    if spec.resources.budget_usd is not None:
-        lines.append(
-            f"  budget: ${spec.resources.budget_usd:g}; every {config.tick_s:g} s the spend (price of the"
-            " placement x SkyPilot's running time) is written to the run store (control/spend.json);"
-            " when it plus the next checkpoint interval would pass the budget: checkpoint (run store"
-            f" control/stop.json, at most {config.stop_timeout_s:g} s), cancel, STOPPED (budget)"
-        )
+    lines = budget_lines(spec)
     if spec.notify is not None:
         targets = [k for k in ("webhook", "command") if getattr(spec.notify, k)]
         lines.append(f"  notify: {' and '.join(targets) or 'nothing'} on {', '.join(spec.notify.on)}")
@@ -268,14 +289,13 @@ def for_job(job_id: str) -> Controller:
 
 
 def build(registry: Any, job_id: str, plan: Plan, client: Any, store: Any, **kwargs: Any) -> Controller:
-    """A job's controller with its registry hooks: attempts and cost, the budget, notifications.
-    `kwargs` go to Controller (tests: config, clock, where)."""
-    from orchestrator.backends.skypilot_watch import CloudBudget, event_hook
+    """A job's controller with its registry hooks: attempts and cost, notifications (the budget is the
+    trainer's: trainer/stops/budget.py). `kwargs` go to Controller (tests: config, clock, where)."""
+    from orchestrator.backends.skypilot_watch import event_hook
     from orchestrator.states import JobState
 
     on_launch, on_record = registry_hooks(registry, job_id)
     config = kwargs.pop("config", None) or Config()
-    budget = CloudBudget(registry, job_id, store, config.tick_s)
     return Controller(
         plan,
         client,
@@ -284,7 +304,6 @@ def build(registry: Any, job_id: str, plan: Plan, client: Any, store: Any, **kwa
         config=config,
         on_launch=on_launch,
         on_record=on_record,
-        budget=budget,
         on_event=event_hook(registry, job_id),
         on_failed=lambda reason: registry.set_state(job_id, JobState.FAILED, reason),
         **kwargs,

@@ -207,6 +207,34 @@ def interruption_envs(plan: Any) -> dict[str, str]:
     }
 
 
+def price_envs(plan: Any) -> dict[str, str]:
+    """Every offer's price per node for the trainer's budget stop (trainer/stops/budget.py), FTORCH_PRICES
+    keyed cloud:region:accelerator:count:market: per region where the bundled snapshot has one, and "*"
+    (the offer's dearest known price) for any other region the task may land in."""
+    from orchestrator.catalog import bundled_catalog
+    from trainer.stops.budget import PRICES_ENV, price_key
+
+    by_region = {(o.cloud, o.instance_type): o.region_prices for o in bundled_catalog().offers}
+    prices: dict[str, float] = {}
+
+    def put(key: str, usd: float | None) -> None:
+        if usd is not None:
+            prices[key] = round(max(prices.get(key, 0.0), float(usd)), 6)
+
+    for c in plan.candidates:
+        cloud, acc = c.cloud, check_sky_name(c.accelerator)  # as SKYPILOT_CLUSTER_INFO names the cloud
+        regional = by_region.get((c.cloud, c.instance_type)) or {}
+        for spot, usd in ((True, c.spot_hourly_usd), (False, c.ondemand_hourly_usd)):
+            if usd is None:
+                continue
+            known = [p[1 if spot else 0] for p in regional.values() if p[1 if spot else 0] is not None]
+            put(price_key(cloud, None, acc, c.count, spot), max([usd, *known]))
+            for region in getattr(c, "regions", None) or []:
+                od_spot = regional.get(region) or (None, None)
+                put(price_key(cloud, region, acc, c.count, spot), od_spot[1 if spot else 0] or usd)
+    return {PRICES_ENV: json.dumps(prices, sort_keys=True)}
+
+
 #: SkyPilot job statuses its jobs controller passes to `event_callback` (sky/jobs/state.py: every failure
 #: arrives as FAILED) that a dead trainer cannot report, and the ftorch event and state each one is
 CALLBACK_EVENTS = {
@@ -356,6 +384,7 @@ def render_task(
         FTORCH_EXTRA_PIP=extra_pip(spec),
         FTORCH_STORAGE_OPTIONS=json.dumps(spec.checkpoint.storage_options, sort_keys=True),
         **interruption_envs(plan),
+        **price_envs(plan),  # the trainer's budget stop: the price of whatever offer it lands on
     )
     callback = event_callback(spec, job_id, run_uri, _output_uri(spec, run_uri))
     if callback:  # the webhook is in the job file already; a SkyPilot secret would not reach the callback

@@ -91,6 +91,10 @@ def apply_record(registry: Registry, job: Job, record: Mapping[str, Any] | None)
     sky_status = str(record.get("status") or "")
     new_state = STATES.get(sky_status, job.state)
     reason = None
+    if new_state is JobState.SUCCEEDED and job.state is not JobState.STOPPED:
+        stopped = budget_stop(job)  # exit 0 is the trainer's budget stop too: the run store says which
+        if stopped is not None:
+            new_state, reason = JobState.STOPPED, stopped
     if STATES.get(sky_status) is JobState.FAILED or sky_status == "CANCELLING":
         reason = f"SkyPilot {sky_status}" + (
             f": {record['failure_reason']}" if record.get("failure_reason") else ""
@@ -128,7 +132,22 @@ def _sync_attempts(registry: Registry, job: Job, record: Mapping[str, Any], stat
     status = str(record.get("status"))
     ended = STATES.get(status)
     if ended is not None and ended.terminal:
-        end_open(OUTCOMES[ended], status, float(record.get("end_at") or time.time()))
+        outcome = OUTCOMES[ended]
+        if outcome is Outcome.SUCCEEDED and budget_stop(job) is not None:
+            outcome = Outcome.BUDGET
+        end_open(outcome, status, float(record.get("end_at") or time.time()))
+
+
+def budget_stop(job: Job) -> str | None:
+    """Why the trainer stopped itself at its budget, when the run's newest attempt did (its epoch record)."""
+    try:
+        records = job.run_store().epoch_records()
+    except Exception:  # noqa: BLE001 - unreadable: SUCCEEDED stays what SkyPilot said
+        return None
+    newest = records[max(records)] if records else {}
+    if newest.get("stop_reason") != "budget" or _progress(job).get("state") == "finished":
+        return None
+    return str(newest.get("stop_detail") or "budget: the trainer stopped at resources.budget_usd")
 
 
 def _progress(job: Job) -> dict[str, Any]:

@@ -91,9 +91,17 @@ def test_every_cloud_example_renders_and_skypilot_accepts_it(sky: Any, path: Pat
     spec = load_job(path, check_support=False)
     from orchestrator.backends.skypilot_controller import needs_controller, watch_lines
 
-    if spec.resources.budget_usd is not None:  # enforced by the job's controller (test_controller_cloud)
-        assert needs_controller(spec, task)
+    # every entry's price travels in the task: the trainer's budget stop finds the one it lands on
+    prices = json.loads(task["envs"]["FTORCH_PRICES"])
+    for e in entries:
+        acc, count = next(iter(e["accelerators"].items()))
+        market = "spot" if e["use_spot"] else "on-demand"
+        assert any(k.endswith(f":{acc}:{count}:{market}") and v > 0 for k, v in prices.items()), (e, prices)
+    if spec.resources.budget_usd is not None:  # the trainer's (trainer/stops/budget.py), no controller's
         assert any(f"budget: ${spec.resources.budget_usd:g}" in line for line in watch_lines(spec, task))
+        assert needs_controller(spec, task) == needs_controller(
+            spec.model_copy(update={"notify": None}), task
+        )
     from orchestrator.spot.policy import policy_name_for
 
     falls_back = spec.resources.fallback == "on-demand" or policy_name_for(spec.resources) in sr.FALLING_BACK

@@ -106,3 +106,56 @@ def test_a_real_run_stops_at_its_budget_and_resumes_with_a_higher_one(
         assert [r["body"]["event"] for r in hook.received] == ["budget", "budget", "cancelled"]
     finally:
         hook.close()
+
+
+def test_a_frozen_supervisor_does_not_stop_the_budget_stop(
+    tmp_path: Path, tiny_model: Path, ftorch_home: Path
+) -> None:
+    """A sleeping laptop freezes the local supervisor (SIGSTOP): the trainer still stops itself at the
+    budget with a checkpoint; when the supervisor wakes (SIGCONT) the job ends STOPPED (budget) with no
+    new attempt, and the frozen time is not billed."""
+    import os
+    import signal
+
+    from orchestrator.registry import Registry
+    from trainer.runstore.store import RunStore
+
+    data = write_data(tmp_path / "d.jsonl", "instruction", 64)
+    budget = 0.5  # at $72/h: 25 s of this machine
+    job = job_dict(
+        tiny_model, data, tmp_path / "runs", train={"max_steps": 100000}, checkpoint={"every": 10},
+        resources={"budget_usd": budget}, local={"hourly_usd": 72.0},
+    )  # fmt: skip
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job))
+    done = ftorch("launch", str(job_file), "--json")
+    assert done.returncode == 0, done.stderr
+    job_id = json.loads(done.stdout)["job_id"]
+    _wait(job_id, lambda d: d["state"] == "RUNNING" and (d["step"] or 0) > 0)
+    registry = Registry()
+    supervisor = registry.get(job_id).supervisor_pid
+    trainer = registry.attempts(job_id)[-1].pid
+    store = RunStore(registry.get(job_id).run_uri)
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:  # the trainer ends on its own: a zombie its frozen parent keeps
+            with open(f"/proc/{trainer}/stat", encoding="ascii") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.3)
+        else:
+            raise AssertionError("the trainer did not stop itself with its supervisor frozen")
+        record = next(r for r in store.epoch_records().values() if r.get("attempt") == 1)
+        assert record["stop_reason"] == "budget" and record["step"] > 0
+        assert store.complete_checkpoints()[-1].step == record["step"]  # the checkpoint of the stop
+        assert registry.get(job_id).state.value == "RUNNING"  # nobody told the registry yet
+        time.sleep(3.0)  # the laptop sleeps on: at $72/h these 3 s would cost $0.06
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    detail = _wait(job_id, lambda d: d["state"] in ("STOPPED", "FAILED", "SUCCEEDED", "CANCELLED"))
+    assert detail["state"] == "STOPPED" and detail["stop_reason"] == "budget", detail["reason"]
+    assert detail["reason"] == record["stop_detail"]
+    assert detail["attempts"] == 1  # no new attempt
+    assert detail["last_checkpoint_step"] == record["step"]
+    assert detail["cost_usd"] <= budget, detail["cost_usd"]  # the frozen time is not billed

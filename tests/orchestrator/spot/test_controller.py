@@ -238,7 +238,8 @@ def test_dry_run_shows_the_controllers_plan(ftorch_home: Path, capsys) -> None:
     assert "controller: policy deadline" in out and "deadline: 20h" in out
     assert "spot list: aws L40S" in out and "on-demand list:" in out
     assert "cancel, relaunch with the other list" in out
-    assert "budget: $100;" in out and "control/spend.json" in out and "STOPPED (budget)" in out
+    # the budget is the trainer's now (trainer/stops/budget.py), no longer the controller's spend.json
+    assert "budget: $100;" in out and "the trainer stops itself" in out and "STOPPED (budget)" in out
     assert "relaunch with the lost region's offers last" in out
 
 
