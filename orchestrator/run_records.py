@@ -14,7 +14,8 @@ from orchestrator.states import Outcome
 #: epoch record `ended` (and `stop_reason`) -> the attempt's outcome
 _ENDED = {"finished": Outcome.SUCCEEDED, "notice": Outcome.PREEMPTED}
 _STOPPED = {"cancel": Outcome.CANCELLED, "budget": Outcome.BUDGET, "policy switch": Outcome.SWITCH,
-            "supervisor lost": Outcome.LOST}  # fmt: skip
+            "supervisor lost": Outcome.LOST, "out of memory": Outcome.ADAPTED,
+            "does not fit": Outcome.FAILED}  # fmt: skip
 
 
 def attempts_from_store(store: Any) -> list[dict[str, Any]]:
@@ -31,6 +32,8 @@ def attempts_from_store(store: Any) -> list[dict[str, Any]]:
         entry = by_attempt.setdefault(n, {"n": n, "started_at": float(record.get("claimed_at") or 0.0)})
         if isinstance(record.get("step"), int):
             entry["end_step"] = record["step"]
+        if isinstance(record.get("measured"), dict):  # trainer/measure.py
+            entry["measured"] = record["measured"]
         ended = record.get("ended")
         if ended == "stopped":
             entry["outcome"] = _STOPPED.get(str(record.get("stop_reason")), Outcome.CANCELLED)

@@ -66,6 +66,9 @@ class Outcome(_Word):
     FENCED = "fenced"
     #: the supervisor died under the attempt
     LOST = "lost"
+    #: out of memory: the trainer recorded a smaller micro-batch per GPU (same effective batch) and the
+    #: next attempt resumes with it; no crash counted (trainer/oom.py)
+    ADAPTED = "adapted"
 
     @classmethod
     def of_reason(cls, reason: str | None) -> Outcome | None:

@@ -15,6 +15,8 @@ from typing import Any
 from orchestrator.backends.base import backend_for, get_job, reconcile
 from orchestrator.records import attempt_cost, cost_usd, preempted
 from orchestrator.registry import ACTIVE, Attempt, Job, JobState, Outcome, Registry
+from orchestrator.run_records import attempts_from_store
+from trainer import oom
 
 CACHE_KIND = "final_progress"
 PROGRESS_FILE = "progress.json"
@@ -344,6 +346,18 @@ def _attach_changes(rows: list[dict[str, Any]], changes: list[dict[str, Any]]) -
             following["allowed_changes"].extend(entry.get("changes") or [])
 
 
+def _attach_measured(
+    rows: list[dict[str, Any]], store_attempts: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """Each attempt's `measured` (trainer/measure.py, from its epoch record) on its timeline row; the
+    newest one's is returned."""
+    by_n = {a["n"]: a.get("measured") for a in store_attempts}
+    for row in rows:
+        row["measured"] = by_n.get(row["n"])
+    newest = [row["measured"] for row in rows if row.get("measured")]
+    return newest[-1] if newest else None
+
+
 def status_one(job_ref: str) -> dict[str, Any]:
     """One job in detail: the row, the attempt timeline, checkpoints, loss and cost curves, events."""
     import sys
@@ -354,6 +368,8 @@ def status_one(job_ref: str) -> dict[str, Any]:
     checkpoints: list[dict[str, Any]] = []
     metrics: list[dict[str, Any]] = []
     changes: list[dict[str, Any]] = []
+    resolved: Any = None
+    store_attempts: list[dict[str, Any]] = []
     try:
         store = job.run_store()
         progress = checked_or_warn(store.read_json_or_none(PROGRESS_FILE), store.uri(PROGRESS_FILE))
@@ -364,7 +380,9 @@ def status_one(job_ref: str) -> dict[str, Any]:
         metrics = store.read_metrics()
         newest = (checkpoints[-1]["step"], checkpoints[-1]["created_at"]) if checkpoints else None
         progress = with_saved_checkpoint(job, progress, newest)
-        changes = allowed_changes(store.read_json_or_none("spec.json"))
+        resolved = store.read_json_or_none("spec.json")
+        changes = allowed_changes(resolved)
+        store_attempts = attempts_from_store(store)
     except Exception as exc:
         progress = {}
         sys.stderr.write(f"warning: cannot read the run store {job.run_uri}: {exc.__class__.__name__}\n")
@@ -373,6 +391,9 @@ def status_one(job_ref: str) -> dict[str, Any]:
     detail["attempt_timeline"] = timeline(attempts, job.state, now, progress)
     detail["allowed_changes"] = changes
     _attach_changes(detail["attempt_timeline"], changes)
+    detail["measured"] = _attach_measured(detail["attempt_timeline"], store_attempts)
+    detail["adaptations"] = oom.adaptations(resolved)  # out-of-memory adaptations (trainer/oom.py)
+    detail["replan"] = oom.replan_line(resolved)
     detail["events"] = [e for e in registry.events(job.job_id) if e["kind"] != CACHE_KIND]
     detail["checkpoints"] = checkpoints
     detail["loss_curve"] = [[m["step"], m["loss"]] for m in metrics if m.get("loss") is not None]

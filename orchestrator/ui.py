@@ -18,6 +18,8 @@ from rich.text import Text
 from orchestrator.charts import loss_chart
 from orchestrator.registry import RESUMABLE, TERMINAL
 from trainer.checkpoints.fingerprint import describe_allowance
+from trainer.measure import describe as describe_measured
+from trainer.oom import describe as oom_describe
 
 STATE_STYLE = {
     "PENDING": "dim",
@@ -256,7 +258,7 @@ def _attempts(d: dict[str, Any], width: int, now: float) -> RenderableType:
                     f"+{a.get('steps_gained') or 0} steps{lost}: {_why(a)}"
                 )
             )
-        return Group(Text("attempts", style="bold"), *lines)
+        return Group(Text("attempts", style="bold"), *lines, *_measured_lines(rows))
     wide = width >= WIDE
     columns = ("#", "WHERE", "PRICE", "START", "END", "STEPS", "GAINED", "LOST", "WHY")
     if not wide:  # the clock times and the price give way to why it ended
@@ -287,7 +289,16 @@ def _attempts(d: dict[str, Any], width: int, now: float) -> RenderableType:
             "WHY": _why(a),
         }
         table.add_row(*(cells[c] for c in columns))
-    return Group(Text("attempts", style="bold"), table)
+    return Group(Text("attempts", style="bold"), table, *_measured_lines(rows))
+
+
+def _measured_lines(rows: list[dict[str, Any]]) -> list[Text]:
+    """A short 'measured' line per attempt that recorded one (trainer/measure.py)."""
+    return [
+        Text(f"#{a['n']} measured: {describe_measured(a['measured'])}", style="dim")
+        for a in rows
+        if a.get("measured")
+    ]
 
 
 def _checkpoints(d: dict[str, Any], width: int, now: float) -> RenderableType:
@@ -340,6 +351,10 @@ def render_detail(d: dict[str, Any], width: int) -> RenderableType:
         parts.append(Text(f"{pad}time lost per preemption: " + ", ".join(duration(s) for s in lost)))
     for entry in d.get("allowed_changes") or []:
         parts.append(Text(f"{pad}resumed with an {describe_allowance(entry)}", style="yellow"))
+    for entry in d.get("adaptations") or []:  # out of memory: a smaller micro-batch (trainer/oom.py)
+        parts.append(Text(f"{pad}adapted: {oom_describe(entry)}", style="yellow"))
+    if d.get("replan"):
+        parts.append(Text(f"{pad}{d['replan']}", style="bold red"))
     before, after = d.get("eval_before"), d.get("eval_after")
     if before and after:
         parts.append(

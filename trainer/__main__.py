@@ -1,7 +1,8 @@
 """`python -m trainer RUN_URI [--attempt N]`: the entry every backend runs.
 
 Exit codes are in trainer/exitcodes.py: 0 done, 75 preempted (checkpoint written), 76 fenced (a newer
-attempt holds the run), 77 store unavailable or full, 2 bad config or data, 1 anything else.
+attempt holds the run), 77 store unavailable or full, 88 out of memory (a smaller micro-batch is recorded;
+relaunch me), 89 does not fit even the smallest layout (re-plan), 2 bad config or data, 1 anything else.
 """
 
 from __future__ import annotations

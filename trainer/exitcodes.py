@@ -19,3 +19,9 @@ FENCED = 76
 #: the store stayed unreachable beyond the retry bound, or is full (ENOSPC, named in the last log line);
 #: the last good checkpoint is intact
 STORE_UNAVAILABLE = 77
+#: out of memory in a step: the trainer recorded a smaller micro-batch per GPU (same effective batch) in
+#: spec.json (trainer/oom.py); start the next attempt from the newest checkpoint, no crash counted
+OOM_ADAPT = 88
+#: out of memory with the smallest layout (1 example per GPU, gradient checkpointing on): the measured
+#: peak is in spec.json `does_not_fit`; never retried on the same machine, the job needs a re-plan
+DOES_NOT_FIT = 89

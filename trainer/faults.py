@@ -2,7 +2,9 @@
 
 FTORCH_FAULTS="checkpoint-partial@15,before-manifest@20,crash@8:1" kills the process with SIGKILL at those
 points of the checkpoint for those steps, or raises at the end of step 8 in attempt 1 only;
-`store-full@N` makes the run store answer ENOSPC after the first file of checkpoint N. Unset (always,
+`store-full@N` makes the run store answer ENOSPC after the first file of checkpoint N; `oom-above@K`
+raises torch.cuda.OutOfMemoryError in every step whose micro-batch per rank exceeds K examples (the only
+way to cause one on a CPU; `:A` limits it to attempt A as usual). Unset (always,
 outside tests), this costs one set lookup.
 """
 
@@ -51,3 +53,20 @@ def maybe_disk_full(point: str, step: int) -> None:
 def maybe_crash(point: str, step: int) -> None:
     if _POINTS and _armed(point, step):
         raise InjectedFault(f"injected fault {point}@{step}")
+
+
+def oom_limit() -> int | None:
+    """K of `oom-above@K` (for this attempt), or None."""
+    limits = [k for name, k, attempt in _POINTS if name == "oom-above" and attempt in (None, _ATTEMPT)]
+    return min(limits) if limits else None
+
+
+def maybe_oom(micro_batch: int) -> None:
+    """Raise CUDA's out-of-memory error when a rank's micro-batch exceeds `oom-above@K`."""
+    limit = oom_limit() if _POINTS else None
+    if limit is not None and micro_batch > limit:
+        import torch
+
+        raise torch.cuda.OutOfMemoryError(
+            f"injected fault oom-above@{limit}: micro-batch of {micro_batch} examples per rank"
+        )

@@ -97,8 +97,11 @@ def _largest_divisor_at_most(n: int, cap: int) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
-def layout_for(spec: Any, gpus_per_node: int = 1, nodes: int = 1) -> Layout:
-    """The layout of `spec` (a JobSpec) on `gpus_per_node` x `nodes` GPUs; `ok` False says why not."""
+def layout_for(spec: Any, gpus_per_node: int = 1, nodes: int = 1, max_micro: int | None = None) -> Layout:
+    """The layout of `spec` (a JobSpec) on `gpus_per_node` x `nodes` GPUs; `ok` False says why not.
+    `max_micro` caps the examples per rank below `micro_batch_size` (an out-of-memory adaptation,
+    trainer/oom.py): the accumulation grows, the effective batch, the data unit and the step's examples
+    stay."""
     mbs, accum = spec.train.micro_batch_size, spec.train.grad_accum
     effective = mbs * accum
     ranks = gpus_per_node * nodes
@@ -123,7 +126,7 @@ def layout_for(spec: Any, gpus_per_node: int = 1, nodes: int = 1) -> Layout:
             f"evenly over {ranks} ranks; it does over {', '.join(map(str, fits))}"
         )
     share = effective // ranks
-    micro = _largest_divisor_at_most(share, mbs)
+    micro = _largest_divisor_at_most(share, min(mbs, max_micro or mbs))
     return Layout(nodes, gpus_per_node, micro, share // micro, effective, mbs, sharding)
 
 
@@ -138,10 +141,23 @@ def total_steps(
     return max(1, int(epochs * (sequences // micro_batch_size) // grad_accum))
 
 
-def check(spec: Any, ranks: int, gpus_per_node: int | None = None) -> Layout:
+def check(spec: Any, ranks: int, gpus_per_node: int | None = None, max_micro: int | None = None) -> Layout:
     """The trainer's check at start: the layout for `ranks` processes, or LayoutError with the reason."""
     per_node = gpus_per_node if gpus_per_node and ranks % gpus_per_node == 0 else ranks
-    layout = layout_for(spec, per_node, ranks // per_node)
+    layout = layout_for(spec, per_node, ranks // per_node, max_micro)
     if not layout.ok:
         raise LayoutError(f"train: cannot run on {ranks} rank(s): {layout.reason}")
     return layout
+
+
+def halved(layout: Layout) -> Layout | None:
+    """The same job with about half the examples per rank (the largest divisor of the rank's share at
+    most half the micro-batch) and the accumulation grown to keep the effective batch; None at 1."""
+    if layout.micro_batch <= 1:
+        return None
+    share = layout.micro_batch * layout.accum
+    micro = _largest_divisor_at_most(share, layout.micro_batch // 2)
+    return Layout(
+        layout.nodes, layout.gpus_per_node, micro, share // micro, layout.effective_batch, layout.unit,
+        layout.sharding,
+    )  # fmt: skip

@@ -8,12 +8,12 @@ import os
 import platform
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from trainer import exitcodes
+from trainer import exitcodes, oom, resume_check
 from trainer.checkpoints import fingerprint
 from trainer.checkpoints.checkpoint import TrainerState
 from trainer.checkpoints.checkpointer import Checkpointer
@@ -25,11 +25,11 @@ from trainer.data.packing import example_count, uses_flat_batches
 from trainer.data.packing_check import verify as verify_packing
 from trainer.distributed import Parallel
 from trainer.distributed import setup as setup_parallel
-from trainer.faults import maybe_crash
+from trainer.faults import maybe_crash, maybe_oom
 from trainer.layout import Layout
-from trainer.layout import check as check_layout
 from trainer.layout import total_steps as steps_for
 from trainer.loss import evaluate_batch, shifted_labels
+from trainer.measure import Measurer
 from trainer.memory import allocator
 from trainer.model import autocast_dtype, count_parameters, load_tokenizer, pick_device
 from trainer.notify import TrainerNotifier
@@ -200,6 +200,8 @@ class Attempt:
     reporter: ProgressReporter
     trackers: Trackers
     notifier: TrainerNotifier
+    #: what this attempt measures (trainer/measure.py): recorded at each checkpoint and at its end
+    measurer: Measurer = field(default_factory=Measurer)
     budget: budget.BudgetWatch | None = None  # rank 0's budget stop (trainer/stops/budget.py)
 
 
@@ -213,6 +215,7 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
 # ---- setup ---------------------------------------------------------------------------------------
 def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) -> Attempt:
     """Claim the run, build data, model and optimizer, and resume from the newest good checkpoint."""
+    measurer = Measurer()  # measured facts (trainer/measure.py): phases count from the process's start
     flag = PreemptionFlag()
     install_signal_handlers(flag)
     start_watcher(flag, log=log)  # cloud preemption notices (AWS/GCP/Azure metadata); ends off-cloud
@@ -223,7 +226,10 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     device = pick_device(spec.local.device)
     # the same rules as the planner's: refuse a layout the job cannot run on before any work (exit 2)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    layout = check_layout(spec, world, int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None)
+    # out-of-memory adaptations (trainer/oom.py): the micro-batch per rank recorded in spec.json
+    spec, layout = oom.layout_for_attempt(
+        spec, resolved, world, int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None
+    )
     # the store's checkpoints, listed once for this start (rank 0; the other ranks get its listing)
     listing = store.list_checkpoints() if int(os.environ.get("RANK", "0")) == 0 else None
     # the spec fingerprint (trainer/checkpoints/fingerprint.py): a job or data changed since the newest
@@ -250,9 +256,15 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
         identity=identity,
     )
     steps = total_steps(spec, dataset)
+    loading = time.time()
     model, optimizer, scheduler, scaler = _build_model(spec, par, device, dataset, steps)
+    measurer.phase("model_load_s", time.time() - loading)
     checkpoints = Checkpointer(par, store, spec, attempt, listing)
+    reading = time.time()
     state = _resume(checkpoints, model, optimizer, scheduler, dataset, device, steps)
+    measurer.phase(
+        "checkpoint_read_s", time.time() - reading if checkpoints.resumed_from is not None else 0.0
+    )
     if (
         checkpoints.resumed_from is not None
     ):  # the same examples when the effective batch is split differently
@@ -269,11 +281,16 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     notifier = TrainerNotifier(store, resolved, attempt, steps, log)
     if checkpoints.resumed_from is not None:
         notifier.resumed(state.step)
+        expected = state.micro_batches if start_check.changes else state.step * spec.train.grad_accum
+        resume_check.check(  # "resumed at step N: lr and data position as planned" (or what differs)
+            state.step, scheduler, lr_lambda_for(spec, steps), state.micro_batches, expected, log
+        )
+    measurer.ready(device, layout.ranks, layout.micro_batch, layout.accum, spec.train.gradient_checkpointing)
     # budget: the trainer stops itself at resources.budget_usd (rank 0 holds the epoch and its price)
     watch = budget.start_watch(store, resolved, checkpoints.auto, log) if store.epoch else None
     return Attempt(
         attempt, resolved, spec, store, flag, device, layout, par, tokenizer, dataset, steps,
-        model, optimizer, scheduler, scaler, checkpoints, state, reporter, trackers, notifier, watch,
+        model, optimizer, scheduler, scaler, checkpoints, state, reporter, trackers, notifier, measurer, watch,
     )  # fmt: skip
 
 
@@ -386,7 +403,18 @@ def fit(a: Attempt) -> int | None:
             a.notifier.stopped(a.state.step, a.flag.reason)  # the budget stop, or a preemption notice
             a.trackers.close()  # after the checkpoint: W&B's finish may take a while
             return code
-        step_loss, lr, grad_norm = _train_step(a)
+        try:  # out of memory: every rank agrees, a smaller micro-batch is recorded (trainer/oom.py)
+            tokens_before = a.state.tokens_seen
+            step_loss, lr, grad_norm = _train_step(a)
+            out_of_memory = None
+        except Exception as exc:  # noqa: BLE001 - only CUDA's out-of-memory error is caught
+            if not oom.is_oom(exc):
+                raise
+            out_of_memory = exc
+        if a.par.any(out_of_memory is not None):
+            a.measurer.record(a.store, a.checkpoints.writer)
+            return oom.on_oom(a, out_of_memory, log)
+        a.measurer.step(a.state.tokens_seen - tokens_before)
         _report_step(a, step_loss, lr, grad_norm, log_every)
         if a.budget is not None and a.state.step < a.steps:  # the budget stop (trainer/stops/budget.py)
             over = a.budget.over(a.state.step, a.checkpoints.last_time)
@@ -399,7 +427,10 @@ def fit(a: Attempt) -> int | None:
             a.trackers.scalar("eval/loss", result["loss"], a.state.step)
         if a.state.step < a.steps and a.checkpoints.due(a.state.step, time.time()):
             a.reporter.set_state("checkpointing")
+            saving = time.time()
             a.checkpoints.save(a.model, a.optimizer, a.scheduler, a.state)
+            a.measurer.checkpoint(time.time() - saving, a.checkpoints.writer)
+            a.measurer.record(a.store)  # what this attempt measured so far survives a kill
             a.reporter.last_checkpoint(a.checkpoints.durable_step)
             a.trackers.flush()
             a.reporter.set_state("running")
@@ -411,6 +442,7 @@ def _train_step(a: Attempt) -> tuple[float, float, float]:
     state = a.state
     # the job's effective batch on this many ranks (trainer/layout.py): global micro-batches
     micro = a.layout.step_micro_batches(a.dataset, state.micro_batches)
+    maybe_oom(a.layout.micro_batch)  # FTORCH_FAULTS=oom-above@K (tests)
     step_loss, seen = accumulate(
         a.model, micro, spec=a.spec, device=a.device, pad_id=a.dataset.pad_id, local=a.par.local,
         world=a.par.world, scaler=a.scaler, tokens=a.par.tokens,
@@ -455,6 +487,7 @@ def _stop_on_notice(a: Attempt) -> int:
         checkpoints.wait()
     a.reporter.last_checkpoint(state.step)
     a.store.update_epoch_record(**ended, step=state.step, ended_at=time.time())
+    a.measurer.record(a.store, checkpoints.writer)
     if ended.get("stop_reason") == budget.BUDGET:  # exit 0: SkyPilot does not restart it
         a.reporter.set_state("stopped", flush=True)
         log(
@@ -487,6 +520,7 @@ def finish(a: Attempt) -> int:
     if a.par.is_main:
         _record_output(a.store, a.spec, a.resolved, a.steps, state, a.dataset, a.number, output_uri)
     a.store.update_epoch_record(ended="finished", step=state.step)
+    a.measurer.record(a.store, a.checkpoints.writer)
     log(f"done: {a.steps} steps; output at {output_uri}")
     a.notifier.succeeded(state.step, getattr(a.reporter, "loss", None))
     return exitcodes.OK

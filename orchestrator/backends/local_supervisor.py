@@ -135,6 +135,9 @@ class Supervisor:
                     continue
             end = self.run_attempt()
             outcome = end.outcome
+            if outcome is Outcome.ADAPTED:  # out of memory: a smaller micro-batch, at once, no crash
+                self.registry.set_state(self.job_id, JobState.RECOVERING, end.reason)
+                continue
             if outcome is Outcome.SWITCH:  # the policy moved the job: no backoff, no preemption
                 self.registry.set_state(self.job_id, JobState.RECOVERING, end.reason)
                 continue
@@ -309,6 +312,9 @@ class Supervisor:
             self.registry.set_state(self.job_id, JobState.PREEMPTED, "preemption notice (SIGTERM)")
             return AttemptEnd(Outcome.PREEMPTED, "preempted (notice from outside)")
         last = " | ".join(tail.last_lines(1)) or "no output"
+        memory = self.out_of_memory(code)  # trainer/oom.py: a smaller layout, or a re-plan
+        if memory is not None:
+            return memory
         if code == exitcodes.BAD_CONFIG:
             return AttemptEnd.of(Outcome.FAILED, f"the trainer refused the job: {last}")
         if code == exitcodes.STORE_UNAVAILABLE:
@@ -325,6 +331,30 @@ class Supervisor:
             self.job_id, "crash", f"exit code {code} ({self.crashes}/{limit} restarts): {last}"
         )
         return AttemptEnd(Outcome.CRASHED, f"crashed (exit code {code}); restart {self.crashes} of {limit}")
+
+    def out_of_memory(self, code: int) -> AttemptEnd | None:
+        """An attempt that ran out of memory (its exit code, or under torchrun spec.json's record of this
+        attempt): ADAPTED with the new layout, or FAILED when the smallest does not fit (re-plan)."""
+        from trainer import oom
+
+        if code == exitcodes.OK or code < 0:
+            return None
+        try:
+            resolved = self.store.read_spec()
+        except Exception:  # noqa: BLE001 - without spec.json the exit code alone cannot tell the layout
+            resolved = {}
+        attempt = getattr(self, "attempt_n", None)
+        entries = oom.adaptations(resolved)
+        if entries and (code == exitcodes.OOM_ADAPT or entries[-1].get("attempt") == attempt):
+            line = oom.describe(entries[-1])
+            self.registry.event(self.job_id, "adapt", line)
+            return AttemptEnd(Outcome.ADAPTED, f"adapted: {line}")
+        replan = oom.replan_line(resolved)
+        unfit = (resolved.get(oom.DOES_NOT_FIT_KEY) or {}).get("attempt") == attempt
+        if replan and (code == exitcodes.DOES_NOT_FIT or unfit):
+            self.registry.event(self.job_id, "does-not-fit", replan)
+            return AttemptEnd.of(Outcome.FAILED, f"does not fit: {replan}")
+        return None
 
     def policy_inputs(self, step: int | None) -> tuple[int, int, int, float]:
         return policy_inputs(self.store.read_progress() or {}, step)
