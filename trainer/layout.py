@@ -116,6 +116,16 @@ def layout_for(spec: Any, gpus_per_node: int = 1, nodes: int = 1) -> Layout:
             f"train.optimizer '{spec.train.optimizer}' runs on 1 GPU (its states are not sharded by FSDP); "
             "use adamw to shard"
         )
+    # CPU offload is FSDP2's (one rank: a world of one), so the same optimizers are refused with it
+    if getattr(spec.train, "offload", "none") != "none" and spec.train.optimizer in (
+        "adamw_8bit",
+        "paged_adamw_8bit",
+        "adafactor",
+    ):
+        return refuse(
+            f"train.offload '{spec.train.offload}' steps the optimizer on FSDP's sharded parameters; "
+            f"train.optimizer '{spec.train.optimizer}' cannot (use adamw or sgd)"
+        )
     if effective % ranks:
         fits = [n for n in (1, 2, 4, 8, 16, 32, 64) if effective % n == 0 and n <= effective]
         return refuse(
