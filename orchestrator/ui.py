@@ -505,7 +505,7 @@ def plan_table(plan: Any, shown: list[Any]) -> Table:
             (f"{cand.nodes} nodes x " if cand.nodes > 1 else "")
             + f"{cand.count}x {cand.accelerator} {cand.gpu_memory_gib:g}G",
             cand.interconnect,
-            cand.layout.short() if cand.layout else "",
+            cand.layout_text,
             f"{cand.peak_gib_per_gpu:.1f}",
             cand.fit,
             f"{cand.hourly_usd:.2f} {'spot' if cand.spot else 'od'}",

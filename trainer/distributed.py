@@ -87,11 +87,15 @@ class Sharded(Parallel):
 
     sharded = True
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, offload: bool = False) -> None:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
         backend = "nccl" if device.type == "cuda" else "gloo"
+        if offload and device.type == "cuda":
+            # CPU offload: gradient clipping all-reduces norms of DTensors that live on the CPU, which
+            # nccl cannot (pytorch/pytorch#148532; torchtune's fix, meta-pytorch/torchtune#2108)
+            backend = "cuda:nccl,cpu:gloo"
         if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
             if device.type == "cuda":
                 torch.cuda.set_device(device)
@@ -230,7 +234,7 @@ def setup(spec: JobSpec, device: torch.device, store: Any, resume_sharded: bool 
         return Parallel()
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         _die_with_parent()  # torchrun's workers sit in their own sessions: go when the agent goes
-    par = Sharded(device)
+    par = Sharded(device, offload)
     par.share_epoch(store)
     if not par.is_main and not os.environ.get("FTORCH_LOG_ALL_RANKS"):
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - one log: rank 0's (errors still reach stderr)
