@@ -40,7 +40,9 @@ def main() -> None:
     args = parser.parse_args()
     for threads in args.threads:
         rate = measure(args.params, threads, args.steps)
-        print(f"threads {threads}: {rate / 1e9:.2f} GB/s per thread ({rate / BYTES_PER_PARAM / 1e6:.0f} M params/s)")
+        print(
+            f"threads {threads}: {rate / 1e9:.2f} GB/s per thread ({rate / BYTES_PER_PARAM / 1e6:.0f} M params/s)"
+        )
 
 
 if __name__ == "__main__":

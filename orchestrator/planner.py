@@ -306,7 +306,7 @@ def make_plan(
     candidates.sort(key=lambda c: (c.expected_cost_usd, c.ranks, c.expected_hours))
     chosen = _choose(candidates)
     notes = _notes(job, catalog)
-    if chosen is not None and chosen.offload != "none" and job.spec.train.offload == "none":
+    if chosen is not None and chosen.offload == "params" and job.spec.train.offload == "auto":
         notes.append(offload_note(chosen))
     if chosen is not None and (tier := tier_note(chosen, candidates)):
         notes.append(tier)
@@ -463,13 +463,13 @@ def _check_memory(job: _Job, offer: Offer, ranks: int, mem: MemoryEstimate) -> t
 
 def _check_fit(job: _Job, offer: Offer, layout: Layout) -> tuple[MemoryEstimate, float, str]:
     """The estimate the offer runs with, its peak GiB per GPU and how that was judged: the job as it is,
-    or, when only the GPU memory is short and the job leaves train.offload at none, with CPU offload
+    or, when only the GPU memory is short and the job leaves train.offload at auto, with CPU offload
     (train.offload: params) if the GPU and the machine's RAM then hold it."""
     mem = job.memory_for(layout.ranks)
     try:
         need, fit = _check_memory(job, offer, layout.ranks, mem)
     except _Rejected as short:
-        if job.spec.train.offload != "none" or not _offload_layout_ok(job, offer):
+        if job.spec.train.offload != "auto" or not _offload_layout_ok(job, offer):
             raise
         offloaded = job.memory_for(layout.ranks, "params")
         usable = offer.gpu_memory_gib * (1 - HEADROOM)
@@ -478,7 +478,7 @@ def _check_fit(job: _Job, offer: Offer, layout: Layout) -> tuple[MemoryEstimate,
         try:
             _check_host(offer, offloaded)
         except _Rejected as host:
-            raise _Rejected(f"{host} (CPU offload would fit the GPU: {short})") from None
+            raise _Rejected(f"{short}; CPU offload would fit the GPU, but {host}") from None
         return offloaded, offloaded.peak_gib_per_gpu, "estimated"
     _check_host(offer, mem)
     return mem, need, fit

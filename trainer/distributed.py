@@ -29,6 +29,7 @@ import torch
 
 from trainer.config import JobSpec
 from trainer.data.dataset import Example
+from trainer.layout import OFFLOAD_ENV
 
 PR_SET_PDEATHSIG = 1
 
@@ -131,7 +132,7 @@ class Sharded(Parallel):
 
         policy = mixed_precision(spec)
         offload = offload_policy(spec, self.device)
-        if spec.train.offload != "none" and self.is_main:
+        if spec.train.offload == "params" and self.is_main:
             log(
                 f"CPU offload ({spec.train.offload}): sharded parameters, gradients and optimizer state in host RAM"
             )
@@ -228,8 +229,9 @@ def _is_trainable_key(key: str) -> bool:
 def setup(spec: JobSpec, device: torch.device, store: Any, resume_sharded: bool = False) -> Parallel:
     """The `Parallel` for this process (see the module docstring for when it is sharded);
     `resume_sharded`: the run's newest checkpoint is sharded."""
+    resolve_offload(spec)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    offload = spec.train.offload != "none"  # offload is FSDP2's: one rank runs as a world of one
+    offload = spec.train.offload == "params"  # offload is FSDP2's: one rank runs as a world of one
     if world <= 1 and spec.local.nproc <= 1 and not resume_sharded and not offload:
         return Parallel()
     if os.environ.get("TORCHELASTIC_RUN_ID"):
@@ -239,6 +241,13 @@ def setup(spec: JobSpec, device: torch.device, store: Any, resume_sharded: bool 
     if not par.is_main and not os.environ.get("FTORCH_LOG_ALL_RANKS"):
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - one log: rank 0's (errors still reach stderr)
     return par
+
+
+def resolve_offload(spec: JobSpec) -> None:
+    """train.offload auto becomes what the planner chose for this machine (OFFLOAD_ENV), else none."""
+    if spec.train.offload == "auto":
+        chosen = os.environ.get(OFFLOAD_ENV, "none")
+        spec.train.offload = chosen if chosen in ("none", "params") else "none"
 
 
 def mixed_precision(spec: JobSpec) -> Any:

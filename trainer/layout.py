@@ -23,6 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+#: the planner's offload choice for `train.offload: auto` (the cloud task sets it: orchestrator/backends/
+#: skypilot_render.py; trainer/distributed.py reads it); absent: none
+OFFLOAD_ENV = "FTORCH_OFFLOAD"
+
 
 class LayoutError(ValueError):
     """The job cannot run on this many ranks; the message says why and what would."""
@@ -117,7 +121,7 @@ def layout_for(spec: Any, gpus_per_node: int = 1, nodes: int = 1) -> Layout:
             "use adamw to shard"
         )
     # CPU offload is FSDP2's (one rank: a world of one), so the same optimizers are refused with it
-    if getattr(spec.train, "offload", "none") != "none" and spec.train.optimizer in (
+    if getattr(spec.train, "offload", "none") == "params" and spec.train.optimizer in (
         "adamw_8bit",
         "paged_adamw_8bit",
         "adafactor",

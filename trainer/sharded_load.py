@@ -48,7 +48,7 @@ def load_sharded(
     full = load_model(spec, torch.device("cpu")) if rank == 0 else None
     model = meta_model(spec)
     shard(model)
-    materialize(model, device, spec.train.offload != "none")
+    materialize(model, device, spec.train.offload == "params")
     set_model_state_dict(
         model,
         full.state_dict() if full is not None else {},
@@ -146,7 +146,7 @@ def load_sharded_quantized(
     model = quantized_meta_model(spec, {n: torch.Size(s) for n, s in packed.items()})
     _match_dtypes(model, dtypes)
     shard(model)
-    materialize(model, device, spec.train.offload != "none")
+    materialize(model, device, spec.train.offload == "params")
     source = dict(full.named_parameters()) if full is not None else {}
     buffers = dict(full.named_buffers()) if full is not None else {}
     with torch.no_grad():

@@ -501,7 +501,7 @@ def settings_from_spec(spec: Any, n_gpus: int | None = None, offload: str | None
         quant_compute=spec.quantization.compute_dtype,
         n_gpus=n,
         grad_accum=layout.accum,
-        offload=offload or spec.train.offload,
+        offload=offload or ("params" if spec.train.offload == "params" else "none"),
         nodes=spec.resources.nodes if n % spec.resources.nodes == 0 else 1,
     )
 
