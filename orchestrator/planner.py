@@ -117,9 +117,9 @@ class Candidate:
 
     @property
     def layout_text(self) -> str:
-        """The layout column: '2/GPU x1 fsdp', with ' +cpu offload' when the trainer offloads."""
+        """The layout column: '2/GPU x1 fsdp', with ' +offload' when the trainer offloads (CPU offload)."""
         text = self.layout.short() if self.layout else ""
-        return text + (" +cpu offload" if self.offload != "none" else "")
+        return text + (" +offload" if self.offload != "none" else "")
 
     @property
     def ranks(self) -> int:

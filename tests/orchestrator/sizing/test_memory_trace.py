@@ -159,7 +159,7 @@ def test_published_answerai_70b_qlora_on_2x24gb_with_cpu_offload():
     )
     plan = make_plan(spec, catalog=offers)
     assert plan.chosen is not None and plan.chosen.instance_type == "home.2x24", plan.why_none()
-    assert plan.chosen.offload == "params" and plan.chosen.layout_text.endswith("+cpu offload")
+    assert plan.chosen.offload == "params" and plan.chosen.layout_text.endswith("+offload")
     assert any(
         n.startswith("offload: 2x A10 (24 GiB) fits this job only with CPU offload") for n in plan.notes
     )
