@@ -175,7 +175,8 @@ def plan_cmd(
         + (f" with {c.expected_interruptions:.1f} interruptions" if c.spot else "")
     )
     if c.layout:
-        con.print(f"layout: {c.layout.describe()}", markup=False)
+        offload = f", CPU offload ({c.host_gib:.0f} GiB host RAM)" if c.offload == "params" else ""
+        con.print(f"layout: {c.layout.describe()}{offload}", markup=False)
 
 
 def gpus_cmd(

@@ -26,9 +26,8 @@ from typing import Any
 
 from orchestrator.registry import Registry, ftorch_home
 from orchestrator.sizing.throughput import ACCELERATORS
-from trainer.memory.facts import CUDA_CONTEXT_BYTES
+from trainer.memory.facts import CUDA_CONTEXT_BYTES, GIB
 
-GIB = 1024**3
 KEY = ("model", "method", "precision", "seq_len", "micro_batch", "grad_ckpt", "ranks", "gpu")
 _VENDOR = ("nvidia ", "tesla ", "geforce ", "quadro ")
 

@@ -32,6 +32,7 @@ from trainer.layout import Layout, layout_for
 from trainer.stops.interruptions import mtbf_from_rate
 
 HEADROOM = 0.10  # fraction of each GPU's memory kept free (fragmentation, spikes, estimate error)
+HOST_HEADROOM = 0.10  # fraction of each machine's RAM kept free (the OS, page cache, estimate error)
 TRACE_MARGIN = 0.15  # estimated fits this close to usable memory are confirmed by a trace
 SINGLE_GPU_TIE = 0.10  # "about the same cost": fewer GPUs win within this fraction of the cheapest
 
@@ -112,6 +113,17 @@ class Candidate:
     time_scale: float = 1.0  # measured / predicted tokens/s of runs on this GPU (1.0: none measured)
     nodes: int = 1  # instances of `instance_type`; prices and `count` are per instance
     layout: Layout | None = None  # ranks, micro-batch per rank, accumulation, sharding (trainer/layout.py)
+    #: train.offload the trainer runs with on this offer: "params" when the job fits it only with CPU
+    #: offload (the planner's choice, said in the layout column and the notes) or the job asks for it
+    offload: str = "none"
+    host_gib: float = 0.0  # host RAM the job needs per machine (memory estimate's host_gib)
+    host_memory_gib: float | None = None  # what the offer's machine has (None: unknown in the catalog)
+
+    @property
+    def layout_text(self) -> str:
+        """The layout column: '2/GPU x1 fsdp', with ' +offload' when the trainer offloads (CPU offload)."""
+        text = self.layout.short() if self.layout else ""
+        return text + (" +offload" if self.offload != "none" else "")
 
     @property
     def ranks(self) -> int:
@@ -241,8 +253,14 @@ class _Job:
     confirm: TraceConfirmation | None = None
     history: History = field(default_factory=History)
     learned: dict[str, str] = field(default_factory=dict)  # what the history decided -> the note saying so
+    #: the estimates with CPU offload the planner tried for offers that fit only with it
+    offload_estimates: dict[int, MemoryEstimate] = field(default_factory=dict)
 
-    def memory_for(self, n: int) -> MemoryEstimate:
+    def memory_for(self, n: int, offload: str | None = None) -> MemoryEstimate:
+        if offload is not None and offload != self.spec.train.offload:
+            if n not in self.offload_estimates:
+                self.offload_estimates[n] = estimate(self.shape, settings_from_spec(self.spec, n, offload))
+            return self.offload_estimates[n]
         if n not in self.estimates:
             self.estimates[n] = estimate(self.shape, settings_from_spec(self.spec, n))
         return self.estimates[n]
@@ -296,6 +314,8 @@ def make_plan(
     candidates.sort(key=lambda c: (c.expected_cost_usd, c.ranks, c.expected_hours))
     chosen = _choose(candidates)
     notes = _notes(job, catalog)
+    if chosen is not None and chosen.offload == "params" and job.spec.train.offload == "auto":
+        notes.append(offload_note(chosen))
     if chosen is not None and (tier := tier_note(chosen, candidates)):
         notes.append(tier)
     return Plan(
@@ -308,6 +328,17 @@ def make_plan(
         estimates=job.estimates,
         workload={**job.work.to_json(), "steps": job.work.steps(spec.train.micro_batch_size)},
         notes=notes,
+    )
+
+
+def offload_note(chosen: Candidate) -> str:
+    """Why the chosen offer runs with CPU offload (the planner turned it on: never silently)."""
+    host = f"{chosen.host_memory_gib:g} GiB" if chosen.host_memory_gib is not None else "unknown"
+    return (
+        f"offload: {chosen.count}x {chosen.accelerator} ({chosen.gpu_memory_gib:g} GiB) fits this job only with "
+        f"CPU offload, so the trainer runs with train.offload: params (parameters, gradients and optimizer "
+        f"state in host RAM: {chosen.host_gib:.1f} GiB needed per machine, {host} there; the optimizer steps "
+        f"on the CPU, priced in the hours)"
     )
 
 
@@ -367,8 +398,7 @@ def _judge(job: _Job, offer: Offer) -> Candidate:
     layout = layout_for(job.spec, offer.count, nodes)
     if not layout.ok:  # the trainer would refuse it: never offered
         raise _Rejected(f"layout: {layout.reason}")
-    mem = job.memory_for(layout.ranks)
-    need, fit, fit_job = _check_memory(job, offer, layout, mem)
+    mem, need, fit, fit_job = _check_fit(job, offer, layout)
     od = od * nodes if od is not None else None  # prices of the whole job (all its nodes)
     spot = spot * nodes if spot is not None else None
     is_spot, price = _check_price(job, offer, od, spot)
@@ -380,6 +410,7 @@ def _judge(job: _Job, offer: Offer) -> Candidate:
         raise _Rejected("preemption: interrupted too often to make progress")
     if fit in ("traced", "measured"):
         cand.peak_gib_per_gpu, cand.fit, cand.fit_job = need, fit, fit_job
+    cand.offload, cand.host_gib, cand.host_memory_gib = mem.offload, mem.host_gib, offer.memory_gib
     budget = job.spec.resources.budget_usd
     if budget is not None and cand.expected_cost_usd > budget:
         raise _Rejected(
@@ -479,6 +510,58 @@ def _check_memory(
     )
 
 
+def _check_fit(job: _Job, offer: Offer, layout: Layout) -> tuple[MemoryEstimate, float, str, str | None]:
+    """The estimate the offer runs with, its peak GiB per GPU and how that was judged: the job as it is,
+    or, when only the GPU memory is short and the job leaves train.offload at auto, with CPU offload
+    (train.offload: params) if the GPU and the machine's RAM then hold it."""
+    mem = job.memory_for(layout.ranks)
+    try:
+        need, fit, fit_job = _check_memory(job, offer, layout, mem)
+    except _Rejected as short:
+        if job.spec.train.offload != "auto" or not _offload_layout_ok(job, offer):
+            raise
+        offloaded = job.memory_for(layout.ranks, "params")
+        usable = offer.gpu_memory_gib * (1 - HEADROOM)
+        if offloaded.peak_gib_per_gpu > usable:
+            raise _Rejected(f"{short}; with CPU offload still {offloaded.peak_gib_per_gpu:.1f} GiB") from None
+        try:
+            _check_host(offer, offloaded)
+        except _Rejected as host:
+            raise _Rejected(f"{short}; CPU offload would fit the GPU, but {host}") from None
+        return offloaded, offloaded.peak_gib_per_gpu, "estimated", None
+    _check_host(offer, mem)
+    return mem, need, fit, fit_job
+
+
+def _offload_layout_ok(job: _Job, offer: Offer) -> bool:
+    """Whether the trainer accepts this job with train.offload: params on the offer (its optimizer must
+    step on FSDP's sharded parameters)."""
+    trial = job.spec.model_copy(deep=True)
+    trial.train.offload = "params"
+    return layout_for(trial, offer.count, job.spec.resources.nodes).ok
+
+
+def _check_host(offer: Offer, mem: MemoryEstimate) -> None:
+    """The machine's RAM holds the job's host side (the offloaded state, rank 0's loading copy, the trainer
+    processes: the estimate's host_gib) with HOST_HEADROOM to spare. An offer whose RAM the catalog does
+    not give is not checked, except for CPU offload, which it must hold: refused then."""
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in mem.host_breakdown_gib.items() if v)
+    if offer.memory_gib is None:
+        if mem.offload != "none":
+            raise _Rejected(
+                f"host RAM: CPU offload needs {mem.host_gib:.1f} GiB per machine ({parts}); the catalog "
+                f"does not give {offer.instance_type}'s RAM (unknown), so it cannot be checked"
+            )
+        return
+    usable = offer.memory_gib * (1 - HOST_HEADROOM)
+    if mem.host_gib > usable:
+        what = "with CPU offload " if mem.offload != "none" else ""
+        raise _Rejected(
+            f"host RAM: needs {mem.host_gib:.1f} GiB per machine {what}({parts}), has "
+            f"{offer.memory_gib:g} GiB ({usable:.1f} usable with {HOST_HEADROOM:.0%} headroom)"
+        )
+
+
 def _check_price(job: _Job, offer: Offer, od: float | None, spot: float | None) -> tuple[bool, float]:
     """(on spot?, USD/hour of the whole job) under resources.spot/policy/fallback and max_hourly_usd."""
     if job.use_spot and spot is not None:
@@ -511,9 +594,13 @@ def _candidate(
     scale: float = 1.0,
 ) -> Candidate | None:
     ranks = layout.ranks
-    settings = settings_from_spec(spec, ranks)
+    settings = settings_from_spec(spec, ranks, mem.offload)
     link = offer.interconnect if layout.nodes == 1 else "network"  # FSDP across nodes: not NVLink
-    t = scaled(estimate_time(shape, settings, mem.trainable_params, work, acc, ranks, link), scale)
+    vcpus = offer.vcpus / offer.count if offer.vcpus else None
+    t = scaled(
+        estimate_time(shape, settings, mem.trainable_params, work, acc, ranks, link, vcpus_per_rank=vcpus),
+        scale,
+    )
     hours = t.hours
     ckpt_bytes = checkpoint_bytes(shape, settings)
     ckpt = CheckpointCost.of_bytes(ckpt_bytes)

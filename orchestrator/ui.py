@@ -19,6 +19,7 @@ from orchestrator.charts import loss_chart
 from orchestrator.registry import RESUMABLE, TERMINAL
 from trainer.checkpoints.fingerprint import describe_allowance
 from trainer.measure import describe as describe_measured
+from trainer.memory.facts import GIB
 from trainer.oom import describe as oom_describe
 
 STATE_STYLE = {
@@ -543,7 +544,7 @@ def plan_table(plan: Any, shown: list[Any]) -> Table:
             (f"{cand.nodes} nodes x " if cand.nodes > 1 else "")
             + f"{cand.count}x {cand.accelerator} {cand.gpu_memory_gib:g}G",
             cand.interconnect,
-            cand.layout.short() if cand.layout else "",
+            cand.layout_text,
             f"{cand.peak_gib_per_gpu:.1f}",
             cand.fit,
             f"{cand.hourly_usd:.2f} {'spot' if cand.spot else 'od'}",
@@ -601,7 +602,7 @@ def history_table(rows: list[dict[str, Any]]) -> Table:
         peak = (
             f"{peak_gib(r):.1f}"
             if r.get("plausible")
-            else f"(rss {(r.get('peak_rss_bytes') or 0) / 2**30:.1f})"
+            else f"(rss {(r.get('peak_rss_bytes') or 0) / GIB:.1f})"
         )
         table.add_row(
             str(r["job_id"]), str(r["attempt"]), str(r.get("gpu")), str(r.get("ranks")), str(r.get("model")),

@@ -196,6 +196,13 @@ class TrainSpec(_Strict):
     report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
     #: measure the held-out loss every N optimizer steps (needs a held-out set, data.eval_*)
     eval_every: int | None = Field(None, ge=1)
+    #: CPU offload under FSDP2 (docs/distributed.md, "CPU offload"). params: FSDP2's CPUOffloadPolicy,
+    #: the sharded parameters, their gradients and the optimizer state live in host RAM and the optimizer
+    #: steps on the CPU; the GPU holds a layer in flight and the activations (any GPU count: one GPU runs
+    #: as an FSDP world of one). none: never. auto: none, unless the planner finds an offer that fits
+    #: the job only with offload and is the cheapest: it says so and the cloud task runs with params.
+    #: The math is the same either way: a run resumes with or without it
+    offload: Literal["auto", "none", "params"] = "auto"
 
 
 class CheckpointSpec(_Strict):

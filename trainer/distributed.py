@@ -4,7 +4,7 @@ The training loop calls a `Parallel` at a few points. The single-process one (`P
 nothing; `Sharded` runs FSDP2 (`fully_shard` per decoder layer, then the root):
 
 - `setup` decides: sharded when torchrun started several ranks (WORLD_SIZE > 1), when the job asks for
-  `local.nproc > 1`, or when the run's newest checkpoint is sharded (DCP) -- a run saved by 2 ranks and
+  `local.nproc > 1` or for CPU offload (`train.offload`, FSDP2's CPUOffloadPolicy), or when the run's newest checkpoint is sharded (DCP) -- a run saved by 2 ranks and
   resumed by 1 stays on the sharded path, as a world of one.
 - data: the layout (trainer/layout.py) cuts each optimizer step's examples into global micro-batches of
   (micro-batch per rank x ranks); every rank takes the same global micro-batch and keeps its contiguous
@@ -29,6 +29,7 @@ import torch
 
 from trainer.config import JobSpec
 from trainer.data.dataset import Example
+from trainer.layout import OFFLOAD_ENV
 
 PR_SET_PDEATHSIG = 1
 
@@ -87,11 +88,15 @@ class Sharded(Parallel):
 
     sharded = True
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, offload: bool = False) -> None:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
         backend = "nccl" if device.type == "cuda" else "gloo"
+        if offload and device.type == "cuda":
+            # CPU offload: gradient clipping all-reduces norms of DTensors that live on the CPU, which
+            # nccl cannot (pytorch/pytorch#148532; torchtune's fix, meta-pytorch/torchtune#2108)
+            backend = "cuda:nccl,cpu:gloo"
         if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
             if device.type == "cuda":
                 torch.cuda.set_device(device)
@@ -123,10 +128,17 @@ class Sharded(Parallel):
     def _shard(self, model: torch.nn.Module, spec: JobSpec) -> None:
         from torch.distributed.fsdp import fully_shard
 
+        from trainer.runstore.progress import log
+
         policy = mixed_precision(spec)
+        offload = offload_policy(spec, self.device)
+        if spec.train.offload == "params" and self.is_main:
+            log(
+                f"CPU offload ({spec.train.offload}): sharded parameters, gradients and optimizer state in host RAM"
+            )
         for layer in decoder_layers(model):
-            fully_shard(layer, mesh=self.mesh, mp_policy=policy)
-        fully_shard(model, mesh=self.mesh, mp_policy=policy)
+            fully_shard(layer, mesh=self.mesh, mp_policy=policy, offload_policy=offload)
+        fully_shard(model, mesh=self.mesh, mp_policy=policy, offload_policy=offload)
 
     def load(self, spec: JobSpec, device: torch.device) -> torch.nn.Module:
         """Every method loads sharded (trainer/sharded_load.py): no GPU holds the whole model. QLoRA's base
@@ -217,16 +229,25 @@ def _is_trainable_key(key: str) -> bool:
 def setup(spec: JobSpec, device: torch.device, store: Any, resume_sharded: bool = False) -> Parallel:
     """The `Parallel` for this process (see the module docstring for when it is sharded);
     `resume_sharded`: the run's newest checkpoint is sharded."""
+    resolve_offload(spec)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1 and spec.local.nproc <= 1 and not resume_sharded:
+    offload = spec.train.offload == "params"  # offload is FSDP2's: one rank runs as a world of one
+    if world <= 1 and spec.local.nproc <= 1 and not resume_sharded and not offload:
         return Parallel()
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         _die_with_parent()  # torchrun's workers sit in their own sessions: go when the agent goes
-    par = Sharded(device)
+    par = Sharded(device, offload)
     par.share_epoch(store)
     if not par.is_main and not os.environ.get("FTORCH_LOG_ALL_RANKS"):
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - one log: rank 0's (errors still reach stderr)
     return par
+
+
+def resolve_offload(spec: JobSpec) -> None:
+    """train.offload auto becomes what the planner chose for this machine (OFFLOAD_ENV), else none."""
+    if spec.train.offload == "auto":
+        chosen = os.environ.get(OFFLOAD_ENV, "none")
+        spec.train.offload = chosen if chosen in ("none", "params") else "none"
 
 
 def mixed_precision(spec: JobSpec) -> Any:
@@ -240,6 +261,18 @@ def mixed_precision(spec: JobSpec) -> Any:
     if spec.train.precision == "bf16":
         return MixedPrecisionPolicy(reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()
+
+
+def offload_policy(spec: JobSpec, device: torch.device) -> Any:
+    """FSDP2's offload policy for `train.offload`: params puts the sharded parameters, their gradients and
+    (as the optimizer state follows its parameters) the optimizer state in host RAM, and the optimizer
+    steps on the CPU; pinned host memory for fast copies on CUDA (on a CPU run it moves nothing, but
+    the same code path runs). FSDP2 has no optimizer-only offload, so the schema offers none."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    if spec.train.offload == "params":
+        return CPUOffloadPolicy(pin_memory=device.type == "cuda")
+    return OffloadPolicy()
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

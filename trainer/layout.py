@@ -23,6 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+#: the planner's offload choice for `train.offload: auto` (the cloud task sets it: orchestrator/backends/
+#: skypilot_render.py; trainer/distributed.py reads it); absent: none
+OFFLOAD_ENV = "FTORCH_OFFLOAD"
+
 
 class LayoutError(ValueError):
     """The job cannot run on this many ranks; the message says why and what would."""
@@ -118,6 +122,16 @@ def layout_for(spec: Any, gpus_per_node: int = 1, nodes: int = 1, max_micro: int
         return refuse(
             f"train.optimizer '{spec.train.optimizer}' runs on 1 GPU (its states are not sharded by FSDP); "
             "use adamw to shard"
+        )
+    # CPU offload is FSDP2's (one rank: a world of one), so the same optimizers are refused with it
+    if getattr(spec.train, "offload", "none") == "params" and spec.train.optimizer in (
+        "adamw_8bit",
+        "paged_adamw_8bit",
+        "adafactor",
+    ):
+        return refuse(
+            f"train.offload '{spec.train.offload}' steps the optimizer on FSDP's sharded parameters; "
+            f"train.optimizer '{spec.train.optimizer}' cannot (use adamw or sgd)"
         )
     if effective % ranks:
         fits = [n for n in (1, 2, 4, 8, 16, 32, 64) if effective % n == 0 and n <= effective]

@@ -32,6 +32,7 @@ import sys
 import time
 from typing import Any
 
+from trainer.memory.facts import GIB
 from trainer.stops.interruptions import process_started_at
 
 KEY = "measured"
@@ -170,7 +171,7 @@ class Measurer:
 def describe(measured: dict[str, Any]) -> str:
     """One short line for `ftorch status`: 'cuda H100: peak 31.2 GiB alloc / 33.0 reserved, 4/GPU x4,
     1,234 tok/s, 0.52 s/step, load 12 s, first step 3 s'."""
-    gib = 1024**3
+    gib = GIB
     if measured.get("device") == "cuda":
         alloc, reserved = measured.get("peak_allocated_bytes"), measured.get("peak_reserved_bytes")
         where = f"cuda {measured.get('gpu_name') or ''}".rstrip()

@@ -28,6 +28,7 @@ from typing import Any
 
 from trainer.layout import Layout, halved
 from trainer.layout import check as check_layout
+from trainer.memory.facts import GIB
 
 ADAPTATIONS_KEY = "adaptations"
 DOES_NOT_FIT_KEY = "does_not_fit"
@@ -151,7 +152,7 @@ def on_oom(a: Any, error: BaseException | None, log: Any) -> int:
     a.par.barrier()  # spec.json is written before any rank leaves (the launcher reads it on exit)
     if after is None:
         peak = peaks.get("peak_allocated_bytes")
-        measured = f"measured peak {peak / 1024**3:.1f} GiB per GPU" if peak else "no GPU peak measured"
+        measured = f"measured peak {peak / GIB:.1f} GiB per GPU" if peak else "no GPU peak measured"
         log(
             f"out of memory at step {step} even with {_describe(before)} (the smallest layout): does not "
             f"fit on this GPU ({measured}); exiting with code {exitcodes.DOES_NOT_FIT} (re-plan)"
@@ -174,9 +175,7 @@ def replan_line(resolved: Any) -> str | None:
     peak, total = entry.get("peak_allocated_bytes"), entry.get("gpu_total_bytes")
     measured = "no GPU peak measured"
     if peak:
-        measured = f"measured peak {peak / 1024**3:.1f} GiB" + (
-            f" of {total / 1024**3:.1f} GiB" if total else ""
-        )
+        measured = f"measured peak {peak / GIB:.1f} GiB" + (f" of {total / GIB:.1f} GiB" if total else "")
         measured += " per GPU"
     return (
         f"re-plan: out of memory at step {entry.get('step')} with {_describe(entry['from'])} ({measured}); "

@@ -48,7 +48,7 @@ def load_sharded(
     full = load_model(spec, torch.device("cpu")) if rank == 0 else None
     model = meta_model(spec)
     shard(model)
-    model.to_empty(device=device)
+    materialize(model, device, spec.train.offload == "params")
     set_model_state_dict(
         model,
         full.state_dict() if full is not None else {},
@@ -62,6 +62,20 @@ def load_sharded(
             dist.broadcast(buffer, src=0)
     del full
     return model
+
+
+def materialize(model: torch.nn.Module, device: torch.device, offload: bool) -> None:
+    """Allocate the sharded meta model's memory: on `device`, or with CPU offload (FSDP2's
+    CPUOffloadPolicy wants its sharded parameters materialized in host RAM) the parameters on the CPU
+    and the buffers (rotary tables) on `device`, where the forward uses them."""
+    if not offload:
+        model.to_empty(device=device)
+        return
+    model.to_empty(device=torch.device("cpu"))
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[name] = torch.empty_like(buffer, device=device)
 
 
 # ---- QLoRA: the 4-bit base, quantized once on rank 0's host, sent to every rank's shards ------------
@@ -132,7 +146,7 @@ def load_sharded_quantized(
     model = quantized_meta_model(spec, {n: torch.Size(s) for n, s in packed.items()})
     _match_dtypes(model, dtypes)
     shard(model)
-    model.to_empty(device=device)
+    materialize(model, device, spec.train.offload == "params")
     source = dict(full.named_parameters()) if full is not None else {}
     buffers = dict(full.named_buffers()) if full is not None else {}
     with torch.no_grad():

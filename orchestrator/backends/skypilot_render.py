@@ -377,6 +377,7 @@ def render_task(
     if spec.resources.image_id:
         resources["image_id"] = spec.resources.image_id
     envs = dict(task.get("envs") or {})
+    envs.update(offload_envs(spec, plan, entries))
     envs.update(
         FTORCH_RUN_URI=run_uri,
         FTORCH_RUN_ID=job_id,
@@ -409,6 +410,26 @@ def render_task(
     if callback:
         rendered["event_callback"] = callback
     return rendered
+
+
+def offload_envs(spec: JobSpec, plan: Any, entries: list[dict[str, Any]]) -> dict[str, str]:
+    """CPU offload in the task: when the planner chose it (train.offload: auto, an offer that fits only
+    with it) the trainer is told so (FTORCH_OFFLOAD, trainer/distributed.py) on whichever offer the task
+    lands; and with offload every entry asks SkyPilot for the host RAM it needs (`memory: N+`, GiB), since
+    SkyPilot picks the instance type."""
+    from orchestrator.planner import HOST_HEADROOM
+    from trainer.layout import OFFLOAD_ENV
+
+    chosen = getattr(plan, "chosen", None)
+    offload = spec.train.offload == "params" or (
+        spec.train.offload == "auto" and getattr(chosen, "offload", "none") == "params"
+    )
+    if not offload or chosen is None:
+        return {}
+    need = math.ceil(chosen.host_gib / (1 - HOST_HEADROOM))
+    for entry in entries:
+        entry["memory"] = f"{need}+"
+    return {OFFLOAD_ENV: "params"} if spec.train.offload == "auto" else {}
 
 
 def _output_uri(spec: JobSpec, run_uri: str) -> str:

@@ -38,7 +38,14 @@ from orchestrator.errors import SpecError
 from orchestrator.sizing.shapes import ModelShape, resolve_shape
 from trainer.memory import facts
 from trainer.memory.facts import GIB
-from trainer.memory.load_memory import NF4_BYTES, NF4_DQ_BYTES, WeightCounts, load_peak_bytes
+from trainer.memory.load_memory import (
+    NF4_BYTES,
+    NF4_DATA_BYTES,
+    NF4_DQ_BYTES,
+    WeightCounts,
+    load_host_bytes,
+    load_peak_bytes,
+)
 
 CONSTANTS_FILE = "memory_constants.json"
 
@@ -108,6 +115,8 @@ class Settings:
     quant_compute: str = "bf16"
     n_gpus: int = 1
     grad_accum: int = 1
+    offload: str = "none"  # train.offload: none | params (FSDP2's CPUOffloadPolicy)
+    nodes: int = 1  # machines the n_gpus ranks are spread over (host RAM is per machine)
 
 
 @dataclass
@@ -131,6 +140,11 @@ class MemoryEstimate:
     peak_reserved_gib: float = 0.0
     #: what the trainer's loading holds per GPU at its peak (reserved + CUDA context), before the step
     load_gib_per_gpu: float = 0.0
+    #: host RAM per machine (the one rank 0 loads on): offloaded state of its ranks, rank 0's loading
+    #: copy, and each trainer process; its parts in `host_breakdown_gib`
+    host_gib: float = 0.0
+    host_breakdown_gib: dict[str, float] = field(default_factory=dict)
+    offload: str = "none"
 
     def fits(self, gpu_memory_gib: float, headroom: float) -> bool:
         return self.peak_gib_per_gpu <= gpu_memory_gib * (1.0 - headroom)
@@ -149,6 +163,9 @@ class MemoryEstimate:
             "breakdown_gib": {k: round(v, 3) for k, v in self.breakdown_gib.items()},
             "phases_gib": {k: round(v, 3) for k, v in self.phases_gib.items()},
             "paged_optimizer_gib": round(self.paged_optimizer_gib, 3),
+            "offload": self.offload,
+            "host_gib": round(self.host_gib, 3),
+            "host_breakdown_gib": {k: round(v, 3) for k, v in self.host_breakdown_gib.items()},
             "params": self.params,
             "trainable_params": self.trainable_params,
             "settings": self.settings,
@@ -317,15 +334,20 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
     optim, paged = _optimizer_bytes(shape, s, trainable)
     resident_optim = 0.0 if paged else optim
     step_temp = k.step_temp * sb * _largest_trainable(shape, s) if s.optimizer == "adamw" else 0.0
-    if n > 1:
+    offload = s.offload == "params"
+    if n > 1 or offload:  # offload is FSDP2's: one rank runs as a world of one
         stored, grads, resident_optim, step_temp = stored / n, grads / n, resident_optim / n, step_temp / n
         layer_trainable = trainable / shape.layers if s.method != "full" else shape.layer_params
         gather, reduce_buf = facts.fsdp_overlay_bytes(layer_gathered, root_gathered, layer_trainable)
         cast = 0.0  # FSDP's mixed precision gathers 16-bit units instead
-        sharding = f"fsdp-full-shard x{n}"
+        sharding = f"fsdp-full-shard x{n}" + (" + cpu offload" if offload else "")
     else:
         gather = reduce_buf = 0.0
         sharding = "none"
+    host = host_parts(shape, s, trainable, (stored, grads, resident_optim, step_temp))
+    if offload:  # the shards, gradients, optimizer state and its step live in host RAM
+        stored = _quant_state_bytes(shape, s)  # bitsandbytes' quant state is no parameter: it stays
+        grads = resident_optim = step_temp = 0.0
 
     acts = activation_bytes(shape, s, k)
     logit = logits_bytes(shape, s, k)
@@ -389,30 +411,72 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
         peak_allocated_gib=allocated / GIB,
         peak_reserved_gib=reserved / GIB,
         load_gib_per_gpu=(load_reserved + context) / GIB,
+        host_gib=sum(host.values()) / GIB,
+        host_breakdown_gib={key: val / GIB for key, val in host.items()},
+        offload=s.offload,
     )
 
 
-def load_parts(shape: ModelShape, s: Settings, trainable: int) -> dict[str, float]:
-    """Bytes per GPU at the peak of the trainer's loading (trainer/memory/load_memory.py decides them)."""
-    counts = WeightCounts(
+def _quant_state_bytes(shape: ModelShape, s: Settings) -> float:
+    """QLoRA's absmax (and nested absmax): every rank keeps it whole, on the GPU (not an FSDP parameter)."""
+    if s.method != "qlora":
+        return 0.0
+    packed = NF4_DQ_BYTES if s.double_quant else NF4_BYTES
+    return (packed - NF4_DATA_BYTES) * shape.quantizable_params
+
+
+def _counts(shape: ModelShape, s: Settings, trainable: int) -> WeightCounts:
+    return WeightCounts(
         params=shape.params,
         quantizable=shape.quantizable_params,
         adapters=trainable if s.method != "full" else 0,
         largest_quantizable=max(lin.d_in * lin.d_out for lin in shape.linears),
         largest_tensor=max([shape.vocab * shape.hidden] + [lin.weight_params for lin in shape.linears]),
     )
+
+
+def host_parts(
+    shape: ModelShape, s: Settings, trainable: int, per_rank: tuple[float, float, float, float]
+) -> dict[str, float]:
+    """Host RAM of the machine rank 0 runs on, by part: with offload its ranks' shards ("offloaded":
+    weights, gradients, optimizer state and the CPU step's temporaries, `per_rank` as sharded), rank 0's
+    whole loading copy ("loading", trainer/memory/load_memory.py), and each trainer process
+    ("processes", facts.HOST_PROCESS_BYTES). Summed: the loading copy is freed before the optimizer
+    state is first allocated, so this errs high by at most the gradients and optimizer state."""
+    n = max(1, s.n_gpus)
+    nodes = s.nodes if s.nodes >= 1 and n % s.nodes == 0 else 1
+    ranks_here = n // nodes
+    offload = s.offload == "params"
+    loading = load_host_bytes(
+        s.method, s.precision, _counts(shape, s, trainable), n,
+        double_quant=s.double_quant, quant_compute=s.quant_compute, offload=offload,
+    )  # fmt: skip
+    weights, grads, optim, temp = per_rank
+    if offload:
+        weights -= _quant_state_bytes(shape, s) / n  # stays on the GPU
+    return {
+        "offloaded": ranks_here * (weights + grads + optim + temp) if offload else 0.0,
+        "loading": loading,
+        "processes": float(ranks_here * facts.HOST_PROCESS_BYTES),
+    }
+
+
+def load_parts(shape: ModelShape, s: Settings, trainable: int) -> dict[str, float]:
+    """Bytes per GPU at the peak of the trainer's loading (trainer/memory/load_memory.py decides them)."""
     return load_peak_bytes(
         s.method,
         s.precision,
-        counts,
+        _counts(shape, s, trainable),
         max(1, s.n_gpus),
         double_quant=s.double_quant,
         quant_compute=s.quant_compute,
+        offload=s.offload == "params",
     )
 
 
-def settings_from_spec(spec: Any, n_gpus: int | None = None) -> Settings:
-    """Settings for a validated JobSpec (n_gpus defaults to resources.gpus, else 1).
+def settings_from_spec(spec: Any, n_gpus: int | None = None, offload: str | None = None) -> Settings:
+    """Settings for a validated JobSpec (n_gpus defaults to resources.gpus, else 1; offload to
+    train.offload: the planner asks what an offer needs with offload on).
 
     The micro-batch and accumulation are those of one rank in the job's layout on n_gpus
     (trainer/layout.py): `train.micro_batch_size` per GPU at most, the effective batch kept."""
@@ -437,6 +501,8 @@ def settings_from_spec(spec: Any, n_gpus: int | None = None) -> Settings:
         quant_compute=spec.quantization.compute_dtype,
         n_gpus=n,
         grad_accum=layout.accum,
+        offload=offload or ("params" if spec.train.offload == "params" else "none"),
+        nodes=spec.resources.nodes if n % spec.resources.nodes == 0 else 1,
     )
 
 

@@ -19,6 +19,10 @@ Assumptions (documented in docs/planner.md, "Time"):
 - FSDP across N GPUs: per micro-batch each GPU all-gathers the parameters twice (forward, backward) and
   reduce-scatters the gradients; this overlaps with compute up to OVERLAP of the compute time, over
   NVLink or PCIe bandwidth (LINK_GBPS).
+- CPU offload (train.offload: params, FSDP2's CPUOffloadPolicy): per micro-batch each GPU copies its
+  shard of the weights host->device for every pass and its gradient shard back (HOST_LINK_GBPS: PCIe,
+  or NVLink-C2C on GH200), overlapping with compute like the collectives; per optimizer step the CPU
+  steps AdamW over the rank's shard at CPU_ADAMW_GBPS_PER_VCPU x its vCPUs, not overlapped.
 - `Accelerator.reach`: the fraction of a newer GPU's peak an HF stack reaches relative to an A100
   (Hopper 0.8, Ada 0.9, Blackwell 0.6). Not calibrated: the published data covers only A100-80GB.
 - consumer and workstation GDDR cards (CONSUMER below): the dense 16-bit tensor peak with FP32
@@ -42,7 +46,7 @@ from orchestrator.sizing.memory import NF4_DQ_BYTES, Settings
 from orchestrator.sizing.shapes import ModelShape
 from trainer.data.packing import packed_count
 from trainer.layout import total_steps
-from trainer.memory.facts import DTYPE_BYTES, FSDP_GRAD_BYTES, compute_bytes
+from trainer.memory.facts import DTYPE_BYTES, FSDP_GRAD_BYTES, compute_bytes, state_bytes
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,17 @@ def calibrated_constants() -> TimeConstants:
 OVERLAP = 0.8
 #: effective per-GPU collective bandwidth, GB/s
 LINK_GBPS = {"nvlink": 150.0, "pcie": 10.0}
+#: host<->GPU copy bandwidth per GPU and direction, GB/s. PCIe: 4.0 x16 is 32 GB/s per direction
+#: (PCI-SIG), pinned copies reach ~20-25 on A100/H100 hosts, 3.0 x16 (T4/V100 hosts) half that: 12 is the
+#: planning figure for every PCIe machine. C2C: GH200's NVLink-C2C, 900 GB/s both directions (NVIDIA
+#: GH200 datasheet), 450 each way
+HOST_LINK_GBPS = {"pcie": 12.0, "c2c": 450.0}
+#: CPU AdamW (torch.optim.AdamW, foreach, fp32) bytes of optimizer traffic per second per vCPU, 28 bytes
+#: per parameter: measured by bench/cpu_adamw.py, one thread on the (shared, 2-core) development machine,
+#: 1.29 GB/s: low for a server core, so offload is priced on the slow side
+CPU_ADAMW_GBPS_PER_VCPU = 1.3
+#: bytes the optimizer step reads and writes per parameter, in units of the state dtype
+OPTIMIZER_STEP_WORDS = {"adamw": 7, "sgd": 5}
 CHARS_PER_TOKEN = 4.0  # English-like text through a BPE tokenizer
 
 
@@ -337,6 +352,10 @@ class TimeEstimate:
     dequant_s_per_microbatch: float
     #: one micro-batch on each GPU, everything included (what an accumulation round takes)
     step_s_per_microbatch: float
+    #: CPU offload: host<->GPU copies per micro-batch, and the CPU optimizer step per optimizer step
+    #: (its share is in step_s_per_microbatch)
+    offload_s_per_microbatch: float = 0.0
+    cpu_optimizer_s_per_step: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -356,8 +375,11 @@ def estimate_time(
     n_gpus: int,
     interconnect: str,
     constants: TimeConstants | None = None,
+    *,
+    vcpus_per_rank: float | None = None,
 ) -> TimeEstimate:
-    """Hours to train `work` on `n_gpus` of `acc` (FSDP when n_gpus > 1); `s.micro_batch` is per GPU."""
+    """Hours to train `work` on `n_gpus` of `acc` (FSDP when n_gpus > 1); `s.micro_batch` is per GPU.
+    With `s.offload` the CPU optimizer step runs on `vcpus_per_rank` (unknown: priced as one, the slowest)."""
     c = constants or calibrated_constants()
     util = c.mfu(s.method) * acc.reach * (c.multi_gpu_efficiency if n_gpus > 1 else 1.0)
     fpt = flops_per_token(shape, s, trainable)
@@ -381,7 +403,8 @@ def estimate_time(
         grad_bytes = FSDP_GRAD_BYTES * trainable
         comm = (2 * weight_bytes + grad_bytes) * (n_gpus - 1) / n_gpus / (link * 1e9)
     work_s = compute + weights + dequant
-    step_s = work_s + max(0.0, comm - OVERLAP * work_s)
+    offload_s, cpu_step_s = offload_times(shape, s, trainable, acc, n_gpus, vcpus_per_rank)
+    step_s = work_s + max(0.0, comm + offload_s - OVERLAP * work_s) + cpu_step_s / max(1, s.grad_accum)
     tokens_per_s = n_gpus * tokens_mb / step_s
     total = work.total_tokens(n_gpus)
     return TimeEstimate(
@@ -395,6 +418,8 @@ def estimate_time(
         comm_s_per_microbatch=comm,
         dequant_s_per_microbatch=dequant,
         step_s_per_microbatch=step_s,
+        offload_s_per_microbatch=offload_s,
+        cpu_optimizer_s_per_step=cpu_step_s,
     )
 
 
@@ -414,3 +439,27 @@ def scaled(t: TimeEstimate, ratio: float) -> TimeEstimate:
         dequant_s_per_microbatch=t.dequant_s_per_microbatch / ratio,
         step_s_per_microbatch=t.step_s_per_microbatch / ratio,
     )
+
+
+def offload_times(
+    shape: ModelShape, s: Settings, trainable: int, acc: Accelerator, n_gpus: int, vcpus: float | None
+) -> tuple[float, float]:
+    """(host<->GPU copy seconds per micro-batch, CPU optimizer seconds per optimizer step) of CPU offload;
+    (0, 0) without it. Each pass copies the rank's weight shard to the GPU as stored (fp32 master weights
+    of a full fine-tune, packed 4-bit + 16-bit rest for QLoRA, the compute dtype for LoRA's base); the
+    fp32 gradient shard comes back once per micro-batch."""
+    if s.offload != "params":
+        return 0.0, 0.0
+    n = max(1, n_gpus)
+    link = HOST_LINK_GBPS["c2c" if acc.name.lower() == "gh200" else "pcie"] * 1e9
+    if s.method == "qlora":
+        q = shape.quantizable_params
+        shard = (NF4_DQ_BYTES * q + DTYPE_BYTES[s.quant_compute] * (shape.params - q)) / n
+    elif s.method == "full":
+        shard = state_bytes(s.precision) * shape.params / n
+    else:
+        shard = compute_bytes(s.precision) * shape.params / n
+    copies = (weight_passes(s) * shard + FSDP_GRAD_BYTES * trainable / n) / link
+    words = OPTIMIZER_STEP_WORDS.get(s.optimizer, 7)
+    cpu = words * state_bytes(s.precision) * trainable / n / (CPU_ADAMW_GBPS_PER_VCPU * 1e9 * (vcpus or 1.0))
+    return copies, cpu

@@ -27,6 +27,12 @@ CUDA_CONTEXT_BYTES = 512 * MIB
 #: through the caching allocator, so it shows in reserved; cuBLASLt adds 1 MiB
 CUBLAS_WORKSPACE_BYTES = 33 * MIB
 
+#: host RAM of one trainer process besides its tensors: the Python interpreter with torch, transformers
+#: and the data pipeline imported, the CUDA runtime's host side and pinned staging buffers. Stated, not
+#: measured on a GPU here: a CPU trainer process measures about 1 GiB resident (notes/cpu-facts.md's
+#: imports), and CUDA's host-side runtime and the NCCL/gloo buffers commonly add 1-2 GiB per process
+HOST_PROCESS_BYTES = 3 * GIB
+
 #: FSDP FULL_SHARD keeps this many decoder layers gathered in forward/backward: the current unit and
 #: the prefetched one (the root, embeddings and head, stays gathered as well)
 FSDP_GATHERED_UNITS = 2

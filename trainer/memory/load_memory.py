@@ -23,6 +23,11 @@ How the trainer loads (trainer/model.py, trainer/quant.py, trainer/sharded_load.
   projection). With a bitsandbytes that cannot run on the CPU the trainer falls back to loading whole on
   each rank (trainer/distributed.py); the estimate counts the sharded path.
 
+With CPU offload (`train.offload: params`, FSDP2's CPUOffloadPolicy; one rank loads as a world of one)
+every rank materializes its shards in host RAM, not on the GPU: a GPU holds only what is in flight (and
+QLoRA's quant state, which is not a parameter). `load_host_bytes` says what the loading holds in host
+RAM: rank 0's whole CPU copy (sharded loading, and one process loading LoRA/full on the CPU first).
+
 On one GPU the step holds all of that and more (the estimate's weights term), so the load rarely sets the
 peak; under FSDP every method now holds a shard plus one tensor while loading.
 """
@@ -72,11 +77,19 @@ def load_peak_bytes(
     *,
     double_quant: bool = True,
     quant_compute: str = "bf16",
+    offload: bool = False,
 ) -> dict[str, float]:
     """Bytes one GPU holds at the peak of the trainer's loading, by part ("weights", "adapters",
     "in_flight": the 16-bit projection being quantized, or the full tensor being broadcast), on `ranks`
-    GPUs (see the module docstring)."""
+    GPUs (see the module docstring); with `offload` the shards are in host RAM."""
     adapters = float(adapter_bytes(precision) * counts.adapters) if method != "full" else 0.0
+    if offload:  # sharded loading into host RAM: the GPU sees the tensor in flight (+ QLoRA's quant state)
+        parts = load_peak_bytes(
+            method, precision, counts, max(2, ranks), double_quant=double_quant, quant_compute=quant_compute
+        )
+        packed = NF4_DQ_BYTES if double_quant else NF4_BYTES
+        state = (packed - NF4_DATA_BYTES) * counts.quantizable if method == "qlora" else 0.0
+        return {"weights": state, "adapters": 0.0, "in_flight": parts["in_flight"]}
     if method == "qlora":
         return _qlora_load_peak(counts, ranks, adapters, double_quant, quant_compute)
     size = DTYPE_BYTES[base_dtype_name(method, precision)]
@@ -117,3 +130,29 @@ def _qlora_load_peak(
         "adapters": adapters / ranks,
         "in_flight": float(in_flight),
     }
+
+
+def load_host_bytes(
+    method: str,
+    precision: str,
+    counts: WeightCounts,
+    ranks: int = 1,
+    *,
+    double_quant: bool = True,
+    quant_compute: str = "bf16",
+    offload: bool = False,
+) -> float:
+    """Host RAM the loading holds on rank 0's machine besides the shards: rank 0's whole CPU copy of the
+    model (trainer/sharded_load.py; one process loading LoRA or a full fine-tune builds it on the CPU
+    too, then moves it), or for QLoRA on one process nothing (it streams onto the GPU)."""
+    adapters = float(adapter_bytes(precision) * counts.adapters) if method != "full" else 0.0
+    sharded = ranks > 1 or offload
+    if method == "qlora":
+        if not sharded:
+            return 0.0
+        packed = NF4_DQ_BYTES if double_quant else NF4_BYTES
+        c = DTYPE_BYTES[quant_compute]
+        rest = c * (counts.params - counts.quantizable)
+        # the 4-bit model rank 0 quantizes, and the 16-bit projection being quantized
+        return packed * counts.quantizable + rest + adapters + c * counts.largest_quantizable
+    return float(DTYPE_BYTES[base_dtype_name(method, precision)] * counts.params) + adapters
