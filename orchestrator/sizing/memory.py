@@ -108,6 +108,8 @@ class Settings:
     quant_compute: str = "bf16"
     n_gpus: int = 1
     grad_accum: int = 1
+    #: train.optimizer_in_backward: each parameter steps in its gradient hook (one GPU, no accumulation)
+    optimizer_in_backward: bool = False
 
 
 @dataclass
@@ -331,6 +333,7 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
     logit = logits_bytes(shape, s, k)
     weights_fb = stored + gather + dequant
     accumulated = grads if s.grad_accum > 1 else 0.0
+    grads, step_temp, after_step = _in_backward(shape, s, grads, step_temp)
     parts_by_phase = {
         "forward_backward": {
             "weights": weights_fb + cast,
@@ -342,14 +345,14 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
         "backward_grads": {
             "weights": weights_fb,
             "gradients": grads + reduce_buf,
-            "optimizer": resident_optim,
+            "optimizer": resident_optim + (step_temp if s.optimizer_in_backward else 0.0),
             "activations": acts / 2,
             "logits": 0.0,
         },
         "optimizer_step": {
             "weights": stored,
-            "gradients": grads,
-            "optimizer": resident_optim + step_temp,
+            "gradients": after_step,
+            "optimizer": resident_optim + (0.0 if s.optimizer_in_backward else step_temp),
             "activations": 0.0,
             "logits": 0.0,
         },
@@ -390,6 +393,24 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
         peak_reserved_gib=reserved / GIB,
         load_gib_per_gpu=(load_reserved + context) / GIB,
     )
+
+
+# ---- optimizer step in backward (trainer/optim_in_backward.py) ----
+def _in_backward(
+    shape: ModelShape, s: Settings, grads: float, step_temp: float
+) -> tuple[float, float, float]:
+    """(gradients held in backward, step temporaries, gradients held at the optimizer step).
+
+    With the step in backward each parameter steps in its gradient hook and frees its gradient at once
+    (autograd runs a parameter's gradient accumulation as soon as it is ready), so about one parameter's
+    gradient is held, the largest, and the step's temporaries (of that parameter) come during backward;
+    after backward no gradient is left. Otherwise: every gradient, held until the step."""
+    if not s.optimizer_in_backward:
+        return grads, step_temp, grads
+    return float(_state_bytes(s) * _largest_trainable(shape, s)), step_temp, 0.0
+
+
+# ---- end optimizer step in backward ----
 
 
 def load_parts(shape: ModelShape, s: Settings, trainable: int) -> dict[str, float]:
@@ -437,6 +458,7 @@ def settings_from_spec(spec: Any, n_gpus: int | None = None) -> Settings:
         quant_compute=spec.quantization.compute_dtype,
         n_gpus=n,
         grad_accum=layout.accum,
+        optimizer_in_backward=getattr(spec.train, "optimizer_in_backward", False),
     )
 
 
