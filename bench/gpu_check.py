@@ -26,6 +26,7 @@ import gc
 import json
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +51,10 @@ TINY = {
 }
 
 
+#: train.offload (issue 20 point 2) is not on main yet: its case is a TODO line until it is
+OFFLOAD_TODO = "TODO: train.offload is not in the trainer yet (issue 20 point 2); add its case here"
+
+
 @dataclass
 class Case:
     name: str
@@ -57,6 +62,11 @@ class Case:
     method: str  # full | lora | qlora
     seq_len: int
     micro_batch: int = 1
+    optimizer: str = "adamw"
+    precision: str = "bf16-mixed"
+    in_backward: bool = False  # train.optimizer_in_backward (trainer/optim_in_backward.py)
+    ranks: int = 1  # > 1: the sharded load and step under torchrun, one rank per GPU (sharded_case)
+    todo: str | None = None  # a case whose feature is not in the trainer yet: reported, not run
 
 
 @dataclass
@@ -82,6 +92,8 @@ class Result:
     estimate_reserved_gib: float | None = None
     trace_allocated_gib: float | None = None
     trace_reserved_gib: float | None = None
+    #: multi-rank cases: the largest per-rank peak of the sharded load, before the first step
+    load_peak_allocated_gib: float | None = None
 
 
 GPU_CASES = [
@@ -91,11 +103,19 @@ GPU_CASES = [
     # the time model's micro-batch dependence: the same 8B LoRA at 512 tokens, micro-batch 1 and 8
     Case("lora-8b-512x1", "llama-3.1-8b", "lora", 512, micro_batch=1),
     Case("lora-8b-512x8", "llama-3.1-8b", "lora", 512, micro_batch=8),
+    # issue 20: torchtune's published 8B full fine-tune (18.9 GiB on one RTX 4090), the step in backward
+    Case("full-8b-inbwd", "llama-3.1-8b", "full", 2048, 2, "paged_adamw_8bit", "bf16", in_backward=True),
+    # issue 20: QLoRA loaded sharded (trainer/sharded_load.py) on 2 ranks; skipped with fewer GPUs
+    Case("qlora-8b-2ranks", "llama-3.1-8b", "qlora", 2048, ranks=2),
+    Case("offload", "llama-3.1-8b", "qlora", 2048, todo=OFFLOAD_TODO),
 ]
 CPU_CASES = [
     Case("lora-tiny", "tiny", "lora", 64),
     Case("qlora-tiny", "tiny", "qlora", 64),
     Case("full-tiny", "tiny", "full", 64),
+    Case("full-tiny-inbwd", "tiny", "full", 64, 2, "paged_adamw_8bit", "bf16", in_backward=True),
+    Case("qlora-tiny-2ranks", "tiny", "qlora", 64, ranks=2),
+    Case("offload", "tiny", "qlora", 64, todo=OFFLOAD_TODO),
 ]
 
 
@@ -119,11 +139,13 @@ def spec_for(case: Case, model_ref: str) -> Any:
             "data": {"path": "unused.jsonl", "max_seq_len": case.seq_len},
             "train": {
                 "micro_batch_size": case.micro_batch,
-                "precision": "bf16-mixed",
+                "precision": case.precision,
                 "gradient_checkpointing": True,
-                "optimizer": "adamw",
-                "max_grad_norm": 1.0,
+                "optimizer": case.optimizer,
+                "max_grad_norm": None if case.in_backward else 1.0,
+                "optimizer_in_backward": case.in_backward,
             },
+            "local": {"nproc": case.ranks},
             "checkpoint": {"uri": "/tmp/unused"},
         }
     )
@@ -182,7 +204,7 @@ def build(case: Case, device: Any) -> Any:
     return prepare_model(model, spec, device)
 
 
-def step_fn(case: Case, model: Any, optimizer: Any, ids: Any, device: Any) -> Any:
+def step_fn(case: Case, model: Any, optimizer: Any, ids: Any, device: Any, world: int = 1) -> Any:
     """One optimizer step through the trainer's step functions (trainer/step.py when present)."""
     import torch
 
@@ -197,7 +219,7 @@ def step_fn(case: Case, model: Any, optimizer: Any, ids: Any, device: Any) -> An
 
     def step() -> None:
         if accumulate is not None:
-            accumulate(model, [examples], spec=spec, device=device, pad_id=0)
+            accumulate(model, [examples], spec=spec, device=device, pad_id=0, world=world)
             update(model, optimizer, spec.train.max_grad_norm)
         else:
             from trainer.model import autocast_dtype
@@ -230,8 +252,8 @@ def estimate_for(case: Case) -> Any:
     if case.shape == "tiny":
         with tempfile.TemporaryDirectory() as tmp:
             Path(tmp, "config.json").write_text(json.dumps(config_for("tiny")))
-            return estimate_memory(spec_for(case, tmp))
-    return estimate_memory(spec_for(case, case.shape))
+            return estimate_memory(spec_for(case, tmp), case.ranks)
+    return estimate_memory(spec_for(case, case.shape), case.ranks)
 
 
 def model_flops_per_token(case: Case, params: int, cfg: dict[str, Any]) -> float:
@@ -259,6 +281,11 @@ def run_case(case: Case, device: Any, steps: int, warmup: int) -> Result:
         est.peak_gib_per_gpu, est.peak_phase,
         estimate_allocated_gib=est.peak_allocated_gib, estimate_reserved_gib=est.peak_reserved_gib,
     )  # fmt: skip
+    if case.todo or case.ranks > 1:
+        base.skipped = case.todo or sharded_skip(case, device)
+        if base.skipped:
+            return base
+        return sharded_case(case, device, steps, warmup, base)
     base.trace_allocated_gib, base.trace_reserved_gib = traced_gib(case)
     if case.method == "qlora" and device.type not in bitsandbytes_devices():
         base.skipped = f"bitsandbytes does not support {device.type} here"
@@ -316,6 +343,144 @@ def run_case(case: Case, device: Any, steps: int, warmup: int) -> Result:
     )
     result.predicted_tokens_per_s = predicted_tokens_per_s(case, result.device, trainable)
     return result
+
+
+# ---- issue 20: the sharded QLoRA load on several ranks, and the measured facts for the planner -------
+def sharded_skip(case: Case, device: Any) -> str | None:
+    """Why this multi-rank case cannot run here (None: it can; the CPU runs it on gloo ranks)."""
+    import torch
+
+    found = torch.cuda.device_count() if device.type == "cuda" else case.ranks
+    if found < case.ranks:
+        return f"needs {case.ranks} GPUs, this machine has {found}"
+    return None
+
+
+def sharded_case(case: Case, device: Any, steps: int, warmup: int, base: Result) -> Result:
+    """Save the case's model (random weights) to a folder, then load it sharded and step it on
+    `case.ranks` processes under torchrun (`--rank-worker`); the peaks are the largest over the ranks."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = config_for(case.shape)
+    hf = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16).save_pretrained(tmp)
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={case.ranks}",
+            __file__, "--rank-worker", case.name, "--model-dir", tmp, "--steps", str(steps),
+            "--warmup", str(warmup), *(["--cpu-tiny"] if device.type == "cpu" else []),
+        ]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        ranks = sorted(Path(tmp).glob("rank-*.json"))
+        if done.returncode != 0 or len(ranks) != case.ranks:
+            base.skipped = f"the {case.ranks}-rank run failed: {(done.stderr or done.stdout).strip()[-300:]}"
+            return base
+        rows = [json.loads(r.read_text()) for r in ranks]
+    gib = 1024**3
+    step_s = max(r["step_s"] for r in rows)
+
+    def peak(key: str) -> float | None:
+        values = [r[key] for r in rows if r[key] is not None]
+        return max(values) / gib if values else None
+
+    base.device, base.params, base.steps = rows[0]["device"], rows[0]["params"], steps
+    base.trainable = rows[0]["trainable"]
+    base.step_s, base.tokens_per_s = step_s, case.ranks * case.micro_batch * case.seq_len / step_s
+    base.peak_allocated_gib, base.peak_reserved_gib = peak("peak_allocated"), peak("peak_reserved")
+    base.load_peak_allocated_gib = peak("load_peak_allocated")
+    base.peak_rss_gib = max(r["rss"] for r in rows) / gib
+    return base
+
+
+def rank_worker(name: str, model_dir: str, steps: int, warmup: int, cpu: bool) -> int:
+    """One rank of a multi-rank case (under torchrun): the trainer's sharded load, then timed steps."""
+    import torch
+
+    from trainer.distributed import Sharded
+    from trainer.loop import make_optimizer
+
+    case = next(c for c in GPU_CASES + CPU_CASES if c.name == name)
+    device = torch.device("cpu") if cpu else torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    spec = spec_for(case, model_dir)
+    par = Sharded(device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    model = par.load(spec, device)
+    load_peak = torch.cuda.max_memory_allocated(device) if cuda else None
+    model.train()
+    optimizer = make_optimizer(spec, model)
+    vocab = config_for(case.shape)["vocab_size"]
+    gen = torch.Generator(device="cpu").manual_seed(par.rank)
+    ids = torch.randint(0, vocab, (case.micro_batch, case.seq_len), generator=gen).to(device)
+    step = step_fn(case, model, optimizer, ids, device, world=par.world)
+    for _ in range(warmup):
+        step()
+    par.barrier()
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    par.barrier()
+    row = {
+        "rank": par.rank,
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "params": sum(p.numel() for p in model.parameters()),  # DTensors: the global sizes
+        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "step_s": (time.perf_counter() - started) / max(1, steps),
+        "load_peak_allocated": load_peak,
+        "peak_allocated": torch.cuda.max_memory_allocated(device) if cuda else None,
+        "peak_reserved": torch.cuda.max_memory_reserved(device) if cuda else None,
+        "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+    Path(model_dir, f"rank-{par.rank}.json").write_text(json.dumps(row))
+    par.dist.destroy_process_group()
+    return 0
+
+
+def measured_facts(results: list[Result]) -> list[dict[str, Any]]:
+    """Each case that ran, as an attempt's `measured` record (the keys the planner's history reads), with
+    the case's job settings beside it, so a lent GPU's run can feed the history."""
+    facts = []
+    for r in results:
+        if r.skipped:
+            continue
+        case = next(c for c in GPU_CASES + CPU_CASES if c.name == r.case)
+        cuda = r.device != "cpu"
+        facts.append(
+            {
+                "case": case.name,
+                "model": case.shape,
+                "method": case.method,
+                "seq_len": case.seq_len,
+                "optimizer": case.optimizer,
+                "optimizer_in_backward": case.in_backward,
+                "estimate_gib": r.estimate_gib,
+                "measured": {
+                    "device": "cuda" if cuda else "cpu",
+                    "gpu_name": r.device if cuda else None,
+                    "world_size": case.ranks,
+                    "micro_batch_size": case.micro_batch,
+                    "grad_accum": 1,
+                    "gradient_checkpointing": True,
+                    "peak_allocated_bytes": _bytes(r.peak_allocated_gib),
+                    "peak_reserved_bytes": _bytes(r.peak_reserved_gib),
+                    "tokens_per_s": r.tokens_per_s,
+                    "step_s": r.step_s,
+                },
+            }
+        )
+    return facts
+
+
+def _bytes(gib: float | None) -> int | None:
+    return None if gib is None else round(gib * 1024**3)
+
+
+# ---- end issue 20 ------------------------------------------------------------------------------------
 
 
 #: CUDA device-name fragments -> orchestrator.sizing.throughput.ACCELERATORS keys (most specific first)
@@ -417,7 +582,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per case")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per case")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--facts", help="write the measured facts (attempt `measured` records) here")
+    parser.add_argument("--rank-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.rank_worker:  # one rank of a multi-rank case, started by sharded_case
+        return rank_worker(args.rank_worker, args.model_dir, args.steps, args.warmup, args.cpu_tiny)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
 
@@ -448,6 +618,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntotal {time.time() - started:.0f}s; torch {torch.__version__}")
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
+    if args.facts:
+        Path(args.facts).write_text(json.dumps(measured_facts(results), indent=1))
+    for r in results:
+        if r.skipped:
+            print(f"{r.case}: skipped: {r.skipped}")
     return 0
 
 

@@ -204,6 +204,35 @@ class TrainSpec(_Strict):
     #: The math is the same either way: a run resumes with or without it
     offload: Literal["auto", "none", "params"] = "auto"
 
+    # ---- optimizer step in backward (trainer/optim_in_backward.py) ----
+    #: step each parameter's optimizer in its gradient hook, so the whole gradient is never held (one GPU,
+    #: train.grad_accum 1, no fp16-mixed; train.max_grad_norm is not applied: its default is ignored and
+    #: an explicit value refused)
+    optimizer_in_backward: bool = False
+
+    @model_validator(mode="after")
+    def _optimizer_in_backward(self) -> TrainSpec:
+        if not self.optimizer_in_backward:
+            return self
+        if self.grad_accum > 1:
+            raise ValueError(
+                "train.grad_accum: must be 1 with train.optimizer_in_backward (each parameter steps as its"
+                " gradient arrives; nothing accumulates); raise train.micro_batch_size instead"
+            )
+        if self.precision == "fp16-mixed":
+            raise ValueError(
+                "train.precision: fp16-mixed's loss scaler needs the whole gradient before any step; use"
+                " bf16-mixed, bf16 or fp32 with train.optimizer_in_backward"
+            )
+        if "max_grad_norm" in self.model_fields_set and self.max_grad_norm is not None:
+            raise ValueError(
+                "train.max_grad_norm: clipping needs the whole gradient's norm, which"
+                " train.optimizer_in_backward never holds; set it to null"
+            )
+        return self
+
+    # ---- end optimizer step in backward ----
+
 
 class CheckpointSpec(_Strict):
     uri: str = Field(min_length=1)

@@ -133,6 +133,19 @@ def layout_for(spec: Any, gpus_per_node: int = 1, nodes: int = 1, max_micro: int
             f"train.offload '{spec.train.offload}' steps the optimizer on FSDP's sharded parameters; "
             f"train.optimizer '{spec.train.optimizer}' cannot (use adamw or sgd)"
         )
+    # ---- optimizer step in backward (trainer/optim_in_backward.py) ----
+    if getattr(spec.train, "optimizer_in_backward", False):
+        if ranks > 1:
+            return refuse(
+                "train.optimizer_in_backward runs on 1 GPU (one process; its per-parameter steps are not "
+                "sharded by FSDP); set it to false to shard"
+            )
+        if accum > 1:
+            return refuse(
+                f"train.grad_accum must be 1 with train.optimizer_in_backward (got {accum}); "
+                "raise train.micro_batch_size instead"
+            )
+    # ---- end optimizer step in backward ----
     if effective % ranks:
         fits = [n for n in (1, 2, 4, 8, 16, 32, 64) if effective % n == 0 and n <= effective]
         return refuse(

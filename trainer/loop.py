@@ -70,6 +70,15 @@ def lr_lambda_for(spec: JobSpec, steps: int) -> Any:
 
 def make_optimizer(spec: JobSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
+    if spec.train.optimizer_in_backward:  # one optimizer per parameter, stepped in its gradient hook
+        from trainer.optim_in_backward import InBackwardOptimizer
+
+        return InBackwardOptimizer(params, lambda group: optimizer_for(spec, group))
+    return optimizer_for(spec, params)
+
+
+def optimizer_for(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The job's optimizer (train.optimizer) over `params`."""
     if spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
         from trainer.quant import make_8bit_optimizer
 

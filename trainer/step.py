@@ -21,6 +21,7 @@ from trainer.data.dataset import Example, collate
 from trainer.data.packing import uses_flat_batches
 from trainer.loss import label_tokens, loss_sum
 from trainer.model import autocast_dtype
+from trainer.optim_in_backward import in_backward
 
 SCALER_KEY = "grad_scaler"
 
@@ -81,6 +82,9 @@ def update(
 ) -> float | None:
     """Clip (after unscaling) and step; with a scaler the step is skipped when gradients overflowed.
     Returns the gradient norm before clipping (None without clipping)."""
+    if in_backward(optimizer):  # train.optimizer_in_backward: the hooks stepped; no whole gradient to clip
+        optimizer.step()  # steps nothing (keeps the LR scheduler's order check quiet)
+        return None
     if scaler is not None:
         scaler.unscale_(optimizer)
     grad_norm = None

@@ -117,6 +117,8 @@ class Settings:
     grad_accum: int = 1
     offload: str = "none"  # train.offload: none | params (FSDP2's CPUOffloadPolicy)
     nodes: int = 1  # machines the n_gpus ranks are spread over (host RAM is per machine)
+    #: train.optimizer_in_backward: each parameter steps in its gradient hook (one GPU, no accumulation)
+    optimizer_in_backward: bool = False
 
 
 @dataclass
@@ -353,6 +355,7 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
     logit = logits_bytes(shape, s, k)
     weights_fb = stored + gather + dequant
     accumulated = grads if s.grad_accum > 1 else 0.0
+    grads, step_temp, after_step = _in_backward(shape, s, grads, step_temp)
     parts_by_phase = {
         "forward_backward": {
             "weights": weights_fb + cast,
@@ -364,14 +367,14 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
         "backward_grads": {
             "weights": weights_fb,
             "gradients": grads + reduce_buf,
-            "optimizer": resident_optim,
+            "optimizer": resident_optim + (step_temp if s.optimizer_in_backward else 0.0),
             "activations": acts / 2,
             "logits": 0.0,
         },
         "optimizer_step": {
             "weights": stored,
-            "gradients": grads,
-            "optimizer": resident_optim + step_temp,
+            "gradients": after_step,
+            "optimizer": resident_optim + (0.0 if s.optimizer_in_backward else step_temp),
             "activations": 0.0,
             "logits": 0.0,
         },
@@ -415,6 +418,24 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
         host_breakdown_gib={key: val / GIB for key, val in host.items()},
         offload=s.offload,
     )
+
+
+# ---- optimizer step in backward (trainer/optim_in_backward.py) ----
+def _in_backward(
+    shape: ModelShape, s: Settings, grads: float, step_temp: float
+) -> tuple[float, float, float]:
+    """(gradients held in backward, step temporaries, gradients held at the optimizer step).
+
+    With the step in backward each parameter steps in its gradient hook and frees its gradient at once
+    (autograd runs a parameter's gradient accumulation as soon as it is ready), so about one parameter's
+    gradient is held, the largest, and the step's temporaries (of that parameter) come during backward;
+    after backward no gradient is left. Otherwise: every gradient, held until the step."""
+    if not s.optimizer_in_backward:
+        return grads, step_temp, grads
+    return float(_state_bytes(s) * _largest_trainable(shape, s)), step_temp, 0.0
+
+
+# ---- end optimizer step in backward ----
 
 
 def _quant_state_bytes(shape: ModelShape, s: Settings) -> float:
@@ -503,6 +524,7 @@ def settings_from_spec(spec: Any, n_gpus: int | None = None, offload: str | None
         grad_accum=layout.accum,
         offload=offload or ("params" if spec.train.offload == "params" else "none"),
         nodes=spec.resources.nodes if n % spec.resources.nodes == 0 else 1,
+        optimizer_in_backward=getattr(spec.train, "optimizer_in_backward", False),
     )
 
 

@@ -32,6 +32,7 @@ FIELDS = (
     "train.effective_batch", "train.epochs", "train.max_steps", "train.lr", "train.weight_decay",
     "train.warmup_steps", "train.warmup_ratio", "train.schedule", "train.max_grad_norm", "train.seed",
     "train.precision", "train.optimizer",
+    "train.optimizer_in_backward",  # one optimizer per parameter: its state and schedule differ in shape
 )  # fmt: skip
 #: settings that stay free on resume (the rest of the schema): a test checks that every field is in one
 FREE = (

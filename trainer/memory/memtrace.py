@@ -5,7 +5,8 @@ the allocator replay is already its own module, trainer/memory/cuda_allocator.py
 The trainer's own code runs: `trainer.model.prepare_model` (gradient checkpointing, LoRA adapters, the
 dtypes of trainable weights), `trainer.quant.prepare_quantized` (QLoRA), `trainer.loop.make_optimizer`,
 the trainer's step (`trainer.step.accumulate` and `update`: autocast, the chunked loss, backward, clipping,
-`optimizer.step()`), then `zero_grad(set_to_none=True)`. Only the base model's weights are not read: it is
+`optimizer.step()`; with train.optimizer_in_backward each parameter's step runs in its gradient hook during
+backward, trainer/optim_in_backward.py), then `zero_grad(set_to_none=True)`. Only the base model's weights are not read: it is
 built from its `config.json` (`AutoModelForCausalLM.from_config`, in `trainer.model.base_dtype`) inside
 `FakeTensorMode`, so no memory is allocated. A `TorchDispatchMode` records every new storage and its
 release (weakref finalizers), rounded like the CUDA caching allocator; `trainer.memory.cuda_allocator` replays

@@ -105,6 +105,75 @@ def test_published_torchtune_8b_full_needs_more_than_its_19gb_here():
     assert plan.chosen is not None, plan.why_none()
 
 
+def test_published_torchtune_8b_full_with_optimizer_in_backward_fits_one_24gb_gpu():
+    """torchtune's README (v0.6): Llama-3.1-8B full fine-tuning, batch 2 x 2,048 tokens, 18.9 GiB peak on one
+    RTX 4090 (config llama3_1/8B_full_single_device: bf16 weights, bitsandbytes PagedAdamW8bit,
+    optimizer_in_bwd, activation checkpointing). With train.optimizer_in_backward ftorch holds one
+    parameter's gradient instead of all 15 GiB of them, so the job fits a 24 GB GPU, and the planner picks
+    the 24 GB offer when it is the cheapest; without it the same job needs more (the test above)."""
+    from orchestrator.planner import HEADROOM
+    from orchestrator.sizing.memory import settings_from_spec
+
+    train = {"precision": "bf16", "optimizer": "paged_adamw_8bit", "max_grad_norm": None}
+    spec = _job("meta-llama/Llama-3.1-8B", "full", 2048, 2, optimizer_in_backward=True, **train)
+    est = estimate(bundled_shape("llama-3.1-8b"), settings_from_spec(spec, 1))
+    held = estimate(
+        bundled_shape("llama-3.1-8b"), replace(settings_from_spec(spec, 1), optimizer_in_backward=False)
+    )
+    assert est.peak_gib_per_gpu < 24 * (1 - HEADROOM) < held.peak_gib_per_gpu
+    assert 18.9 * 0.9 < est.peak_gib_per_gpu < 18.9 * 1.2  # the published peak, within the estimate's error
+    assert est.breakdown_gib["gradients"] < 1.0 < 14 < held.breakdown_gib["gradients"]
+    plan = make_plan(
+        spec,
+        catalog=_offers(
+            "runpod,home.1x24,A10,1,24,0.60,0.30,us-east-1,PCIe\n",
+            "aws,l40s.one,L40S,1,44.7,1.90,0.90,us-east-1,n/a\n",
+        ),
+    )
+    assert plan.chosen is not None and plan.chosen.instance_type == "home.1x24", plan.why_none()
+    assert plan.chosen.layout.ranks == 1 and plan.chosen.layout.accum == 1
+    # more GPUs are refused for it (one process only), with the reason
+    pair = make_plan(spec, catalog=_offers("runpod,home.2x24,A10,2,24,0.20,0.10,us-east-1,PCIe\n"))
+    (refused,) = pair.rejected
+    assert pair.chosen is None and "runs on 1 GPU" in refused.reason
+
+
+def test_trace_runs_the_step_in_backward_and_the_estimate_follows_it():
+    """`ftorch estimate --trace` runs the trainer's hook path (make_optimizer -> InBackwardOptimizer): its
+    peak drops by the gradients it no longer holds, and the analytic estimate stays within 10% of it."""
+    pytest.importorskip("transformers")
+    from trainer.config import JobSpec
+    from trainer.memory.memtrace import trace
+
+    sys_path = str(REPO / "bench")
+    sys.path.insert(0, sys_path)
+    try:
+        import derive_memory_constants as derive
+    finally:
+        sys.path.remove(sys_path)
+    config = {**bundled_shape("smollm2-135m").config, "num_hidden_layers": 8}
+    shape = replace(bundled_shape("smollm2-135m"), layers=8)
+    peaks = {}
+    for in_bwd in (False, True):
+        s = Settings(
+            method="full",
+            precision="bf16",
+            micro_batch=2,
+            seq_len=64,
+            grad_ckpt=True,
+            optimizer_in_backward=in_bwd,
+        )
+        job = derive.job_for("smollm2-135m", s)
+        job["train"].update(optimizer_in_backward=in_bwd, max_grad_norm=None)
+        traced = trace(JobSpec.model_validate(job), config, [1])[0]
+        est = estimate(shape, s, calibrated_constants())
+        assert est.peak_allocated_gib == pytest.approx(traced.peak_allocated_gib, rel=0.10)
+        assert est.peak_reserved_gib == pytest.approx(traced.peak_reserved_gib, rel=0.10)
+        peaks[in_bwd] = traced
+    assert peaks[True].peak_allocated_gib < peaks[False].peak_allocated_gib - 0.03
+    assert "grad" not in peaks[True].at_peak_gib
+
+
 HOST_HEADER = (
     "cloud,instance_type,accelerator,count,gpu_memory_gib,vcpus,memory_gib,ondemand_usd,spot_usd,regions,"
     "interconnect\n"
