@@ -6,7 +6,7 @@ Traces (trainer/memory/memtrace.py) one step for every configuration of a grid o
 precision x attention x gradient checkpointing x sequence length x micro-batch, then fits the few
 constants of orchestrator/sizing/memory.py (activation and logit factors per regime, autocast copies, optimizer
 temporaries, allocator slack) by least squares on the traced peaks, and writes them with every traced row
-to orchestrator/data/memory_constants.json. tests/orchestrator/sizing/test_memory_trace.py holds the analytic estimate within
+to orchestrator/data/memory_constants.json. tests/orchestrator_tests/sizing/test_memory_trace.py holds the analytic estimate within
 10% of these traces, and re-traces a sample to check the file is current. No published benchmark is used.
 
 Architectures are the bundled configs with their real widths, vocabularies and module layouts, traced

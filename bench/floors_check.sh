@@ -18,7 +18,7 @@ PYTHONPATH="$target:$PWD" .venv/bin/python -c \
     "import torch, transformers, peft, datasets; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'datasets', datasets.__version__)"
 PYTHONPATH="$target:$PWD" OMP_NUM_THREADS=1 FTORCH_HOME="$(mktemp -d)" .venv/bin/python -m pytest -q -n 0 \
     -p no:cacheprovider \
-    tests/trainer/checkpoints/test_exact_resume.py::test_sigterm_checkpoints_exits_preempted_and_resumes_bitwise \
-    tests/trainer/test_qlora.py tests/trainer/test_export.py tests/trainer/memory/test_lean_trainer.py tests/trainer/data/test_data.py \
-    tests/trainer/test_fsdp.py::test_sharded_checkpoint_layout_and_manifest tests/trainer/data/test_packing.py \
-    tests/trainer/test_sharded_load.py tests/trainer/data/test_data_sources.py tests/trainer/checkpoints/test_sharded_export.py "$@"
+    tests/trainer_tests/checkpoints/test_exact_resume.py::test_sigterm_checkpoints_exits_preempted_and_resumes_bitwise \
+    tests/trainer_tests/test_qlora.py tests/trainer_tests/test_export.py tests/trainer_tests/memory/test_lean_trainer.py tests/trainer_tests/data/test_data.py \
+    tests/trainer_tests/test_fsdp.py::test_sharded_checkpoint_layout_and_manifest tests/trainer_tests/data/test_packing.py \
+    tests/trainer_tests/test_sharded_load.py tests/trainer_tests/data/test_data_sources.py tests/trainer_tests/checkpoints/test_sharded_export.py "$@"

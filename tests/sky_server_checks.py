@@ -1,5 +1,5 @@
 """The cloud controller's SDK calls against SkyPilot 0.14.1's real local API server, offline (run by
-tests/orchestrator/backends/test_skypilot_sdk.py in a subprocess with a private HOME and port; prints one JSON line).
+tests/orchestrator_tests/backends/test_skypilot_sdk.py in a subprocess with a private HOME and port; prints one JSON line).
 
 No cloud has credentials, so a launch can get as far as SkyPilot's optimizer ("Cloud access is not set
 up"); a hand-written catalog (common accelerators, and the regions of the task's entries) stands in for

@@ -1,6 +1,6 @@
 """Peak GPU memory per GPU for a fine-tuning job: full, LoRA and QLoRA, with or without FSDP sharding.
 (Over 400 lines: each term below mirrors one part of the trainer's step, with the trace-derived
-constants; keeping them in one place is what lets tests/orchestrator/sizing/test_memory_trace.py hold it to the trace.)
+constants; keeping them in one place is what lets tests/orchestrator_tests/sizing/test_memory_trace.py hold it to the trace.)
 
 This is the fast, analytic twin of `ftorch estimate --trace` (trainer/memory/memtrace.py, one real training step
 of ftorch's trainer on fake tensors). The planner sizes hundreds of offers with it. Its terms follow the
@@ -23,7 +23,7 @@ is refused for its load), then
 reserved = allocated x (1 + allocator slack) + the cuBLAS workspace, and the CUDA context on top
 (`peak_gib_per_gpu`, what the device must hold). The factors are fitted by bench/derive_memory_constants.py
 to traces over a grid of architectures and settings (orchestrator/data/memory_constants.json), never to a
-published benchmark; tests/orchestrator/sizing/test_memory_trace.py holds this estimate within 10% of those traces.
+published benchmark; tests/orchestrator_tests/sizing/test_memory_trace.py holds this estimate within 10% of those traces.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ A shape comes from a local folder with `config.json`, from the bundled table of 
 `online=True`, cached under `$FTORCH_HOME/hub`). Parameter counts are computed from the architecture per
 family with the architecture's real module names (llama, mistral, mixtral, qwen2, gemma, gemma2, phi,
 phi3, falcon with its fused query_key_value and 2-matrix MLP, gpt_neox, stablelm);
-`tests/orchestrator/sizing/test_shapes.py` checks them against transformers models built on the meta device.
+`tests/orchestrator_tests/sizing/test_shapes.py` checks them against transformers models built on the meta device.
 """
 
 from __future__ import annotations

@@ -259,3 +259,25 @@ def test_trainer_never_imports_orchestrator() -> None:
         if t.startswith("orchestrator")
     )
     assert not bad, bad
+
+
+def test_no_test_folder_shadows_a_package_for_scripts_run_from_tests() -> None:
+    """A script run from tests/ (tests/sky_server_checks.py) has tests/ first on its path: a test folder
+    named like a package (tests/trainer/) would be imported as that package, a namespace without its code."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); import orchestrator, trainer; "
+        "print(orchestrator.__file__, trainer.__file__)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as CI runs it: the installed ftorch
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd="/", env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    files = out.stdout.split()
+    assert len(files) == 2 and all(f.endswith("__init__.py") and "/tests/" not in f for f in files), (
+        out.stdout
+    )
