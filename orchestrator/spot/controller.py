@@ -521,16 +521,16 @@ class Controller:
         task["resources"]["ordered"] = moved
         st.ordered[self.mode.value] = moved
         why = f"{RELOCATED}{lost}: relaunched with that region last"
-        self._replace(Relaunch(self.mode.value, why, now, replaces=sky_job_id), cancel=True)
-        if st.relaunch is not None and st.relaunch.tries and not st.ended:  # e.g. a region SkyPilot's
-            sys.stderr.write(  # catalog lacks: the list as it was, as it was
-                f"controller: relaunch with {lost} last refused ({st.relaunch.error}); the list as it was\n"
+        intent = Relaunch(self.mode.value, why, now, replaces=sky_job_id)
+        refused = self._replace(intent, cancel=True, first_try_only=True)
+        if refused is not None:  # e.g. a region SkyPilot's catalog lacks: the list as it was
+            sys.stderr.write(
+                f"controller: relaunch with {lost} last refused ({refused}); the list as it was\n"
             )
             task["resources"]["ordered"] = entries
             st.ordered.pop(self.mode.value, None)
-            st.relaunch.why = f"{RELOCATED}{lost}: relaunched (the reordered list was refused)"
-            st.relaunch.tries = 0
-            self._relaunch(st.relaunch, now)
+            intent.why = f"{RELOCATED}{lost}: relaunched (the reordered list was refused)"
+            self._relaunch(intent, now)
         return True
 
     def _begin_switch(
@@ -593,37 +593,47 @@ class Controller:
         )
         self._replace(Relaunch(to.value, pending.why, now, replaces=old_id if live else None), cancel=live)
 
-    def _replace(self, intent: Relaunch, cancel: bool) -> None:
+    def _replace(self, intent: Relaunch, cancel: bool, first_try_only: bool = False) -> str | None:
         """Cancel the current managed job and launch its replacement, the intent saved in the run store
-        first: a controller killed in between finishes it when it starts again (never no managed job)."""
+        first: a controller killed in between finishes it when it starts again (never no managed job).
+        `first_try_only`: a refusal is returned (its line) instead of counted, for the caller to retry."""
         self.state.relaunch = intent
         self._save()
         if cancel and intent.replaces is not None:
             self.client.cancel(int(intent.replaces))
             intent.replaces = None
             self._save()
-        self._relaunch(intent, intent.at)
+        if not first_try_only:
+            self._relaunch(intent, intent.at)
+            return None
+        try:
+            self._launch_for(intent)
+        except Exception as exc:  # noqa: BLE001 - the caller tries again another way
+            return exc.line if isinstance(exc, LaunchRefused) else one_line(exc)
+        return None
 
     def _relaunch(self, intent: Relaunch, now: float) -> None:
-        """A launch after the cancel of the managed job it replaces (cancelled again first when a kill
-        came between). Never for a run that is over by its store. A refusal is kept to be tried again
+        """A launch after the cancel of the managed job it replaces. A refusal is kept to be tried again
         next tick; one for good (RefusedForGood), or the last try, ends the job FAILED."""
+        try:
+            self._launch_for(intent)
+        except Exception as exc:  # noqa: BLE001 - SkyPilot refusing it: kept, tried again next tick
+            self._refused(intent, exc, now)
+
+    def _launch_for(self, intent: Relaunch) -> None:
+        """Carry out a relaunch intent: cancel the job it replaces if a kill came before that, then
+        launch, unless the run is over by its store (finished or stopped meanwhile): never for it."""
         if intent.replaces is not None:
             self.client.cancel(int(intent.replaces))  # the kill came before the cancel: cancel now
             intent.replaces = None
             self._save()
         over = run_end(self.store)
-        if over is not None:  # it ended meanwhile (finished, or stopped): nothing to launch for it
-            self.state.relaunch = None
-            self.state.ended = over
+        if over is not None:
+            self.state.relaunch, self.state.ended = None, over
             self._event({"finished": "succeeded"}.get(over, over), "the run ended before the relaunch")
             return
         withdraw_stop(self.store)  # the stop asked of the old attempt is done: the new one trains
-        try:
-            self.launch(Mode(intent.mode), intent.why)
-        except Exception as exc:  # noqa: BLE001 - SkyPilot refusing it: kept, tried again next tick
-            self._refused(intent, exc, now)
-            return
+        self.launch(Mode(intent.mode), intent.why)
         self.state.relaunch = None
 
     def _refused(self, intent: Relaunch, exc: Exception, now: float) -> None:
