@@ -177,6 +177,22 @@ def resume(
 
 
 @app.command()
+def controller(job: Annotated[str, typer.Argument(help="a SkyPilot job id")]) -> None:
+    """Run a SkyPilot job's controller in the foreground (on an always-on machine; docs/clouds.md)."""
+    from orchestrator.backends import skypilot_controller
+    from orchestrator.errors import UserError
+    from orchestrator.jobs import get_job
+    from orchestrator.registry import Registry
+
+    found = get_job(job, Registry())
+    if found.backend != "skypilot":
+        raise UserError(
+            f"JOB: {job} runs on the {found.backend} backend; only SkyPilot jobs have a controller"
+        )
+    raise typer.Exit(skypilot_controller.run_foreground(found.job_id))
+
+
+@app.command()
 def attach(
     run_uri: Annotated[str, typer.Argument(help="the run store: a local folder, s3://..., gs://...")],
     name: Annotated[str | None, typer.Option(help="job name (default: the run's own)")] = None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -132,7 +133,8 @@ class Client:
             return client.launch(task, name)
         except Exception as exc:
             order = [e["infra"] for e in task["resources"]["ordered"]]
-            self.calls.append(("launch refused", order, exc.__class__.__name__, str(exc)[:300]))
+            cause = exc.__cause__ or exc  # SdkClient raises typed refusals from SkyPilot's exception
+            self.calls.append(("launch refused", order, cause.__class__.__name__, str(cause)[:300]))
             raise
 
 
@@ -145,12 +147,12 @@ control = Controller(
     Client([records[running], records[recovering]]), RunStore(str(folder / "run")), folder,
     config=Config(tick_s=60.0), on_event=lambda e, r: events.append([e, r]), on_failed=failed.append,
 )  # fmt: skip
-control.state.update(mode="spot", sky_job_id=7)
+control.state.mode, control.state.sky_job_id = "spot", 7  # typed state (ControllerState)
 out["tick1"] = control.tick()
-out["placed"] = control.state["placed"]
+out["placed"] = dataclasses.asdict(control.state.placed)
 out["tick2"] = control.tick()
 out["calls"] = control.client.calls
-out["events"], out["failed"], out["ended"] = events, failed, control.state.get("ended")
+out["events"], out["failed"], out["ended"] = events, failed, control.state.ended
 out["moved"] = [e["infra"] for e in moved]
 out["lost"] = "/".join(lost)
 shutil.rmtree(catalog)  # the hand-written catalog was for these checks only

@@ -51,7 +51,7 @@ from orchestrator.states import AttemptEnd, JobState, Outcome
 from trainer import exitcodes
 from trainer.config import JobSpec
 from trainer.runstore.store import RunStore
-from trainer.stops.budget import BudgetGuard, budget_stop_of
+from trainer.stops.budget import BudgetGuard, budget_stop_of, spend_usd
 from trainer.stops.interruptions import request_stop
 
 POLL_S = 0.05
@@ -111,6 +111,14 @@ class Supervisor:
     def spent(self) -> float:
         return cost_usd(self.registry.attempts(self.job_id), JobState.RUNNING, time.time())
 
+    def store_spent(self) -> float:
+        """The spend the trainer's budget rule counts (its attempts' epoch records, the run store being the
+        truth), so that this check and the trainer's agree; the registry's if the store cannot be read."""
+        try:
+            return spend_usd(self.store.epoch_records())
+        except Exception:  # noqa: BLE001 - advisory: the trainer checks again at its start
+            return self.spent()
+
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.on_sigterm)
         signal.signal(signal.SIGINT, self.on_sigterm)
@@ -123,7 +131,7 @@ class Supervisor:
             if self.cancelled or self.registry.get(self.job_id).cancel_requested:
                 self.end(JobState.CANCELLED, "cancelled by the user; checkpoints kept")
                 return 0
-            over = self.budget_guard().check(self.spent())
+            over = self.budget_guard().check(self.store_spent())
             if over:  # e.g. a resume without a higher budget: stop before starting anything
                 self.registry.event(self.job_id, "budget", over.removeprefix("budget: "))
                 self.end(JobState.STOPPED, over, event="budget")

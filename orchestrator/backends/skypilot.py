@@ -28,6 +28,7 @@ from orchestrator.errors import SpecError, UserError, one_line
 from orchestrator.registry import Job, JobState, Registry
 from orchestrator.spot.policy import Mode
 from trainer.config import JobSpec
+from trainer.stops.interruptions import withdraw_stop
 
 
 # ---- planning and rendering ----------------------------------------------------------------------
@@ -61,6 +62,15 @@ def prepare(spec: JobSpec, job_id: str, run_uri: str) -> Launch:
     return Launch(plan, checks.preflight(spec, run_uri, task))
 
 
+def _withdraw_stop(job: Job) -> None:
+    """A launch or resume is a fresh decision: no stop request (of a cancel or switch killed midway)
+    stays in force for the new attempts (trainer/stops/interruptions.py request_in_force)."""
+    try:
+        withdraw_stop(job.run_store())
+    except Exception:  # noqa: BLE001 - a store not made yet holds no request
+        pass
+
+
 def start(registry: Registry, job: Job, launch: Launch | None = None) -> int:
     """Submit the job as a SkyPilot managed job; returns SkyPilot's job id. Fails as one line.
     Without `launch` (a resume), plans and checks here, as `prepare` does at launch."""
@@ -71,6 +81,7 @@ def start(registry: Registry, job: Job, launch: Launch | None = None) -> int:
             launch = Launch(plan, checks.usable_task(spec, rendered))
         tasks = _controller_tasks(registry, job, spec, launch)
         first = tasks.get(Mode.SPOT, launch.task) if len(tasks) > 1 else launch.task
+        _withdraw_stop(job)
         sky_job_id = sdk.submit(job.job_id, first, render.secret_names(spec))
     except (UserError, SpecError) as exc:
         registry.set_state(job.job_id, JobState.FAILED, f"launch failed: {exc}")

@@ -28,10 +28,11 @@ from orchestrator.spot.controller import (  # noqa: F401 - read_state, write_sta
     Controller,
     Plan,
     read_state,
-    split_resources,
+    spot_first,
     status_fields,
     write_state,
 )
+from orchestrator.spot.controller_state import STATE_RECORD, ControllerState
 from orchestrator.spot.policy import Mode
 
 
@@ -95,11 +96,13 @@ def single_list(spec: Any, task: Mapping[str, Any]) -> dict[Mode, dict[str, Any]
 def tasks_for(
     spec: Any, job_id: str, run_uri: str, task: Mapping[str, Any], render_job: Callable[..., Any]
 ) -> dict[Mode, dict[str, Any]]:
-    """Both resources lists of a switching job: its own entries split by kind; when it has no on-demand
-    entries (no `fallback: on-demand`), the plan's on-demand offers are added. Other jobs: `single_list`."""
+    """Both resources lists of a switching job: SPOT is the whole task, spot first and on-demand after
+    (a relaunch SkyPilot makes while the controller is away keeps its on-demand fallback), ON_DEMAND
+    the on-demand entries only; when the task has no on-demand entries (no `fallback: on-demand`), the
+    plan's on-demand offers are added. Other jobs: `single_list`."""
     if policy_of(spec) not in SWITCHING:
         return single_list(spec, task)
-    tasks = split_resources(task)
+    tasks = spot_first(task)
     if Mode.ON_DEMAND not in tasks:
         wider = spec.model_copy(deep=True)
         wider.resources.fallback = "on-demand"
@@ -196,20 +199,43 @@ def save_tasks(
         json.dump(payload, handle)
 
 
-def start(registry: Any, job: Any, sky_job_id: int, mode: Mode = Mode.SPOT) -> int:
-    """After the first launch (the spot list): record it as the controller's, start the controller."""
+def start(registry: Any, job: Any, sky_job_id: int, mode: Mode = Mode.SPOT, store: Any = None) -> int | None:
+    """After the first launch (or a resume): record it as the controller's (run store and job folder),
+    start the controller unless one holds the run's lease."""
     import time
 
+    store = store or _store(job)
     job_dir = registry.job_dir(job.job_id)
-    state = read_state(job_dir)
     now = time.time()
-    state.update(mode=mode.value, sky_job_id=sky_job_id, launched_at=now, down_since=now)
-    state.update(pending=None, ended=None, heartbeat_at=now, placed=None, stopped=None, ordered={})
-    state.update(relocated_step=None)
-    launch = {"sky_job_id": sky_job_id, "mode": mode.value, "at": now, "why": "launch"}
-    state.setdefault("launches", []).append(launch)
+    old = ControllerState.from_json(store.read_json_or_none(STATE_RECORD) or read_state(job_dir))
+    state = ControllerState(
+        mode=mode.value, sky_job_id=sky_job_id, launched_at=now, down_since=now, heartbeat_at=now,
+        switches=old.switches, preemptions_before=old.preemptions_before,
+        launches=[*old.launches, {"sky_job_id": sky_job_id, "mode": mode.value, "at": now, "why": "launch"}],
+    )  # fmt: skip
+    store.write_json(STATE_RECORD, state.to_json())
     write_state(job_dir, state)
+    if lease_holder(store) is not None:
+        return None  # the live controller (this machine's or another's) follows the new managed job
     return spawn(registry, job)
+
+
+def _store(job: Any) -> Any:
+    from trainer.runstore.store import RunStore
+
+    options = job.spec.get("checkpoint", {}).get("storage_options") or {}
+    return RunStore(job.run_uri, options, retry_seconds=30)
+
+
+def lease_holder(store: Any, now: float | None = None) -> str | None:
+    """Who holds the run's controller lease now (not expired, not released), or None."""
+    import time
+
+    from trainer.runstore.lease import Lease
+
+    current = Lease(store, "reader", 0.0).current()
+    now = time.time() if now is None else now
+    return current.holder if current is not None and current.live(now) else None
 
 
 def spawn(registry: Any, job: Any) -> int:
@@ -259,7 +285,6 @@ def for_job(job_id: str) -> Controller:
     from orchestrator.registry import Registry
     from orchestrator.spot.policy import make_policy
     from trainer.config import JobSpec, deadline_seconds
-    from trainer.runstore.store import RunStore
 
     registry = Registry()
     job = registry.get(job_id)
@@ -283,14 +308,14 @@ def for_job(job_id: str) -> Controller:
         switching=bool(saved.get("switching", True)),
         regions=saved.get("regions") or {},
     )
-    options = job.spec.get("checkpoint", {}).get("storage_options") or {}
-    store = RunStore(job.run_uri, options, retry_seconds=30)
+    store = _store(job)
     return build(registry, job.job_id, plan, SdkClient(render.secret_names(spec)), store)
 
 
 def build(registry: Any, job_id: str, plan: Plan, client: Any, store: Any, **kwargs: Any) -> Controller:
     """A job's controller with its registry hooks: attempts and cost, notifications (the budget is the
     trainer's: trainer/stops/budget.py). `kwargs` go to Controller (tests: config, clock, where)."""
+    from orchestrator.backends.skypilot_cost import is_spot
     from orchestrator.backends.skypilot_watch import event_hook
     from orchestrator.states import JobState
 
@@ -306,38 +331,50 @@ def build(registry: Any, job_id: str, plan: Plan, client: Any, store: Any, **kwa
         on_record=on_record,
         on_event=event_hook(registry, job_id),
         on_failed=lambda reason: registry.set_state(job_id, JobState.FAILED, reason),
+        placed_spot=is_spot,
         **kwargs,
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_foreground(job_id: str, out: Any = None) -> int:
+    """The job's controller in this process until the job is over (`ftorch controller JOB`, or the
+    detached process `launch` starts). 0 when it ended with the job; 3 when another controller holds
+    the run's lease (this one never acts)."""
     import signal
 
+    out = out or sys.stdout
+    controller = for_job(job_id)
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _f: stopping.append(signum))
+    out.write(f"controller for {job_id} on {controller.state.where}\n")
+    out.flush()
+    controller.run(stop=lambda: bool(stopping))
+    if controller.yielded:
+        out.write(f"controller for {job_id}: not acting: {controller.yielded}\n")
+        return 3
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         sys.stderr.write("usage: python -m orchestrator.backends.skypilot_controller JOB_ID\n")
         return 2
-    controller = for_job(args[0])
-    stopping: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _f: stopping.append(signum))
-    controller._save()
-    sys.stdout.write(f"controller for {args[0]} on {controller.state['where']}\n")
-    sys.stdout.flush()
-    controller.run(stop=lambda: bool(stopping))
-    return 0
+    return run_foreground(args[0])
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
 
 
-def restart_if_dead(registry: Any, job: Any) -> str | None:
-    """`ftorch resume` on a cloud job that still runs: start its controller again if it died."""
+def restart_if_dead(registry: Any, job: Any, store: Any = None) -> str | None:
+    """`ftorch resume` on a cloud job that still runs: start its controller again unless one holds the
+    run's lease (a live one anywhere: never a second)."""
     job_dir = registry.job_dir(job.job_id)
     if not (job_dir / TASKS_FILE).exists():
         return None
-    fields = status_fields(job_dir).get("controller") or {}
-    if fields.get("alive") or "not alive" not in str(fields.get("note") or ""):
+    holder = lease_holder(store or _store(job))
+    if holder is not None:
         return None
     spawn(registry, job)
     return (

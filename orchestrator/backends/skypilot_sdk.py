@@ -150,7 +150,17 @@ class SdkClient:
         self.secret_names = secret_names or []
 
     def launch(self, task: dict[str, Any], name: str) -> int:
-        return submit(name, task, self.secret_names)
+        """Submit; SkyPilot's refusals as the controller's typed errors (never class names as strings)."""
+        from sky import exceptions as sky_exceptions
+
+        from orchestrator.spot.controller_state import LaunchRefused, RefusedForGood
+
+        try:
+            return submit(name, task, self.secret_names)
+        except sky_exceptions.NoCloudAccessError as exc:  # `sky check`: waiting does not cure it
+            raise RefusedForGood(one_line(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - an API server away, a region refused: try again
+            raise LaunchRefused(one_line(exc)) from exc
 
     def queue(self, job_ids: list[int]) -> list[dict[str, Any]]:
         return queue(job_ids)

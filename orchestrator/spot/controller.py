@@ -56,9 +56,20 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from orchestrator.errors import one_line
+from orchestrator.spot.controller_state import (
+    STATE_RECORD,
+    ControllerState,
+    LaunchRefused,
+    Pending,
+    Placement,
+    RefusedForGood,
+    Relaunch,
+    run_end,
+)
 from orchestrator.spot.policy import Mode, Observation, Policy
 from orchestrator.spot.region_order import lost_region_last
-from trainer.stops.interruptions import STOP_REQUEST, request_stop
+from trainer.runstore.lease import Lease, LeaseError
+from trainer.stops.interruptions import STOP_REQUEST, newest_epoch, request_stop, withdraw_stop
 
 STATE_FILE = "controller.json"
 #: SkyPilot statuses in which the job is over (for the controller: nothing left to control)
@@ -77,8 +88,6 @@ SWITCHING = ("deadline", "spot-fallback")
 STOP = "stop"
 #: the start of the reason of a relaunch after a preemption (the registry records it as a preemption)
 RELOCATED = "preempted in "
-#: SkyPilot's launch refusals that waiting does not cure (exception class names, SkyPilot 0.14.1)
-REFUSED_FOR_GOOD = ("NoCloudAccessError",)
 
 
 class SkyClient(Protocol):
@@ -102,6 +111,27 @@ class Store(Protocol):
     def remove_file(self, rel: str) -> None: ...
 
     def read_json_or_none(self, rel: str) -> Any: ...
+
+    def listdir(self, rel: str) -> list[str]: ...
+
+    def write_bytes(self, rel: str, data: bytes, atomic: bool = True, create: bool = False) -> None: ...
+
+    def epoch_records(self) -> dict[int, dict[str, Any]]: ...
+
+
+def spot_first(task: Mapping[str, Any]) -> dict[Mode, dict[str, Any]]:
+    """The lists a switching job's controller launches: SPOT is the whole task, spot entries first and
+    on-demand after (SkyPilot falls back by itself, and a relaunch SkyPilot makes while no controller
+    watches keeps that fallback); ON_DEMAND has the on-demand entries only (the safety net)."""
+    entries = task["resources"]["ordered"]
+    full = json.loads(json.dumps(task))
+    full["resources"]["ordered"] = [e for e in entries if e.get("use_spot")] + [
+        e for e in entries if not e.get("use_spot")
+    ]
+    out = split_resources(task)
+    if Mode.SPOT in out:
+        out[Mode.SPOT] = full
+    return out
 
 
 def split_resources(task: Mapping[str, Any]) -> dict[Mode, dict[str, Any]]:
@@ -130,6 +160,9 @@ class Config:
     dead_after_ticks: float = 3.0
     #: a relaunch SkyPilot refuses is tried again next tick, at most this many times in all
     relaunch_tries: int = 5
+    #: SkyPilot lists no managed job and the run store shows neither progress nor an end this long:
+    #: the run failed (the controller ends; it never launches for it)
+    gone_after_s: float = 1800.0
 
 
 @dataclass
@@ -155,23 +188,35 @@ class Plan:
 
 
 def read_state(job_dir: Any) -> dict[str, Any]:
+    """The job folder's copy of the controller state, as JSON (for `ftorch status`); {} when none."""
     try:
         return json.loads((job_dir / STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
 
 
-def write_state(job_dir: Any, state: Mapping[str, Any]) -> None:
+def write_state(job_dir: Any, state: ControllerState | Mapping[str, Any]) -> None:
+    payload = state.to_json() if isinstance(state, ControllerState) else dict(state)
     path = job_dir / STATE_FILE
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(state, indent=1, sort_keys=True))
+        handle.write(json.dumps(payload, indent=1, sort_keys=True))
     os.replace(tmp, path)
 
 
+def load_state(store: Any, job_dir: Any) -> ControllerState:
+    """The run store's state (any machine's controller), else the job folder's copy."""
+    try:
+        saved = store.read_json_or_none(STATE_RECORD)
+    except Exception:  # noqa: BLE001 - advisory: the job folder's copy
+        saved = None
+    return ControllerState.from_json(saved if isinstance(saved, dict) else read_state(job_dir))
+
+
 class Controller:
-    """One job's controller: `tick()` once per `config.tick_s`; `run()` loops until the job is over."""
+    """One job's controller: `tick()` once per `config.tick_s`; `run()` loops until the job is over.
+    It acts only while it holds the run's controller lease (trainer/runstore/lease.py)."""
 
     def __init__(
         self,
@@ -187,6 +232,7 @@ class Controller:
         budget: Callable[[Mapping[str, Any] | None, Mapping[str, Any], float], str | None] | None = None,
         on_event: Callable[[str, str | None], None] | None = None,
         on_failed: Callable[[str], None] | None = None,
+        placed_spot: Callable[[Mapping[str, Any]], bool | None] | None = None,
     ) -> None:
         self.plan = plan
         self.client = client
@@ -199,68 +245,92 @@ class Controller:
         self.budget = budget  # a reason starting with "budget" when the job must stop now
         self.on_event = on_event  # notifications: preempted, budget, succeeded, failed, cancelled
         self.on_failed = on_failed  # the job ends FAILED (a relaunch SkyPilot refused): its reason
-        self.state = read_state(job_dir)
-        self.state.setdefault("switches", [])
-        self.state.setdefault("launches", [])
-        self.state.setdefault("preemptions_before", 0)
-        self.state["where"] = where or f"{platform.node()} (pid {os.getpid()})"
-        self.state["pid"] = os.getpid()
-        for mode, entries in (self.state.get("ordered") or {}).items():  # relaunch orders kept
+        self.placed_spot = placed_spot  # whether a record's placement is spot (None: not known)
+        self.state = load_state(store, job_dir)
+        self.state.where = where or f"{platform.node()} (pid {os.getpid()})"
+        self.state.pid = os.getpid()
+        ttl = self.config.dead_after_ticks * self.config.tick_s
+        self.lease = Lease(store, f"{self.state.where} #{id(self):x}", ttl, clock)
+        #: why this controller stopped acting without the job being over (the lease is another's)
+        self.yielded: str | None = None
+        for mode, entries in self.state.ordered.items():  # relaunch orders kept
             if Mode(mode) in plan.tasks:
                 plan.tasks[Mode(mode)]["resources"]["ordered"] = entries
 
     # ---- state ----------------------------------------------------------------------------------
     @property
     def mode(self) -> Mode:
-        """The resources list of the current launch (SPOT or ON_DEMAND)."""
-        return Mode(self.state.get("mode", Mode.SPOT.value))
+        """The resources list of the current launch (SPOT: spot first, ON_DEMAND)."""
+        return Mode(self.state.mode)
 
     def _save(self) -> None:
-        self.state["heartbeat_at"] = self.clock()
-        write_state(self.job_dir, self.state)
+        self.state.heartbeat_at = self.clock()
+        self.store.write_json(STATE_RECORD, self.state.to_json())  # the truth, for any machine
+        write_state(self.job_dir, self.state)  # the copy `ftorch status` reads
 
     def launch(self, mode: Mode, why: str) -> int:
         """Submit the run with `mode`'s resources list; record it."""
         sky_job_id = self.client.launch(self.plan.tasks[mode], self.plan.job_id)
         now = self.clock()
-        self.state.update(
-            mode=mode.value, sky_job_id=sky_job_id, launched_at=now, down_since=now, placed=None
+        st = self.state
+        st.mode, st.sky_job_id, st.launched_at, st.down_since, st.placed = (
+            mode.value,
+            sky_job_id,
+            now,
+            now,
+            None,
         )
-        self.state["launches"].append({"sky_job_id": sky_job_id, "mode": mode.value, "at": now, "why": why})
+        st.missing_since = None
+        st.launches.append({"sky_job_id": sky_job_id, "mode": mode.value, "at": now, "why": why})
         if self.on_launch is not None:
             attempt = self.on_launch(sky_job_id, mode, why)  # the run's attempt number it will be
-            if attempt is not None and self.state["switches"] and why != "launch":
-                self.state["switches"][-1]["attempt"] = attempt
+            if attempt is not None and st.switches and why != "launch":
+                st.switches[-1]["attempt"] = attempt
         self._save()
         return sky_job_id
 
     # ---- what the controller sees -------------------------------------------------------------
-    def _record(self) -> dict[str, Any] | None:
-        job_id = self.state.get("sky_job_id")
+    def _record(self) -> tuple[dict[str, Any] | None, bool]:
+        """SkyPilot's record of the current managed job, and whether the queue answered at all."""
+        job_id = self.state.sky_job_id
         if job_id is None:
-            return None
-        records = self.client.queue([int(job_id)])
-        return next((r for r in records if str(r.get("job_id")) == str(job_id)), None)
+            return None, True
+        try:
+            records = self.client.queue([int(job_id)])
+        except Exception as exc:  # noqa: BLE001 - an API server away: the run store decides
+            sys.stderr.write(f"controller: SkyPilot's queue: {one_line(exc)}\n")
+            return None, False
+        return next((r for r in records if str(r.get("job_id")) == str(job_id)), None), True
+
+    def _on_spot(self, record: Mapping[str, Any] | None) -> bool:
+        """The job runs (or would run) on spot: a spot-first launch that did not land on on-demand."""
+        if self.mode is not Mode.SPOT:
+            return False
+        placed = self.placed_spot(record) if self.placed_spot and record else None
+        return placed is not False
 
     def _spot_available(self, record: Mapping[str, Any] | None, now: float) -> bool:
-        status = str((record or {}).get("status") or "")
-        if self.mode is Mode.SPOT:
+        status, st = str((record or {}).get("status") or ""), self.state
+        if self.mode is Mode.SPOT and self._on_spot(record):
             if status == "RUNNING":
-                self.state.update(down_since=None, spot_missing_at=None, spot_misses=0, probing=False)
+                st.down_since, st.spot_missing_at, st.spot_misses, st.probing = None, None, 0, False
                 return True
-            if self.state.get("down_since") is None:
-                self.state["down_since"] = now  # preempted (RECOVERING) or waiting for capacity
-            if now - float(self.state["down_since"]) >= self.config.spot_wait_s:
-                if self.state.get("spot_missing_at") is None or self.state.get("probing"):
-                    self.state["spot_misses"] = int(self.state.get("spot_misses") or 0) + 1
-                self.state.update(spot_missing_at=now, probing=False)
+            if st.down_since is None:
+                st.down_since = now  # preempted (RECOVERING) or waiting for capacity
+            if now - float(st.down_since) >= self.config.spot_wait_s:
+                if st.spot_missing_at is None or st.probing:
+                    st.spot_misses += 1
+                st.spot_missing_at, st.probing = now, False
                 return False
             return True
-        missing = self.state.get("spot_missing_at")
+        if self.mode is Mode.SPOT and status == "RUNNING" and (st.spot_missing_at is None or st.probing):
+            # the spot-first list fell back to on-demand (SkyPilot walked its `ordered` list): no spot
+            st.spot_missing_at, st.spot_misses, st.probing = now, st.spot_misses + 1, False
+        missing = st.spot_missing_at
         if missing is None:
             return True
         # after a spot try that found none, wait twice as long before the next
-        backoff = 2 ** min(1, max(0, int(self.state.get("spot_misses") or 1) - 1))
+        backoff = 2 ** min(1, max(0, (st.spot_misses or 1) - 1))
         return now - float(missing) >= self.config.spot_retry_s * backoff
 
     def observation(
@@ -274,10 +344,10 @@ class Controller:
         if total <= 0:  # no progress yet: the plan's estimate of the whole
             total, per_step = 1, self.plan.work_s_hint
         saved = progress.get("last_checkpoint_step") or 0
-        if self.mode is Mode.ON_DEMAND:
+        if not self._on_spot(record):
             mode = Mode.ON_DEMAND
         else:
-            mode = Mode.SPOT if status == "RUNNING" else Mode.NONE
+            mode = Mode.SPOT if status == "RUNNING" else Mode.NONE  # NONE: waiting for spot
         recoveries = int((record or {}).get("recovery_count") or 0) if self.mode is Mode.SPOT else 0
         return Observation(
             now_s=now,
@@ -290,53 +360,113 @@ class Controller:
             mode=mode,
             unsaved_work_s=max(0, step - int(saved)) * per_step,
             tick_s=self.config.tick_s,
-            preemptions=int(self.state["preemptions_before"]) + recoveries,
+            preemptions=self.state.preemptions_before + recoveries,
         )
 
     # ---- one tick -----------------------------------------------------------------------------
+    def _hold_lease(self) -> bool:
+        """Take or renew the run's controller lease; False (and `yielded` says why) when it is another's."""
+        try:
+            if self.lease.generation is None:
+                self.lease.acquire()
+            else:
+                self.lease.renew()
+        except LeaseError as exc:
+            self.yielded = str(exc)
+            sys.stderr.write(f"controller: {exc}\n")
+            return False
+        return True
+
     def tick(self) -> bool:
-        """Look, decide, act. False once the job is over (nothing left to control)."""
+        """Look, decide, act. False once the job is over (nothing left to control) or the lease is
+        another controller's (this one must not act)."""
+        if not self._hold_lease():
+            return False
         now = self.clock()
-        retry = self.state.get("relaunch")
-        if retry:  # the managed job it replaces is cancelled: nothing else to look at
-            self._relaunch(Mode(retry["mode"]), retry["why"], now)
+        if self.state.ended:
+            return self._done()
+        if self.state.relaunch:  # the managed job it replaces is (being) cancelled: finish that first
+            self._relaunch(self.state.relaunch, now)
             self._save()
-            return not self.state.get("ended")
-        record = self._record()
-        if self.on_record is not None and not self.state.get("pending"):
+            return self._going()
+        record, answered = self._record()
+        if self.on_record is not None and not self.state.pending and record is not None:
             self.on_record(record)  # not mid-switch: the stop it asked for is no preemption
         progress = self.store.read_progress() or {}
         status = str((record or {}).get("status") or "")
-        if progress.get("state") == "finished" or status in FINAL and not self.state.get("pending"):
-            self.state["ended"] = status or "finished"
+        if record is None and self._missing(answered, progress, now):
+            return self._going()
+        self.state.missing_since = None
+        if progress.get("state") == "finished" or status in FINAL and not self.state.pending:
+            return self._end(status or "finished", end_event(status, progress), record)
+        if self.state.pending:
+            self._continue_switch(self.state.pending, record, progress, now)
             self._save()
-            self._event(end_event(status, progress), (record or {}).get("failure_reason"))
-            return False
-        pending = self.state.get("pending")
-        if pending:
-            self._continue_switch(pending, record, progress, now)
-            self._save()
-            return not self.state.get("ended")
+            return self._going()
         if self._stop_asked(now):  # `ftorch cancel` is stopping the job: no decision of ours meanwhile
-            self.state["placed"] = None
+            self.state.placed = None
             self._save()
             return True
         over = self.budget(record, progress, now) if self.budget is not None else None
         if over:
             self._begin_switch(STOP, over, record, progress, now)
             self._save()
-            return not self.state.get("ended")
+            return self._going()
         if self._follow_placement(record, progress, now) or not self.plan.switching:
             self._save()
-            return not self.state.get("ended")
+            return self._going()
+        self._decide(record, progress, now)
+        self._save()
+        return self._going()
+
+    def _decide(self, record: Mapping[str, Any] | None, progress: Mapping[str, Any], now: float) -> None:
         obs = self.observation(record, progress, now)
         decision = self.plan.policy.decide(obs)
         want = Mode.SPOT if decision.mode is Mode.NONE else decision.mode
-        self.state["last_decision"] = {"at": now, "mode": decision.mode.value, "why": decision.reason}
-        if want is not self.mode and want in self.plan.tasks:
+        self.state.last_decision = {"at": now, "mode": decision.mode.value, "why": decision.reason}
+        placed = Mode.SPOT if obs.mode is Mode.NONE else obs.mode  # where it runs (or waits to)
+        if want is not placed and want in self.plan.tasks:  # SPOT from on-demand: a probe (spot first)
             self._begin_switch(want, decision.reason, record, progress, now)
+
+    def _going(self) -> bool:
+        return not self.state.ended
+
+    def _done(self) -> bool:
+        self.lease.release()
+        return False
+
+    def _end(self, ended: str, event: str, record: Mapping[str, Any] | None) -> bool:
+        self.state.ended = ended
         self._save()
-        return not self.state.get("ended")
+        self._event(event, (record or {}).get("failure_reason"))
+        return self._done()
+
+    def _missing(self, answered: bool, progress: Mapping[str, Any], now: float) -> bool:
+        """No record of the managed job (SkyPilot's jobs controller stopped, 10 min after the last job
+        ended; or the API server is away): the run store decides, and nothing is launched or cancelled.
+        True when this tick is done (the run ended by its store, or we wait)."""
+        verdict = run_end(self.store)
+        if verdict is not None:
+            event = {"finished": "succeeded", "budget": "budget", "cancelled": "cancelled"}[verdict]
+            self._end(verdict, event, None)
+            return True
+        if self.state.missing_since is None:
+            self.state.missing_since = now
+        quiet = now - float(progress.get("updated_at") or 0.0)
+        gone = answered and now - self.state.missing_since >= self.config.gone_after_s
+        if gone and quiet >= self.config.gone_after_s:
+            reason = (
+                f"SkyPilot lists no managed job {self.state.sky_job_id} and the run store shows no"
+                f" progress for {quiet / 60:.0f} min and no end: the run failed; `ftorch resume JOB`"
+                " continues from its newest checkpoint"
+            )
+            self.state.failed = reason
+            if self.on_failed is not None:
+                self.on_failed(reason)
+            self._end("gone", "failed", {"failure_reason": reason})
+            return True
+        self._save()  # wait: SkyPilot may list it again (an API server restart)
+        return True
 
     def _event(self, event: str, reason: str | None) -> None:
         if self.on_event is not None:
@@ -366,42 +496,41 @@ class Controller:
         new managed job whose restart count starts again: so after one relaunch, the next needs training
         progress since (a trainer crashing at the same step is left to SkyPilot's restart limit)."""
         record = record or {}
-        status, sky_job_id = str(record.get("status") or ""), self.state.get("sky_job_id")
+        status, sky_job_id, st = str(record.get("status") or ""), self.state.sky_job_id, self.state
         if status == "RUNNING" and record.get("cloud"):
-            cloud, region = str(record["cloud"]).lower(), record.get("region")
-            self.state["placed"] = {"sky_job_id": sky_job_id, "cloud": cloud, "region": region}
+            st.placed = Placement(sky_job_id, str(record["cloud"]).lower(), record.get("region"))
             return False
-        placed = self.state.get("placed")
+        placed = st.placed
         if status not in ("RECOVERING", "PENDING", "STARTING") or not placed:
             return False
-        self.state["placed"] = None
-        if placed.get("sky_job_id") != sky_job_id:
+        st.placed = None
+        if placed.sky_job_id != sky_job_id:
             return False
-        lost = "/".join(p for p in (placed["cloud"], placed.get("region")) if p)
+        lost = "/".join(p for p in (placed.cloud, placed.region) if p)
         self._event("preempted", f"preempted in {lost}")
         task = self.plan.tasks.get(self.mode)
-        if not task or not placed.get("region") or recovery_strategy(task) != "EAGER_NEXT_REGION":
+        if not task or not placed.region or recovery_strategy(task) != "EAGER_NEXT_REGION":
             return False  # FAILOVER asks for the same region first: SkyPilot's own recovery does that
         entries = task["resources"]["ordered"]
-        moved = lost_region_last(entries, placed["cloud"], placed["region"], self.plan.regions)
+        moved = lost_region_last(entries, placed.cloud, placed.region, self.plan.regions)
         step = int(progress.get("step") or 0)
-        before = self.state.get("relocated_step")
-        if moved == entries or (before is not None and step <= int(before)):
+        if moved == entries or (st.relocated_step is not None and step <= st.relocated_step):
             return False
-        self.state["relocated_step"] = step
-        self.client.cancel(int(sky_job_id))  # nothing trains while it recovers: nothing to save
-        self.state.setdefault("relocations", []).append({"at": now, "lost": lost, "sky_job_id": sky_job_id})
+        st.relocated_step = step
+        st.relocations.append({"at": now, "lost": lost, "sky_job_id": sky_job_id})
         task["resources"]["ordered"] = moved
-        try:
-            self.launch(self.mode, f"{RELOCATED}{lost}: relaunched with that region last")
-        except Exception as exc:  # e.g. a region SkyPilot's catalog lacks: the list it had, as it was
+        st.ordered[self.mode.value] = moved
+        why = f"{RELOCATED}{lost}: relaunched with that region last"
+        intent = Relaunch(self.mode.value, why, now, replaces=sky_job_id)
+        refused = self._replace(intent, cancel=True, first_try_only=True)
+        if refused is not None:  # e.g. a region SkyPilot's catalog lacks: the list as it was
             sys.stderr.write(
-                f"controller: relaunch with {lost} last refused ({one_line(exc)}); the list as it was\n"
+                f"controller: relaunch with {lost} last refused ({refused}); the list as it was\n"
             )
             task["resources"]["ordered"] = entries
-            self._relaunch(self.mode, f"{RELOCATED}{lost}: relaunched (the reordered list was refused)", now)
-            return True
-        self.state.setdefault("ordered", {})[self.mode.value] = moved
+            st.ordered.pop(self.mode.value, None)
+            intent.why = f"{RELOCATED}{lost}: relaunched (the reordered list was refused)"
+            self._relaunch(intent, now)
         return True
 
     def _begin_switch(
@@ -413,86 +542,114 @@ class Controller:
         now: float,
     ) -> None:
         target = to.value if isinstance(to, Mode) else to
-        pending = {"to": target, "why": why, "at": now, "step": int(progress.get("step") or 0)}
-        self.state["pending"] = pending
+        pending = Pending(target, why, now, int(progress.get("step") or 0))
+        self.state.pending = pending
         if str((record or {}).get("status")) == "RUNNING":
-            request_stop(self.store, why if to == STOP else f"policy switch to {target}: {why}")
-            pending["asked_checkpoint"] = True
+            reason = why if to == STOP else f"policy switch to {target}: {why}"
+            # named for the attempt running now and any restart of it until withdrawn: SkyPilot
+            # restarting the trainer (exit 75) before the cancel must not train on
+            request_stop(self.store, reason, epoch=newest_epoch(self.store))
+            pending.asked_checkpoint = True
         else:  # nothing is training: nothing to save
             self._finish_switch(pending, record, now)
 
     def _continue_switch(
-        self,
-        pending: dict[str, Any],
-        record: Mapping[str, Any] | None,
-        progress: Mapping[str, Any],
-        now: float,
+        self, pending: Pending, record: Mapping[str, Any] | None, progress: Mapping[str, Any], now: float
     ) -> None:
-        saved = checkpoint_saved(progress, int(pending["step"]))
+        saved = checkpoint_saved(progress, pending.step)
         stopped = str((record or {}).get("status") or "") != "RUNNING"
-        if saved or stopped or now - float(pending["at"]) >= self.config.stop_timeout_s:
+        if saved or stopped or now - pending.at >= self.config.stop_timeout_s:
             self._finish_switch(pending, record, now)
 
-    def _finish_switch(self, pending: dict[str, Any], record: Mapping[str, Any] | None, now: float) -> None:
-        old_mode, old_id = self.mode, self.state.get("sky_job_id")
-        if old_id is not None and str((record or {}).get("status") or "") not in FINAL:
-            self.client.cancel(int(old_id))
+    def _finish_switch(self, pending: Pending, record: Mapping[str, Any] | None, now: float) -> None:
+        st = self.state
+        old_mode, old_id = self.mode, st.sky_job_id
         if old_mode is Mode.SPOT:
-            self.state["preemptions_before"] = int(self.state["preemptions_before"]) + int(
-                (record or {}).get("recovery_count") or 0
-            )
-        try:
-            self.store.remove_file(STOP_REQUEST)
-        except FileNotFoundError:
-            pass
-        waited = round(now - float(pending["at"]), 1)
-        if pending["to"] == STOP:  # the budget: no relaunch
-            saved = checkpoint_saved(self.store.read_progress(), int(pending["step"]))
-            self.state.update(pending=None, ended="budget")
-            self.state["stopped"] = {"at": now, "why": pending["why"], "waited_for_checkpoint_s": waited}
-            self.state["stopped"]["checkpoint_saved"] = saved or not pending.get("asked_checkpoint")
-            self._event("budget", pending["why"])
+            st.preemptions_before += int((record or {}).get("recovery_count") or 0)
+        waited = round(now - pending.at, 1)
+        live = old_id is not None and str((record or {}).get("status") or "") not in FINAL
+        if pending.to == STOP:  # the budget: no relaunch
+            if live:
+                self.client.cancel(int(old_id))
+            withdraw_stop(self.store)
+            saved = checkpoint_saved(self.store.read_progress(), pending.step)
+            st.pending, st.ended = None, "budget"
+            st.stopped = {"at": now, "why": pending.why, "waited_for_checkpoint_s": waited}
+            st.stopped["checkpoint_saved"] = saved or not pending.asked_checkpoint
+            self._event("budget", pending.why)
             return
-        to = Mode(pending["to"])
-        self.state["pending"] = None
-        self.state["probing"] = to is Mode.SPOT and self.state.get("spot_missing_at") is not None
-        self.state["switches"].append(
+        to = Mode(pending.to)
+        st.pending = None
+        st.probing = to is Mode.SPOT and st.spot_missing_at is not None
+        st.switches.append(
             {
-                "attempt": len(self.state["launches"]) + 1,
+                "attempt": len(st.launches) + 1,
                 "at": now,
                 "from": old_mode.value,
                 "to": to.value,
-                "why": pending["why"],
+                "why": pending.why,
                 "waited_for_checkpoint_s": waited,
             }
         )
-        self._relaunch(to, pending["why"], now)
+        self._replace(Relaunch(to.value, pending.why, now, replaces=old_id if live else None), cancel=live)
 
-    def _relaunch(self, mode: Mode, why: str, now: float) -> None:
-        """A launch after the cancel of the managed job it replaces: a refusal is kept to be tried again
-        next tick; one for good (REFUSED_FOR_GOOD), or the last try, ends the job FAILED."""
+    def _replace(self, intent: Relaunch, cancel: bool, first_try_only: bool = False) -> str | None:
+        """Cancel the current managed job and launch its replacement, the intent saved in the run store
+        first: a controller killed in between finishes it when it starts again (never no managed job).
+        `first_try_only`: a refusal is returned (its line) instead of counted, for the caller to retry."""
+        self.state.relaunch = intent
+        self._save()
+        if cancel and intent.replaces is not None:
+            self.client.cancel(int(intent.replaces))
+            intent.replaces = None
+            self._save()
+        if not first_try_only:
+            self._relaunch(intent, intent.at)
+            return None
         try:
-            self.launch(mode, why)
-        except Exception as exc:
-            tries = int((self.state.get("relaunch") or {}).get("tries") or 0) + 1
-            line = one_line(exc)
-            self.state["relaunch"] = {
-                "mode": mode.value,
-                "why": why,
-                "tries": tries,
-                "at": now,
-                "error": line,
-            }
-            sys.stderr.write(f"controller: relaunch {tries} refused: {line}\n")
-            if exc.__class__.__name__ in REFUSED_FOR_GOOD or tries >= self.config.relaunch_tries:
-                reason = f"relaunch refused by SkyPilot{f' {tries} times' if tries > 1 else ''}: {line}"
-                reason += "; `ftorch resume JOB` continues from the checkpoint once SkyPilot accepts it"
-                self.state.update(relaunch=None, ended="relaunch refused", failed=reason)
-                if self.on_failed is not None:
-                    self.on_failed(reason)
-                self._event("failed", reason)
+            self._launch_for(intent)
+        except Exception as exc:  # noqa: BLE001 - the caller tries again another way
+            return exc.line if isinstance(exc, LaunchRefused) else one_line(exc)
+        return None
+
+    def _relaunch(self, intent: Relaunch, now: float) -> None:
+        """A launch after the cancel of the managed job it replaces. A refusal is kept to be tried again
+        next tick; one for good (RefusedForGood), or the last try, ends the job FAILED."""
+        try:
+            self._launch_for(intent)
+        except Exception as exc:  # noqa: BLE001 - SkyPilot refusing it: kept, tried again next tick
+            self._refused(intent, exc, now)
+
+    def _launch_for(self, intent: Relaunch) -> None:
+        """Carry out a relaunch intent: cancel the job it replaces if a kill came before that, then
+        launch, unless the run is over by its store (finished or stopped meanwhile): never for it."""
+        if intent.replaces is not None:
+            self.client.cancel(int(intent.replaces))  # the kill came before the cancel: cancel now
+            intent.replaces = None
+            self._save()
+        over = run_end(self.store)
+        if over is not None:
+            self.state.relaunch, self.state.ended = None, over
+            self._event({"finished": "succeeded"}.get(over, over), "the run ended before the relaunch")
             return
-        self.state["relaunch"] = None
+        withdraw_stop(self.store)  # the stop asked of the old attempt is done: the new one trains
+        self.launch(Mode(intent.mode), intent.why)
+        self.state.relaunch = None
+
+    def _refused(self, intent: Relaunch, exc: Exception, now: float) -> None:
+        intent.tries += 1
+        line = exc.line if isinstance(exc, LaunchRefused) else one_line(exc)
+        intent.error = line
+        self.state.relaunch = intent
+        sys.stderr.write(f"controller: relaunch {intent.tries} refused: {line}\n")
+        if isinstance(exc, RefusedForGood) or intent.tries >= self.config.relaunch_tries:
+            tries = intent.tries
+            reason = f"relaunch refused by SkyPilot{f' {tries} times' if tries > 1 else ''}: {line}"
+            reason += "; `ftorch resume JOB` continues from the checkpoint once SkyPilot accepts it"
+            self.state.relaunch, self.state.ended, self.state.failed = None, "relaunch refused", reason
+            if self.on_failed is not None:
+                self.on_failed(reason)
+            self._event("failed", reason)
 
     def run(
         self, stop: Callable[[], bool] = lambda: False, sleep: Callable[[float], None] = time.sleep
@@ -501,9 +658,11 @@ class Controller:
             try:
                 if not self.tick():
                     return
+            except LeaseError as exc:
+                self.yielded = str(exc)
+                return
             except Exception as exc:  # a flaky API server: keep the job, try again next tick
                 sys.stderr.write(f"controller: {exc.__class__.__name__}: {exc}\n")
-                self._save()  # still alive
             sleep(self.config.tick_s)
 
 
@@ -552,7 +711,9 @@ def stop_then_cancel(
         progress = store.read_progress() or {}
         step = int(progress.get("step") or 0)
         start = clock()
-        request_stop(store, reason)
+        # in force for the attempt running now and any restart of it until withdrawn below: a
+        # trainer that exits 75 and is restarted before the cancel stops again instead of training
+        request_stop(store, reason, epoch=newest_epoch(store))
         outcome["asked_checkpoint"] = True
         while clock() - start < timeout_s:
             sleep(min(poll_s, max(0.0, timeout_s - (clock() - start))))
@@ -566,10 +727,7 @@ def stop_then_cancel(
     if status not in FINAL:
         client.cancel(int(sky_job_id))
     if outcome["asked_checkpoint"]:
-        try:
-            store.remove_file(STOP_REQUEST)
-        except FileNotFoundError:
-            pass
+        withdraw_stop(store)
     return outcome
 
 

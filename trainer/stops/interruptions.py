@@ -10,7 +10,9 @@ ended attempts count as interruptions.
   whoever sends the trainer its SIGTERM for such a reason first writes `control/stop.json` in the run
   store (`request_stop`); the trainer then records its attempt as `ended: stopped` instead of `notice`,
   and the MTBF estimate (trainer/checkpoints/interval.py) leaves it out. A request counts from the
-  trainer process's start (a cancel while it loads is still a cancel), not from its epoch claim.
+  trainer process's start (a cancel while it loads is still a cancel), not from its epoch claim; one
+  that names an epoch (`request_stop(..., epoch=...)`) is in force for that attempt and every later one
+  until withdrawn or expired (`request_in_force`).
 - Nor is the end of the local supervisor that watched the trainer (FTORCH_SUPERVISOR_PID): the SIGTERM
   its death sends the trainer is recorded as `ended: stopped, stop_reason: supervisor lost`.
 
@@ -67,18 +69,61 @@ def prior_mtbf_s(environ: Mapping[str, str] | None = None) -> tuple[float, str]:
     return DEFAULT_MTBF_S, "default"
 
 
-def request_stop(store: Any, reason: str) -> None:
-    """Tell the trainer that the SIGTERM about to come is a requested stop, not a preemption."""
-    store.write_json(STOP_REQUEST, {"reason": reason, "at": time.time()})
+def request_stop(
+    store: Any, reason: str, epoch: int | None = None, expires_at: float | None = None
+) -> dict[str, Any]:
+    """Tell the trainer that the SIGTERM about to come is a requested stop, not a preemption.
+
+    With `epoch` (the cloud controller and `ftorch cancel` pass `newest_epoch(store)`, the attempt running
+    now) the request is in force for that attempt and every later one of the run until it is withdrawn
+    (`withdraw_stop`) or `expires_at` passes: an attempt that SkyPilot restarts while the requester is
+    away (a laptop asleep between the request and the cancel) stops too, instead of training on. Without
+    one (the local supervisor, which is there to see its own SIGTERM through) it counts for attempts that
+    started before it was made."""
+    payload = {"reason": reason, "at": time.time(), "epoch": epoch, "expires_at": expires_at}
+    store.write_json(STOP_REQUEST, payload)
+    return payload
+
+
+def newest_epoch(store: Any) -> int:
+    """The run's newest epoch (the attempt running now, or the last one); 0 when none was claimed."""
+    try:
+        return int((store.epochs() or [0])[-1])
+    except Exception:  # a store without epochs (a test double): the time rule alone
+        return 0
+
+
+def withdraw_stop(store: Any) -> None:
+    """The stop was carried out (or given up): a later attempt trains again."""
+    try:
+        store.remove_file(STOP_REQUEST)
+    except FileNotFoundError:
+        pass
+
+
+def request_in_force(request: Any, since: float, epoch: int, now: float | None = None) -> bool:
+    """Whether a stop request applies to the attempt that started at `since` and holds `epoch` (0 =
+    not claimed yet): made for this attempt's epoch or an earlier one of the run (still in force, not
+    withdrawn), or, for one that names no epoch, made after this attempt started."""
+    if not isinstance(request, dict):
+        return False
+    now = time.time() if now is None else now
+    expires = request.get("expires_at")
+    if isinstance(expires, int | float) and now >= float(expires):
+        return False
+    named = request.get("epoch")
+    if isinstance(named, int) and not isinstance(named, bool) and named > 0 and epoch > 0:
+        return named <= epoch
+    return float(request.get("at", 0.0)) >= since
 
 
 def stop_reason(store: Any, since: float) -> str | None:
-    """The reason of a stop requested after `since` (this attempt's start), if any."""
+    """The reason of a stop request in force for this attempt (`request_in_force`), if any."""
     try:
         request = store.read_json_or_none(STOP_REQUEST)
     except Exception:  # advisory: without it the stop counts as a notice
         return None
-    if isinstance(request, dict) and float(request.get("at", 0.0)) >= since:
+    if request_in_force(request, since, int(getattr(store, "epoch", 0) or 0)):
         return str(request.get("reason") or "requested")
     return None
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -86,7 +85,7 @@ def test_deadline_job_rides_out_a_long_outage_on_demand_and_returns_to_spot(tmp_
     sky, controller, clock = world(tmp_path, up, "deadline", deadline_h=12)
     drive(sky, controller, clock)
     assert sky.finished_at is not None and sky.finished_at <= 12 * H  # the deadline holds
-    switches = controller.state["switches"]
+    switches = controller.state.switches
     kinds = [(s["from"], s["to"]) for s in switches]
     assert kinds[0] == ("spot", "on-demand")
     # to on demand during the outage, once behind the uniform-progress line (not at its first minute)
@@ -111,7 +110,7 @@ def test_spot_only_never_switches_and_misses_the_deadline(tmp_path: Path) -> Non
     up = [True] * ticks(2) + [False] * ticks(6) + [True] * ticks(30)
     sky, controller, clock = world(tmp_path, up, "spot-only", deadline_h=12)
     drive(sky, controller, clock)
-    assert controller.state["switches"] == [] and sky.ondemand_s == 0
+    assert controller.state.switches == [] and sky.ondemand_s == 0
     assert sky.finished_at is not None and sky.finished_at > 12 * H
     assert sky.jobs[1].recovery_count == 1  # SkyPilot's own recovery brought it back
 
@@ -120,9 +119,9 @@ def test_spot_fallback_goes_on_demand_for_good(tmp_path: Path) -> None:
     up = [True] * ticks(2) + [False] * ticks(6) + [True] * ticks(30)
     sky, controller, clock = world(tmp_path, up, "spot-fallback", deadline_h=None)
     drive(sky, controller, clock)
-    assert [(s["from"], s["to"]) for s in controller.state["switches"]] == [("spot", "on-demand")]
+    assert [(s["from"], s["to"]) for s in controller.state.switches] == [("spot", "on-demand")]
     # spot counts as missing after spot_wait_s (10 min) of a pending spot launch
-    assert controller.state["switches"][0]["at"] == pytest.approx(2 * H + 600, abs=120)
+    assert controller.state.switches[0]["at"] == pytest.approx(2 * H + 600, abs=120)
 
 
 def test_switch_from_a_running_job_waits_for_the_checkpoint(tmp_path: Path) -> None:
@@ -134,7 +133,7 @@ def test_switch_from_a_running_job_waits_for_the_checkpoint(tmp_path: Path) -> N
     assert sky.jobs[1].status == "RUNNING"
     step = sky.step
     controller._begin_switch(Mode.ON_DEMAND, "test", sky.queue([1])[0], {"step": step}, clock())
-    assert controller.state["pending"]["asked_checkpoint"]
+    assert controller.state.pending.asked_checkpoint
     assert ("cancel", 1) not in sky.calls  # not before the trainer has saved
     sky.advance(60)  # the trainer sees the request, checkpoints and stops
     controller.tick()
@@ -286,7 +285,10 @@ def test_resume_restarts_a_dead_controller_of_a_running_job(
     monkeypatch.setattr(skypilot_controller, "spawn", lambda reg, j: started.append(j.job_id) or 1)
     assert "controller is started again" in jobs.resume(job.job_id, [])
     assert started == [job.job_id]
-    write_state(job_dir, {"mode": "spot", "heartbeat_at": time.time(), "switches": []})
+    # a live controller holds the run's lease (a heartbeat alone no longer counts): never a second
+    from trainer.runstore.lease import Lease
+
+    Lease(RunStore(str(tmp_path / "run")), "server (pid 2)", ttl_s=600).acquire()
     with pytest.raises(UserError, match="only"):  # alive: nothing to restart, and running jobs do not resume
         jobs.resume(job.job_id, [])
 

@@ -21,6 +21,7 @@ from orchestrator.backends.skypilot_render import regions_of
 from orchestrator.registry import Registry
 from orchestrator.spec import load_job
 from orchestrator.spot.controller import Config, Plan
+from orchestrator.spot.controller_state import RefusedForGood
 from orchestrator.spot.policy import Mode, make_policy
 from orchestrator.states import JobState, Outcome
 from orchestrator.status import status_one
@@ -246,18 +247,19 @@ def test_a_preempted_job_is_relaunched_with_the_lost_region_last(
     controller.tick()
     client.place(3, "RECOVERING", f"{cloud}/{order[0][1]}")
     client.refusals = [ConnectionError("API server down")] * 2
-    assert controller.tick() and controller.state["relaunch"]["tries"] == 1
+    assert controller.tick() and controller.state.relaunch.tries == 1
     assert client.cancelled == [1, 2, 3] and len(client.launched) == 3
-    assert controller.tick() and len(client.launched) == 4 and controller.state["relaunch"] is None
+    assert controller.tick() and len(client.launched) == 4 and controller.state.relaunch is None
     assert registry.get("job-1").state is not JobState.CANCELLED
     # one SkyPilot refuses for good (no enabled cloud): FAILED at once, with its line
     progress(store, 40)
     client.place(4, "RUNNING", f"{cloud}/{order[0][1]}")
     controller.tick()
     client.place(4, "RECOVERING", f"{cloud}/{order[0][1]}")
-    no_cloud = type("NoCloudAccessError", (Exception,), {})
-    client.refusals = [no_cloud("Cloud access is not set up. Run: sky check")] * 2
-    assert controller.tick() is False and controller.state["ended"] == "relaunch refused"
+    # the SDK client maps SkyPilot's NoCloudAccessError to this typed refusal (skypilot_sdk.SdkClient)
+    no_cloud = RefusedForGood("NoCloudAccessError: Cloud access is not set up. Run: sky check")
+    client.refusals = [no_cloud] * 2
+    assert controller.tick() is False and controller.state.ended == "relaunch refused"
     job = registry.get("job-1")
     assert job.state is JobState.FAILED and job.reason.startswith(
         "relaunch refused by SkyPilot: NoCloudAccessError: Cloud access is not set up."
