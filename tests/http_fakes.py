@@ -49,6 +49,8 @@ class FakeMetadata:
         self.provider = provider
         self.notice = threading.Event()
         self.requests: list[tuple[str, str]] = []
+        #: what the instance is: "spot" or "on-demand" (trainer/stops/lifecycle.py reads it)
+        self.life_cycle = "spot"
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -88,6 +90,14 @@ class FakeMetadata:
                     else:
                         body = b"TRUE" if outer.notice.is_set() else b"FALSE"
                         self._send(200, body, {"Metadata-Flavor": "Google"})
+                elif (p, self.path) == ("aws", "/latest/meta-data/instance-life-cycle"):
+                    ok = self.headers.get("X-aws-ec2-metadata-token") == TOKEN
+                    self._send(200, outer.life_cycle.encode()) if ok else self._send(401)
+                elif (p, self.path) == ("gcp", "/computeMetadata/v1/instance/scheduling/preemptible"):
+                    body = b"TRUE" if outer.life_cycle == "spot" else b"FALSE"
+                    self._send(200, body, {"Metadata-Flavor": "Google"})
+                elif p == "azure" and self.path.startswith("/metadata/instance/compute/priority"):
+                    self._send(200, b"Spot" if outer.life_cycle == "spot" else b"Regular")
                 elif p == "azure" and self.path.startswith("/metadata/scheduledevents"):
                     events = [{"EventType": "Preempt", "NotBefore": "soon"}] if outer.notice.is_set() else []
                     self._send(200, json.dumps({"DocumentIncarnation": 1, "Events": events}).encode())
