@@ -14,6 +14,7 @@ never needs to remember anything between calls. See docs/policies.md for the rul
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -291,6 +292,15 @@ def make_policy(name: str, baselines: bool = False) -> Policy:
     if name not in policies:
         raise ValueError(f"unknown policy {name!r}; valid: {', '.join(policies)}")
     return policies[name]
+
+
+def spot_return_env(resources: ResourcesSpec, restart_overhead_s: float | None) -> dict[str, str]:
+    """The task env that lets the trainer probe back to spot by itself (trainer/stops/spot_probe.py): set
+    for `deadline` jobs only, with the chosen offer's restart overhead."""
+    if not rule.probes_apply(resources):
+        return {}
+    overhead = 300.0 if restart_overhead_s is None else float(restart_overhead_s)
+    return {"FTORCH_SPOT_RETURN": json.dumps({"restart_overhead_s": round(overhead, 1)})}
 
 
 def policy_name_for(resources: ResourcesSpec) -> str:

@@ -134,3 +134,13 @@ def test_no_observer_never_waits_and_has_no_safety_net() -> None:
     late = Observation(19 * H, 0.0, 20 * H, 1 * H, 10 * H, 300.0, True, Mode.SPOT)
     assert NoObserverPolicy().decide(late).mode is Mode.SPOT and run.mode is Mode.SPOT
     assert DeadlinePolicy().decide(late).mode is Mode.ON_DEMAND  # the observer's safety net
+
+
+def test_the_task_env_turns_probes_on_for_deadline_jobs_only() -> None:
+    from orchestrator.spot.policy import spot_return_env
+
+    assert spot_return_env(ResourcesSpec(deadline="12h"), 240.0) == {
+        "FTORCH_SPOT_RETURN": '{"restart_overhead_s": 240.0}'
+    }
+    assert spot_return_env(ResourcesSpec(fallback="on-demand"), 240.0) == {}
+    assert spot_return_env(ResourcesSpec(deadline="12h", policy="spot-only"), None) == {}
