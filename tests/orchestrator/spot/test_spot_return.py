@@ -144,3 +144,22 @@ def test_the_task_env_turns_probes_on_for_deadline_jobs_only() -> None:
     }
     assert spot_return_env(ResourcesSpec(fallback="on-demand"), 240.0) == {}
     assert spot_return_env(ResourcesSpec(deadline="12h", policy="spot-only"), None) == {}
+
+
+def test_a_controller_driven_job_does_not_probe_from_its_on_demand_only_list(tmp_path) -> None:
+    """The controller launches spot-only and on-demand-only lists and moves the job back itself; a probe
+    from an on-demand-only list could only land on demand again."""
+    from helpers import job_dict
+
+    from orchestrator.backends.skypilot_controller import tasks_for
+    from trainer.config import JobSpec
+
+    job = job_dict(tmp_path / "m", tmp_path / "d.jsonl", tmp_path / "runs")
+    job.setdefault("resources", {})["deadline"] = "12h"
+    spec = JobSpec.model_validate(job)
+    envs = {"FTORCH_RUN_ID": "j", "FTORCH_SPOT_RETURN": '{"restart_overhead_s": 300}'}
+    task = {"envs": envs, "resources": {"ordered": [{"use_spot": True}, {"use_spot": False}]}}
+    tasks = tasks_for(spec, "j", "file:///r", task, render_job=None)
+    assert set(tasks) == {Mode.SPOT, Mode.ON_DEMAND}
+    assert all(t["envs"] == {"FTORCH_RUN_ID": "j"} for t in tasks.values())
+    assert "FTORCH_SPOT_RETURN" in task["envs"]  # the single list SkyPilot walks alone keeps it
