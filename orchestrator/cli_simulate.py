@@ -48,7 +48,9 @@ def simulate_command(
     policy: Annotated[
         str,
         typer.Option(
-            help="spot-only | spot-fallback | deadline | on-demand | uniform-progress (a baseline) | all"
+            help="spot-only | spot-fallback | deadline | on-demand | uniform-progress (a baseline) |"
+            " no-observer (a deadline job with no outside controller: SkyPilot falls back, the trainer"
+            " probes back to spot) | all"
         ),
     ] = "all",
     deadline: Annotated[

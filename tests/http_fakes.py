@@ -48,7 +48,8 @@ class FakeMetadata:
     def __init__(self, provider: str) -> None:
         self.provider = provider
         self.notice = threading.Event()
-        #: what the instance says it is: "spot" or "on-demand" (AWS instance-life-cycle, GCP preemptible)
+        #: what the instance says it is: "spot" or "on-demand" (AWS instance-life-cycle, GCP preemptible,
+        #: Azure priority), as trainer/stops/lifecycle.py reads it
         self.market = "spot"
         self.requests: list[tuple[str, str]] = []
         outer = self
@@ -96,6 +97,8 @@ class FakeMetadata:
                     else:
                         body = b"TRUE" if outer.notice.is_set() else b"FALSE"
                         self._send(200, body, {"Metadata-Flavor": "Google"})
+                elif p == "azure" and self.path.startswith("/metadata/instance/compute/priority"):
+                    self._send(200, b"Spot" if outer.market == "spot" else b"Regular")
                 elif p == "azure" and self.path.startswith("/metadata/scheduledevents"):
                     events = [{"EventType": "Preempt", "NotBefore": "soon"}] if outer.notice.is_set() else []
                     self._send(200, json.dumps({"DocumentIncarnation": 1, "Events": events}).encode())

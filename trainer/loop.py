@@ -40,6 +40,7 @@ from trainer.stops import budget
 from trainer.stops.interruptions import SUPERVISOR_LOST, how_it_ended, process_started_at
 from trainer.stops.notices import start_watcher
 from trainer.stops.preemption import PreemptionFlag, install_signal_handlers
+from trainer.stops.spot_probe import SpotProbe
 from trainer.stops.stop_request import start_stop_watcher
 from trainer.trackers import Trackers
 
@@ -406,6 +407,8 @@ def fit(a: Attempt) -> int | None:
     a.model.train()
     log_every = a.spec.train.log_every or max(1, a.steps // 100)
     eval_every = a.spec.train.eval_every if a.dataset.held_out else None
+    # spot return (issue 19): records where this attempt landed; on demand, may probe back to spot
+    spot_probe = SpotProbe.open(a.store, a.spec, a.resolved, a.number, log) if a.par.is_main else None
     while a.state.step < a.steps:
         if a.par.any(a.flag.is_set()):  # all ranks stop at the same step
             code = _stop_on_notice(a)
@@ -429,6 +432,8 @@ def fit(a: Attempt) -> int | None:
             over = a.budget.over(a.state.step, a.checkpoints.last_time)
             if over:
                 budget.stop_now(a.store, a.flag, over, log)
+        if spot_probe and spot_probe.due(a.state.step, a.steps, a.reporter.steps_per_s()):
+            a.flag.set(spot_probe.reason)  # checkpoint, exit 75: SkyPilot re-walks `ordered` from spot
         if eval_every and a.state.step % eval_every == 0 and a.state.step < a.steps:
             result = _quiet_evaluate(a.model, a.dataset, a.device, a.spec)
             log(f"step {a.state.step}/{a.steps} held-out {_fmt_eval(result)}")

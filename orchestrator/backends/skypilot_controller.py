@@ -112,6 +112,9 @@ def tasks_for(
             extra = json.loads(json.dumps(task))
             extra["resources"]["ordered"] = entries
             tasks[Mode.ON_DEMAND] = extra
+    for split in tasks.values():  # the controller moves the job back to spot: the trainer must not probe
+        # from an on-demand-only list (trainer/stops/spot_probe.py)
+        (split.get("envs") or {}).pop("FTORCH_SPOT_RETURN", None)
     return tasks
 
 

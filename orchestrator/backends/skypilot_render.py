@@ -376,6 +376,8 @@ def render_task(
         resources["max_hourly_cost"] = spec.resources.max_hourly_usd
     if spec.resources.image_id:
         resources["image_id"] = spec.resources.image_id
+    from orchestrator.spot.policy import spot_return_env
+
     envs = dict(task.get("envs") or {})
     envs.update(offload_envs(spec, plan, entries))
     envs.update(
@@ -386,6 +388,8 @@ def render_task(
         FTORCH_STORAGE_OPTIONS=json.dumps(spec.checkpoint.storage_options, sort_keys=True),
         **interruption_envs(plan),
         **price_envs(plan),  # the trainer's budget stop: the price of whatever offer it lands on
+        # a deadline job probes back to spot by itself from on demand (issue 19; trainer/stops/spot_probe.py)
+        **spot_return_env(spec.resources, getattr(getattr(plan, "chosen", None), "restart_overhead_s", None)),
     )
     callback = event_callback(spec, job_id, run_uri, _output_uri(spec, run_uri))
     if callback:  # the webhook is in the job file already; a SkyPilot secret would not reach the callback

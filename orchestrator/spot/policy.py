@@ -14,16 +14,19 @@ never needs to remember anything between calls. See docs/policies.md for the rul
 
 from __future__ import annotations
 
-import math
+import json
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
 from trainer.config import ResourcesSpec
+from trainer.stops import spot_return as rule
+from trainer.stops.spot_return import Landing, Progress
 
 POLICY_NAMES = ("spot-only", "spot-fallback", "deadline", "on-demand")
-#: policies the simulator also knows, for comparison only (not valid in a job file)
-BASELINE_NAMES = ("uniform-progress",)
+#: policies the simulator also knows, for comparison only (not valid in a job file): Uniform Progress,
+#: and `no-observer`, what a `deadline` job does with nobody watching (SkyPilot and the trainer alone)
+BASELINE_NAMES = ("uniform-progress", "no-observer")
 
 
 class Mode(str, Enum):
@@ -58,12 +61,27 @@ class Observation:
     tick_s: float = 0.0
     #: spot preemptions so far in this run
     preemptions: int = 0
+    #: where each start landed, and which were the trainer's probes back to spot (the run store's record;
+    #: only `no-observer` reads it)
+    landings: tuple[Landing, ...] = ()
+
+    def progress(self) -> Progress:
+        """The numbers the shared return-to-spot rule reads (trainer/stops/spot_return.py)."""
+        return Progress(
+            self.now_s, self.start_s, self.deadline_s, self.work_done_s, self.work_total_s,
+            self.restart_overhead_s, self.tick_s, self.unsaved_work_s, self.preemptions,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     mode: Mode
     reason: str
+    #: a probe back to spot by the trainer (checkpoint, exit 75): a restart even if it lands on the
+    #: same mode; the run store records it
+    probe: bool = False
+    #: unbilled seconds before the new instance starts (SkyPilot trying the spot offers first)
+    delay_s: float = 0.0
 
 
 class Policy(Protocol):
@@ -121,16 +139,12 @@ _D_WAIT = Decision(Mode.NONE, "no spot capacity, on or ahead of uniform progress
 def _safety_net(obs: Observation) -> bool:
     """True when waiting one more tick, losing the unsaved work and paying one restart would leave too
     little time to finish on demand."""
-    remaining = max(obs.work_total_s - obs.work_done_s, 0.0)
-    time_left = obs.deadline_s - obs.now_s if obs.deadline_s is not None else math.inf
-    return time_left - obs.tick_s - remaining - obs.unsaved_work_s - obs.restart_overhead_s < 1e-6
+    return rule.too_late(obs.progress())
 
 
 def _line(obs: Observation, at_s: float) -> float:
     """The uniform-progress line: work that should be done at time `at_s`."""
-    assert obs.deadline_s is not None
-    window = obs.deadline_s - obs.start_s
-    return obs.work_total_s * (at_s - obs.start_s) / window if window > 0 else obs.work_total_s
+    return rule.uniform_line(obs.progress(), at_s)
 
 
 @dataclass(frozen=True)
@@ -184,36 +198,84 @@ class DeadlinePolicy:
 
     hysteresis_s: float | None = None
     min_spot_work_s: float | None = None
-    backoff: float = 0.0
+    backoff: float = rule.BACKOFF
     lag: float = 0.0
-    hysteresis_restarts: float = 0.0
-    hysteresis_ticks: float = 0.0
+    hysteresis_restarts: float = rule.HYSTERESIS_RESTARTS
+    hysteresis_ticks: float = rule.HYSTERESIS_TICKS
     name: str = "deadline"
 
     def margin_s(self, obs: Observation) -> float:
-        base = self.hysteresis_s
-        if base is None:
-            base = self.hysteresis_restarts * obs.restart_overhead_s + self.hysteresis_ticks * obs.tick_s
-        return base * (1.0 + self.backoff * obs.preemptions)
+        return self._margin(obs.progress())
+
+    def _margin(self, p: Progress) -> float:
+        return rule.margin_s(
+            p, self.hysteresis_s, self.hysteresis_restarts, self.hysteresis_ticks, self.backoff
+        )
+
+    def back_to_spot(self, p: Progress, restarts: float = 1.0) -> bool:
+        """The return rule, shared with the trainer (trainer/stops/spot_return.py)."""
+        return rule.return_to_spot(p, self._margin(p), self.min_spot_work_s, restarts)
 
     def decide(self, obs: Observation) -> Decision:
         if obs.deadline_s is None:
             return _SPOT if obs.spot_available else _WAIT
         if _safety_net(obs):
             return _D_SAFETY
-        lead = obs.work_done_s - _line(obs, obs.now_s)
         if obs.mode is Mode.ON_DEMAND:
-            remaining = obs.work_total_s - obs.work_done_s
-            min_work = (
-                self.min_spot_work_s if self.min_spot_work_s is not None else 2.0 * obs.restart_overhead_s
-            )
-            if obs.spot_available and lead >= self.margin_s(obs) and remaining >= min_work:
-                return _D_BACK
-            return _D_HOLD
+            return _D_BACK if obs.spot_available and self.back_to_spot(obs.progress()) else _D_HOLD
         if obs.spot_available:
             return _D_SPOT
+        lead = obs.work_done_s - _line(obs, obs.now_s)
         slack = (obs.deadline_s - obs.start_s) - obs.work_total_s
         return _D_BEHIND if lead < -self.lag * max(slack, 0.0) else _D_WAIT
+
+
+_N_SPOT = Decision(Mode.SPOT, "SkyPilot: the first spot offer with capacity")
+_N_FALLBACK = "SkyPilot: no spot offer launches, the on-demand offers after them in `ordered`"
+_N_STAY_SPOT = Decision(Mode.SPOT, "on spot: nobody watches the deadline (no safety net) until preempted")
+_N_STAY_OD = Decision(Mode.ON_DEMAND, "on demand: not ahead enough to probe, or a probe too recent")
+
+
+@dataclass(frozen=True)
+class NoObserverPolicy:
+    """What a `deadline` job does with no outside controller: SkyPilot and the trainer alone.
+
+    - No instance (launch, or a preemption): SkyPilot walks `ordered` from the top: spot where there is
+      capacity, else (after `failover_s` of failed spot launches, unbilled) the on-demand offers. It never
+      waits for spot.
+    - On spot: stays there until preempted. Nobody sees the deadline coming (no safety-net switch).
+    - On demand: the trainer cannot see spot capacity. When the shared return rule says it is ahead
+      enough (with room for two restarts: the probe, and a fall back), and no probe is too recent
+      (trainer/stops/spot_return.py next_probe_at: one an hour, doubling after each probe that landed on
+      demand), it checkpoints and exits 75: a probe, one restart, that lands on spot if SkyPilot finds
+      capacity, else on demand again. `spot_available` is read only for where the probe lands.
+    Not a job-file policy: `ftorch simulate` compares it with `deadline`, to show what the controller is
+    worth.
+    """
+
+    failover_s: float = 120.0
+    #: the return rule and its margins: the `deadline` policy's own
+    returns: DeadlinePolicy = DeadlinePolicy()
+    probe_base_s: float = rule.PROBE_BASE_S
+    probe_factor: float = rule.PROBE_FACTOR
+    probe_cap_s: float = rule.PROBE_CAP_S
+    name: str = "no-observer"
+
+    def _walk(self, obs: Observation, reason: str | None = None, probe: bool = False) -> Decision:
+        """Where SkyPilot's recovery lands when it walks `ordered` from the spot end."""
+        if obs.spot_available:
+            return Decision(Mode.SPOT, reason or _N_SPOT.reason, probe=probe)
+        return Decision(Mode.ON_DEMAND, reason or _N_FALLBACK, probe=probe, delay_s=self.failover_s)
+
+    def decide(self, obs: Observation) -> Decision:
+        if obs.mode is Mode.NONE:
+            return self._walk(obs)
+        if obs.mode is Mode.SPOT:
+            return _N_STAY_SPOT
+        due = rule.next_probe_at(obs.landings, self.probe_base_s, self.probe_factor, self.probe_cap_s)
+        if obs.now_s >= due and self.returns.back_to_spot(obs.progress(), restarts=2.0):
+            return self._walk(obs, "ahead enough: the trainer probes for spot (checkpoint, exit 75)", True)
+        return _N_STAY_OD
 
 
 def make_policy(name: str, baselines: bool = False) -> Policy:
@@ -226,17 +288,21 @@ def make_policy(name: str, baselines: bool = False) -> Policy:
     }
     if baselines:
         policies["uniform-progress"] = UniformProgressPolicy()
+        policies["no-observer"] = NoObserverPolicy()
     if name not in policies:
         raise ValueError(f"unknown policy {name!r}; valid: {', '.join(policies)}")
     return policies[name]
 
 
+def spot_return_env(resources: ResourcesSpec, restart_overhead_s: float | None) -> dict[str, str]:
+    """The task env that lets the trainer probe back to spot by itself (trainer/stops/spot_probe.py): set
+    for `deadline` jobs only, with the chosen offer's restart overhead."""
+    if not rule.probes_apply(resources):
+        return {}
+    overhead = 300.0 if restart_overhead_s is None else float(restart_overhead_s)
+    return {"FTORCH_SPOT_RETURN": json.dumps({"restart_overhead_s": round(overhead, 1)})}
+
+
 def policy_name_for(resources: ResourcesSpec) -> str:
     """The policy a job asks for: resources.policy, else derived from deadline / spot / fallback."""
-    if resources.policy is not None:
-        return resources.policy
-    if not resources.spot:
-        return "on-demand"
-    if resources.deadline is not None:
-        return "deadline"
-    return "spot-fallback" if resources.fallback == "on-demand" else "spot-only"
+    return rule.policy_name_for(resources)

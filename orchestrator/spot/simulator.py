@@ -10,7 +10,10 @@ The model, tick by tick (one tick = the trace's gap_seconds):
 - a voluntary stop or switch checkpoints first (nothing is lost); checkpoints are free and happen every
   `checkpoint_interval_s` of progress;
 - billing is per second, on spot or on demand, for every second an instance runs (overhead included);
-- after the end of the trace spot is unavailable.
+- after the end of the trace spot is unavailable;
+- a decision may carry an unbilled delay before the new instance starts (`no-observer`: SkyPilot trying
+  the spot offers before the on-demand ones) and may be a probe (`no-observer`: the trainer leaves on
+  demand to look for spot): a restart even when it lands on on demand again, recorded with where it landed.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from orchestrator.errors import SpecError, UserError
-from orchestrator.spot.policy import Mode, Observation, Policy
+from orchestrator.spot.policy import Decision, Mode, Observation, Policy
 from orchestrator.spot.traces import Zones
+from trainer.stops.spot_return import Landing
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,9 @@ class Result:
     preemptions: int
     starts: int
     zone_moves: int
+    #: probes back to spot (no-observer), and how many of them landed on demand again
+    probes: int = 0
+    probes_failed: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -84,6 +91,7 @@ class _Run:
     done: float = 0.0
     unsaved: float = 0.0
     overhead_left: float = 0.0
+    delay_left: float = 0.0
     spot_s: float = 0.0
     od_s: float = 0.0
     wait_s: float = 0.0
@@ -93,22 +101,24 @@ class _Run:
     starts: int = 0
     moves: int = 0
     finish: float | None = None
+    landings: tuple[Landing, ...] = ()
 
     def preempt(self) -> None:
         """Spot was taken away: the work since the last checkpoint is lost, and the instance."""
         self.preemptions += 1
         self.done -= self.unsaved
         self.lost += self.unsaved
-        self.unsaved = self.overhead_left = 0.0
+        self.unsaved = self.overhead_left = self.delay_left = 0.0
         self.mode = Mode.NONE
 
-    def switch(self, want: Mode, first_zone: int) -> None:
-        """Go to `want` (checkpointing first); a new instance pays the restart overhead, and a new spot
-        instance goes to `first_zone`, the first zone that is up."""
+    def switch(self, want: Mode, first_zone: int, delay_s: float = 0.0) -> None:
+        """Go to `want` (checkpointing first); a new instance pays the restart overhead (after `delay_s`
+        unbilled), and a new spot instance goes to `first_zone`, the first zone that is up."""
         self.unsaved = 0.0  # a voluntary stop or switch checkpoints first
         if want is not Mode.NONE:
             self.starts += 1
             self.overhead_left = self.job.restart_overhead_s
+            self.delay_left = delay_s
         if want is Mode.SPOT:
             if self.last_zone >= 0 and first_zone != self.last_zone:
                 self.moves += 1
@@ -121,13 +131,19 @@ class _Run:
         if self.mode is Mode.NONE:
             self.wait_s += gap
             return
+        delay = 0.0
+        if self.delay_left > 0.0:  # no instance yet: unbilled
+            delay = self.delay_left if self.delay_left < gap else gap
+            self.delay_left -= delay
+            self.wait_s += delay
+            gap -= delay
         ov = self.overhead_left if self.overhead_left < gap else gap
         self.overhead_left -= ov
         progress = gap - ov
         work, interval = self.job.work_s, self.job.checkpoint_interval_s
         if self.done + progress >= work:
             used = ov + (work - self.done)
-            self.finish = now + used
+            self.finish = now + delay + used
             billed, self.done = used, work
         else:
             billed = gap
@@ -167,7 +183,19 @@ class _Run:
             preemptions=self.preemptions,
             starts=self.starts,
             zone_moves=self.moves,
+            probes=sum(x.probe for x in self.landings),
+            probes_failed=sum(x.probe and x.landed == Mode.ON_DEMAND.value for x in self.landings),
         )
+
+    def follow(self, decision: Decision, now: float, first_zone: int) -> None:
+        """Act on one decision: a new instance records where it landed; a probe always restarts."""
+        want = decision.mode
+        if want is Mode.SPOT and first_zone < 0:
+            want = Mode.NONE
+        if decision.probe or want is not self.mode:
+            self.switch(want, first_zone, decision.delay_s)
+            if want is not Mode.NONE:
+                self.landings = (*self.landings, Landing(now, self.starts, want.value, decision.probe))
 
 
 def simulate(
@@ -204,11 +232,8 @@ def simulate(
         obs.mode = run.mode
         obs.unsaved_work_s = run.unsaved
         obs.preemptions = run.preemptions
-        want = decide(obs).mode
-        if want is Mode.SPOT and fz < 0:
-            want = Mode.NONE
-        if want is not run.mode:
-            run.switch(want, fz)
+        obs.landings = run.landings
+        run.follow(decide(obs), now, fz)
         run.advance(now)
         if run.finish is not None:
             break
@@ -231,6 +256,7 @@ class Summary:
     mean_preemptions: float
     mean_wait_h: float
     mean_work_lost_h: float
+    mean_probes: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -265,6 +291,7 @@ def summarize(results: list[Result]) -> Summary:
         mean_preemptions=sum(r.preemptions for r in results) / n,
         mean_wait_h=sum(r.wait_s for r in results) / n / 3600.0,
         mean_work_lost_h=sum(r.work_lost_s for r in results) / n / 3600.0,
+        mean_probes=sum(r.probes for r in results) / n,
     )
 
 

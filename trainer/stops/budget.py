@@ -128,30 +128,12 @@ def _parse_key(key: str) -> tuple[str, str, str, int, str] | None:
 
 
 def market_from_metadata(cloud: str, timeout: float = 0.5) -> str | None:
-    """'spot' or 'on-demand' from the instance metadata where the cloud says (AWS, GCP), else None."""
-    from trainer.stops import notices
+    """'spot' or 'on-demand' from the instance metadata where the cloud says, else None: the one probe of
+    trainer/stops/lifecycle.py (`cloud` and `timeout` are kept for the callers; it asks every provider)."""
+    from trainer.stops.lifecycle import on_spot
 
-    try:
-        if cloud == "aws":
-            aws = notices.AwsNotices(notices._base("aws"), timeout)
-            status, _h, body = notices._request(
-                f"{aws.base}/latest/meta-data/instance-life-cycle",
-                {"X-aws-ec2-metadata-token": aws._token()},
-                timeout,
-            )
-            text = body.decode().strip().lower() if status == 200 else ""
-            return {"spot": "spot", "on-demand": "on-demand", "normal": "on-demand"}.get(text)
-        if cloud == "gcp":
-            status, _h, body = notices._request(
-                f"{notices._base('gcp')}/computeMetadata/v1/instance/scheduling/preemptible",
-                {"Metadata-Flavor": "Google"},
-                timeout,
-            )
-            text = body.decode().strip().upper() if status == 200 else ""
-            return {"TRUE": "spot", "FALSE": "on-demand"}.get(text)
-    except (OSError, notices.NotOnThisCloud, ValueError):
-        return None
-    return None
+    answer = on_spot({**os.environ, "FTORCH_NOTICE_PROBE_TIMEOUT_S": str(timeout)})
+    return None if answer is None else ("spot" if answer else "on-demand")
 
 
 def attempt_price(

@@ -214,3 +214,18 @@ def test_shared_traces_folder(monkeypatch, capsys, files) -> None:
     code, out, err = ftorch(monkeypatch, capsys, "simulate", files["job"], "--trace", str(SHARED), *NUMBERS)
     assert code == 0, err
     assert "9 zone(s)" in out and "20158 ticks of 195 s" in out
+
+
+def test_no_observer_policy(monkeypatch, capsys, files) -> None:
+    """What a deadline job does with nobody watching: it never waits, falls back and probes back."""
+    base = ["simulate", files["job"], "--trace", files["a"], files["b"], *NUMBERS, "--json"]
+    code, out, err = ftorch(monkeypatch, capsys, *base, "--policy", "no-observer")
+    assert code == 0, err
+    results = {r["policy"]: r for r in json.loads(out)["results"]}
+    assert list(results) == ["no-observer", "on-demand"]
+    alone = results["no-observer"]
+    assert alone["deadline_met"] and alone["ondemand_s"] > 0 and alone["spot_s"] > 0
+    assert alone["probes"] >= 1 and alone["wait_s"] < 3600  # no waiting: only SkyPilot's failed spot launches
+    code, out, err = ftorch(monkeypatch, capsys, *base)
+    assert code == 0, err
+    assert "no-observer" in {r["policy"] for r in json.loads(out)["results"]}
