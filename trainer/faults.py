@@ -1,7 +1,8 @@
 """Fault injection for tests: die or crash at a named point, which no outside signal can hit reliably.
 
 FTORCH_FAULTS="checkpoint-partial@15,before-manifest@20,crash@8:1" kills the process with SIGKILL at those
-points of the checkpoint for those steps, or raises at the end of step 8 in attempt 1 only;
+points of the checkpoint for those steps, or raises at the end of step 8 in attempt 1 only; `kill@N` is a
+SIGKILL once step N is reported (its metrics row and tracker values handed over, nothing flushed);
 `store-full@N` makes the run store answer ENOSPC after the first file of checkpoint N. Unset (always,
 outside tests), this costs one set lookup.
 """

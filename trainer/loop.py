@@ -25,7 +25,7 @@ from trainer.data.packing import example_count, uses_flat_batches
 from trainer.data.packing_check import verify as verify_packing
 from trainer.distributed import Parallel
 from trainer.distributed import setup as setup_parallel
-from trainer.faults import maybe_crash
+from trainer.faults import maybe_crash, maybe_die
 from trainer.layout import Layout
 from trainer.layout import check as check_layout
 from trainer.layout import total_steps as steps_for
@@ -357,6 +357,10 @@ def _open_reporting(
     trackers = Trackers(store, report_to, attempt, state.step, resolved["run_id"], resolved["job"])
     if state.step == 0 and state.extra.get("eval_before"):
         trackers.scalar("eval/loss", state.extra["eval_before"]["loss"], 0)
+    # issue 23: records go with the checkpoint that covers them (flushed before its manifest), and W&B
+    # gets again what an earlier attempt handed it but it never durably got, up to the resumed checkpoint
+    checkpoints.before_save += [reporter.flush, trackers.flush]
+    trackers.catch_up(state.step, (state.extra.get("eval_before") or {}).get("loss"))
     return reporter, trackers
 
 
@@ -383,7 +387,6 @@ def fit(a: Attempt) -> int | None:
             a.reporter.set_state("checkpointing")
             a.checkpoints.save(a.model, a.optimizer, a.scheduler, a.state)
             a.reporter.last_checkpoint(a.checkpoints.durable_step)
-            a.trackers.flush()
             a.reporter.set_state("running")
     return None
 
@@ -416,6 +419,7 @@ def _report_step(a: Attempt, step_loss: float, lr: float, grad_norm: float, log_
     a.trackers.step(
         step, {"loss": step_loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s or None}
     )
+    maybe_die("kill", step)  # tests: SIGKILL once the step is reported (FTORCH_FAULTS=kill@N)
     if step % log_every == 0 or step == a.steps:
         log(f"step {step}/{a.steps} loss {step_loss:.4f} lr {lr:.2e} tok/s {a.reporter.tokens_per_s():,.0f}")
 
