@@ -206,3 +206,31 @@ def assert_bitwise_equal(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), f"{key} differs (max abs diff {(a[key] - b[key]).abs().max()})"
+
+
+def wandb_records(path: Path) -> list:  # noqa: ANN401
+    """The records of a W&B transaction log (`run-<id>.wandb`: a LevelDB-style log of wandb's protobuf
+    Records, 32 KiB blocks, 7-byte record headers), parsed with wandb's own protobuf classes."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, block = path.read_bytes(), 32768
+    assert data[:4] == b":W&B"
+    records, pos, parts = [], 7, b""
+    while pos < len(data):
+        left = block - pos % block
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
+        if length == 0 and kind == 0:
+            pos += left
+            continue
+        if pos + 7 + length > len(data):  # a record cut short (a copy taken while W&B wrote): not there
+            break
+        parts += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            records.append(record)
+            parts = b""
+    return records

@@ -2,6 +2,8 @@
 
 FTORCH_FAULTS="checkpoint-partial@15,before-manifest@20,crash@8:1" kills the process with SIGKILL at those
 points of the checkpoint for those steps, or raises at the end of step 8 in attempt 1 only;
+`kill@N` is a
+SIGKILL once step N is reported (its metrics row and tracker values handed over, nothing flushed);
 `store-full@N` makes the run store answer ENOSPC after the first file of checkpoint N; `oom-above@K`
 raises torch.cuda.OutOfMemoryError in every step whose micro-batch per rank exceeds K examples (the only
 way to cause one on a CPU; `:A` limits it to attempt A as usual). Unset (always,

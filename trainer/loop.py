@@ -25,7 +25,7 @@ from trainer.data.packing import example_count, uses_flat_batches
 from trainer.data.packing_check import verify as verify_packing
 from trainer.distributed import Parallel
 from trainer.distributed import setup as setup_parallel
-from trainer.faults import maybe_crash, maybe_oom
+from trainer.faults import maybe_crash, maybe_die, maybe_oom
 from trainer.layout import Layout
 from trainer.layout import total_steps as steps_for
 from trainer.loss import evaluate_batch, shifted_labels
@@ -398,6 +398,10 @@ def _open_reporting(
     trackers = Trackers(store, report_to, attempt, state.step, resolved["run_id"], resolved["job"])
     if state.step == 0 and state.extra.get("eval_before"):
         trackers.scalar("eval/loss", state.extra["eval_before"]["loss"], 0)
+    # issue 23: records go with the checkpoint that covers them (flushed before its manifest), and W&B
+    # gets again what an earlier attempt handed it but it never durably got, up to the resumed checkpoint
+    checkpoints.before_save += [reporter.flush, trackers.flush]
+    trackers.catch_up(state.step, (state.extra.get("eval_before") or {}).get("loss"))
     return reporter, trackers
 
 
@@ -446,7 +450,6 @@ def fit(a: Attempt) -> int | None:
             a.measurer.checkpoint(time.time() - saving, a.checkpoints.writer)
             a.measurer.record(a.store)  # what this attempt measured so far survives a kill
             a.reporter.last_checkpoint(a.checkpoints.durable_step)
-            a.trackers.flush()
             a.reporter.set_state("running")
     return None
 
@@ -480,6 +483,7 @@ def _report_step(a: Attempt, step_loss: float, lr: float, grad_norm: float, log_
     a.trackers.step(
         step, {"loss": step_loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s or None}
     )
+    maybe_die("kill", step)  # tests: SIGKILL once the step is reported (FTORCH_FAULTS=kill@N)
     if step % log_every == 0 or step == a.steps:
         log(f"step {step}/{a.steps} loss {step_loss:.4f} lr {lr:.2e} tok/s {a.reporter.tokens_per_s():,.0f}")
 

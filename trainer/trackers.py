@@ -7,12 +7,18 @@ to train again), so no step appears twice. Events are written to a local folder 
 run store at each flush (the store may be a bucket).
 
 W&B: the run id is the job id and every attempt resumes it (`resume="allow"`). W&B cannot rewind a run, so
-an attempt logs only the steps after the last one already logged (kept in `<run store>/wandb/state.json`
-at each flush, and W&B's own resumed step online): the steps an attempt trains again after a resume are
-the same steps (exact resume) and stay as first logged. The API key comes from the environment
-(WANDB_API_KEY; on SkyPilot a secret of the task), the project from WANDB_PROJECT (default `ftorch`).
-In offline mode (WANDB_MODE=offline) the run's files are copied into `<run store>/wandb/` at each flush,
-for `wandb sync` later. The job's settings are the run's config, without storage options.
+an attempt logs only the steps after the last one W&B durably holds: online, W&B's own resumed step; in
+offline mode (WANDB_MODE=offline), the newest step in the run store's copies of the earlier attempts'
+offline runs (`<run store>/wandb/offline-run-*`, copied at each flush, for `wandb sync` later; read with
+trainer/wandb_log.py). What was only handed to `wandb.log` is not counted: a kill loses it. Steps up to the
+checkpoint an attempt resumes from that W&B lacks are logged again from the metrics rows (`catch_up`), which
+are written with that checkpoint; the steps it trains again after it are the same steps (exact resume) and
+stay as first logged. `<run store>/wandb/state.json` says the newest step W&B holds (a record, not used to
+skip). The API key comes from the environment (WANDB_API_KEY; on SkyPilot a secret of the task), the project
+from WANDB_PROJECT (default `ftorch`). The job's settings are the run's config, without storage options.
+
+Both are flushed before each checkpoint's manifest (trainer/checkpoints/checkpointer.py `before_save`), so a
+checkpoint never covers tracker steps the run store lacks.
 
 Logged to both: loss, lr, grad norm, tokens/s (`train/...`), the held-out loss (`eval/loss`), the attempt
 number and the preemptions before it (`run/attempt`, `run/preemptions`), and the cost so far
@@ -148,8 +154,7 @@ class _WandB:
         except ImportError:
             raise _missing("wandb", "wandb") from None
         self.store = store
-        state = store.read_json_or_none(WANDB_STATE)
-        self.logged = int(state.get("last_step", -1)) if isinstance(state, dict) else -1
+        self.logged = -1  # the newest step W&B durably holds (never what was only handed to wandb.log)
         self.local = os.environ.get("WANDB_DIR") or _scratch("ftorch-wandb-")
         settings = wandb.Settings(console="off", silent=True, save_code=False, x_disable_stats=True)
         self.run = wandb.init(
@@ -162,10 +167,48 @@ class _WandB:
             settings=settings,
         )
         self.offline = bool(self.run.settings.mode in ("offline", "dryrun"))
-        if self.run.resumed:  # online: what W&B already holds for this run
-            self.logged = max(self.logged, int(self.run.starting_step or 0) - 1)
+        if self.offline:  # what the earlier attempts' copies in the run store hold
+            self.logged = self._stored_step()
+        elif self.run.resumed:  # online: what W&B already holds for this run
+            self.logged = int(self.run.starting_step or 0) - 1
         self.floor = self.logged
         self.carry: dict[str, float] = {}
+
+    def _stored_step(self) -> int:
+        """The newest history step in the run store's copies of this run's offline runs (-1: none)."""
+        from trainer.wandb_log import history_steps
+
+        newest = -1
+        for name in self.store.listdir(WANDB_FOLDER):
+            rel = f"{WANDB_FOLDER}/{name}/run-{self.run.id}.wandb"
+            if (
+                name.startswith("offline-run-")
+                and name.endswith(f"-{self.run.id}")
+                and self.store.exists(rel)
+            ):
+                newest = max([newest, *history_steps(self.store.read_bytes(rel))])
+        return newest
+
+    def catch_up(self, rows: list[dict[str, Any]], upto: int, eval_before: float | None) -> None:
+        """Log again, from the metrics rows, the steps up to `upto` (the checkpoint this attempt resumed
+        from) that W&B does not hold: an earlier attempt handed them over but was killed before W&B's
+        copy reached the run store."""
+        if self.floor < 0 and eval_before is not None and upto > 0:
+            self.run.log({"eval/loss": float(eval_before)}, step=0)
+        previous: dict[str, Any] | None = None
+        for row in rows:
+            step = row["step"]
+            if self.floor < step <= upto:
+                values = {
+                    f"train/{k}": float(row[k]) for k in ("loss", "lr", "grad_norm") if row.get(k) is not None
+                }
+                if isinstance(row.get("eval_loss"), (int, float)):
+                    values["eval/loss"] = float(row["eval_loss"])
+                if previous is None or previous.get("attempt") != row.get("attempt"):
+                    values["run/attempt"] = float(row.get("attempt") or 0)
+                self.run.log(values, step=step)
+            previous = row
+        self.floor = max(self.floor, upto)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if step <= self.floor:  # W&B keeps what earlier attempts logged up to `floor`
@@ -173,17 +216,21 @@ class _WandB:
             return
         self.run.log({**self.carry, **metrics}, step=step)  # this attempt's number at its first new step
         self.carry = {}
-        self.logged = max(self.logged, step)
+        if not self.offline:  # online: handed over is what W&B's resumed step will count
+            self.logged = max(self.logged, step)
 
     def summary(self, values: dict[str, float]) -> None:
         self.run.summary.update(values)
 
     def flush(self) -> None:
-        self.store.write_json(WANDB_STATE, {"run_id": self.run.id, "last_step": self.logged})
         if self.offline:
             self._copy_offline()
+        self.store.write_json(WANDB_STATE, {"run_id": self.run.id, "last_step": self.logged})
 
     def _copy_offline(self) -> None:
+        """Copy the offline run into the run store; count the steps the copy holds as W&B's."""
+        from trainer.wandb_log import history_steps
+
         folder = os.path.dirname(self.run.dir)  # <dir>/wandb/offline-run-<time>-<id>
         name = os.path.basename(folder)
         for root, _dirs, files in os.walk(folder):
@@ -191,10 +238,16 @@ class _WandB:
                 path = os.path.join(root, file)
                 rel = os.path.relpath(path, folder).replace(os.sep, "/")
                 with open(path, "rb") as handle:
-                    self.store.write_bytes(f"{WANDB_FOLDER}/{name}/{rel}", handle.read())
+                    data = handle.read()
+                self.store.write_bytes(f"{WANDB_FOLDER}/{name}/{rel}", data)
+                if file == f"run-{self.run.id}.wandb":
+                    self.logged = max([self.logged, *history_steps(data)])
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        wandb.teardown()  # finish returns before W&B's service has written the run's log; this waits for it
         self.flush()  # the offline run's files complete now
         if not os.environ.get("WANDB_DIR"):
             shutil.rmtree(self.local, ignore_errors=True)
@@ -226,6 +279,8 @@ class Trackers:
         if "preemptions" in self.facts:
             first["run/preemptions"] = self.facts["preemptions"]
         self.first = first  # logged with the attempt's first step
+        if self.sinks:  # an attempt that ends on an error still leaves whole copies in the run store
+            atexit.register(self.close)
         for sink in self.sinks:
             if isinstance(sink, _WandB):
                 sink.summary(
@@ -245,6 +300,20 @@ class Trackers:
         except Exception as exc:  # noqa: BLE001
             text = " ".join(str(exc).split())[:300]
             log(f"W&B is not reporting this attempt: {exc.__class__.__name__}: {text}")
+
+    def catch_up(self, start_step: int, eval_before: float | None = None) -> None:
+        """Before the first step of an attempt that resumed at `start_step`: W&B gets again, from the
+        metrics rows, the steps up to it that it lacks (TensorBoard's copy is whole up to any checkpoint)."""
+        for sink in self.sinks:
+            if isinstance(sink, _WandB) and start_step > 0 and sink.floor < start_step:
+                try:
+                    sink.catch_up(self.store.read_metrics(), start_step, eval_before)
+                except Exception as exc:  # noqa: BLE001 - tracking is advisory
+                    from trainer.runstore.progress import log
+
+                    log(
+                        f"W&B could not be given the steps before {start_step} again ({exc.__class__.__name__})"
+                    )
 
     @property
     def writer(self) -> Any:

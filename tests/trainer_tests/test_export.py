@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import job_dict, prepare_run, run_trainer, write_data
+from helpers import job_dict, prepare_run, run_trainer, wandb_records, write_data
 
 from orchestrator import cli_outputs
 from orchestrator.errors import UserError
@@ -182,32 +182,6 @@ def test_tensorboard_one_run_across_attempts_without_repeated_steps(trained: tup
     assert [(e.step, e.value) for e in runs.Scalars("run/attempt")] == [(1, 1.0), (6, 2.0)]
 
 
-def _wandb_records(path: Path) -> list:  # noqa: ANN401
-    """The records of a W&B transaction log (`run-<id>.wandb`: a LevelDB-style log of wandb's protobuf
-    Records, 32 KiB blocks, 7-byte record headers), parsed with wandb's own protobuf classes."""
-    import struct
-
-    from wandb.proto import wandb_internal_pb2
-
-    data, block = path.read_bytes(), 32768
-    assert data[:4] == b":W&B"
-    records, pos, parts = [], 7, b""
-    while pos < len(data):
-        left = block - pos % block
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
-        if length == 0 and kind == 0:
-            pos += left
-            continue
-        parts += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # a full record, or the last piece of one
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(parts)
-            records.append(record)
-            parts = b""
-    return records
-
-
 def test_wandb_one_run_across_attempts_without_repeated_steps(trained: tuple[str, Path]) -> None:
     run_uri, _tiny = trained
     root = Path(run_uri).parent.parent
@@ -217,7 +191,7 @@ def test_wandb_one_run_across_attempts_without_repeated_steps(trained: tuple[str
     keys: set[str] = set()
     attempts: list[tuple[int, float]] = []
     for folder in runs:
-        records = _wandb_records(folder / "run-tiny-abc123.wandb")
+        records = wandb_records(folder / "run-tiny-abc123.wandb")
         assert {r.run.run_id for r in records if r.HasField("run")} == {"tiny-abc123"}
         for record in records:
             if record.HasField("history"):

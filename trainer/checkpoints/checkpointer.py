@@ -13,6 +13,10 @@ makes either synchronous. The loop calls
   (any rank due -> every rank saves);
 - `save(wait=True)` and `wait` on a preemption notice and at the end of the run.
 
+Before every save it calls `before_save` (the loop adds the metrics rows' and the trackers' flushes): the
+records up to the checkpoint's step reach the store before its manifest, so a resume from it neither loses
+nor repeats them.
+
 Failures that must end the attempt become exit codes (`stop_for`): a fenced attempt -> FENCED, a store
 outage beyond its bound -> STORE_UNAVAILABLE, a full staging disk -> ERROR.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from trainer import exitcodes
@@ -80,6 +85,8 @@ class Checkpointer:
         self.auto = AutoInterval(history=History.from_epochs(store.epoch_records(), store.epoch, time.time()))
         self.interval_s: float | None = None
         self._uploaded = self.writer.last
+        #: called before each save: what must be in the store before the checkpoint's manifest
+        self.before_save: list[Callable[[], None]] = []
 
     def _make_writer(self) -> CheckpointWriter:
         """DCP shards from every rank, or one process's files (snapshot, then a background upload)."""
@@ -158,7 +165,9 @@ class Checkpointer:
         self._observe_upload()
 
     def save(self, model: Any, optimizer: Any, scheduler: Any, state: Any, wait: bool = False) -> None:
-        """Checkpoint this step (`wait`: until it is committed)."""
+        """Checkpoint this step (`wait`: until it is committed), after the records up to it."""
+        for flush in self.before_save:
+            flush()
         try:
             result = self.writer.save(model, optimizer, scheduler, state, wait=wait)
             if wait:

@@ -420,9 +420,10 @@ class RunStore(Storage):
         self.write_bytes(f"{METRICS}/{attempt:04d}-{part:04d}.jsonl", body.encode(), atomic=False)
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        """The metric history across attempts; for a step logged by several attempts, the latest wins."""
+        """The metric history across attempts, one row per step: for a step logged by several attempts (an
+        attempt trains again the steps after the checkpoint it resumed from), the newest attempt's row."""
         by_step: dict[int, dict[str, Any]] = {}
-        for name in self.listdir(METRICS):
+        for name in sorted(self.listdir(METRICS), key=_part_order):
             if not name.endswith(".jsonl"):
                 continue
             try:
@@ -485,6 +486,14 @@ def check_output(output_uri: str, run_uri: str, storage_options: dict[str, Any] 
         store._guard(store.root)
     except LinkRefused as exc:
         raise LinkRefused(f"output: {exc}") from None
+
+
+def _part_order(name: str) -> tuple[int, ...]:
+    """`<attempt>-<part>.jsonl` in attempt order, then part order (numbers, not text)."""
+    try:
+        return tuple(int(n) for n in name.removesuffix(".jsonl").split("-"))
+    except ValueError:
+        return (-1,)
 
 
 def _epoch_rel(epoch: int) -> str:
