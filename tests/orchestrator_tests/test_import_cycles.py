@@ -263,7 +263,7 @@ def test_trainer_never_imports_orchestrator() -> None:
 
 def test_no_test_folder_shadows_a_package_for_scripts_run_from_tests() -> None:
     """A script run from tests/ (tests/sky_server_checks.py) has tests/ first on its path: a test folder
-    named like a package (tests/trainer_tests/) would be imported as that package, a namespace without its code."""
+    named like a package (tests/trainer/) would be imported as that package, a namespace without its code."""
     import os
     import subprocess
     import sys
