@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.registry import Registry, ftorch_home
+from orchestrator.home import ftorch_home
+from orchestrator.registry import Registry
 from orchestrator.sizing.throughput import ACCELERATORS
 from trainer.memory.facts import CUDA_CONTEXT_BYTES, GIB
 

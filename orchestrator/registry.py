@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UserError
+from orchestrator.home import ftorch_home  # noqa: F401 - re-exported: callers import it from here
 from orchestrator.records import ATTEMPT_COLUMNS, JOB_COLUMNS, Attempt, Job, job_from_values
 from orchestrator.states import ACTIVE, RESUMABLE, TERMINAL, JobState, Outcome
 
@@ -77,10 +78,6 @@ CREATE TABLE IF NOT EXISTS measurements (
 """
 #: columns added after the first release: (table, column, type); added to older registries on open
 MIGRATIONS = (("attempts", "outcome", "TEXT"),)
-
-
-def ftorch_home() -> Path:
-    return Path(os.environ.get("FTORCH_HOME") or Path.home() / ".ftorch").expanduser()
 
 
 def busy_timeout_s() -> float:

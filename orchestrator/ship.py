@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import UserError
+from orchestrator.home import private_dir
 
 #: where a shipped wheel lands on the instance (SkyPilot copies file_mounts before setup runs)
 REMOTE_DIR = "/tmp/ftorch-dist"
@@ -45,10 +46,6 @@ def source_root() -> Path | None:
     if pyproject.exists() and 'name = "ftorch"' in pyproject.read_text(encoding="utf-8"):
         return root
     return None
-
-
-def _ftorch_home() -> Path:
-    return Path(os.environ.get("FTORCH_HOME") or Path.home() / ".ftorch")
 
 
 def _record_hash(data: bytes) -> str:
@@ -105,7 +102,7 @@ def pack_wheel(name: str, version: str, files: Mapping[str, bytes], dest: Path) 
         info = zipfile.ZipInfo(f"{dist_info}/RECORD", date_time=_EPOCH)
         info.external_attr = 0o644 << 16
         zf.writestr(info, "\n".join(record) + "\n")
-    dest.mkdir(parents=True, exist_ok=True)
+    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = dest / wheel_name
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(buffer.getvalue())
@@ -119,7 +116,7 @@ def installed_wheel(cache: Path | None = None) -> Path:
     digest = hashlib.sha256()
     for rel in sorted(files):
         digest.update(rel.encode() + b"\0" + hashlib.sha256(files[rel]).digest())
-    dest = (cache or _ftorch_home() / "wheels") / digest.hexdigest()[:16]
+    dest = (cache or private_dir("wheels")) / digest.hexdigest()[:16]
     existing = sorted(dest.glob("*.whl")) if dest.exists() else []
     return existing[0] if existing else pack_wheel(name, version, files, dest)
 

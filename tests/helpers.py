@@ -234,3 +234,20 @@ def wandb_records(path: Path) -> list:  # noqa: ANN401
             records.append(record)
             parts = b""
     return records
+
+
+def cli_in_process(capsys: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    """`ftorch ARGS` in this process (fast: no interpreter start), as a CompletedProcess."""
+    from orchestrator import cli as cli_mod
+
+    capsys.readouterr()
+    argv, sys.argv = sys.argv, ["ftorch", *args]
+    code = 0
+    try:
+        cli_mod.main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out.out, out.err)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import SpecError
+from orchestrator.home import ftorch_home, private_dir, write_private
 
 #: families whose layer layout is modelled exactly; other llama-like configs are sized approximately
 FAMILIES = (
@@ -360,12 +361,13 @@ def bundled_shape(name: str) -> ModelShape | None:
 
 
 # ---- hub (opt-in) ------------------------------------------------------------------------------------
-def ftorch_home() -> Path:
-    return Path(os.environ.get("FTORCH_HOME") or Path.home() / ".ftorch")
-
-
 def _hub_cache_path(repo_id: str) -> Path:
     return ftorch_home() / "hub" / repo_id.replace("/", "--") / "config.json"
+
+
+def _write_hub_cache(repo_id: str, cfg: dict) -> None:
+    folder = private_dir("hub", repo_id.replace("/", "--"))
+    write_private(folder / "config.json", json.dumps(cfg).encode())
 
 
 def _looks_like_hub_id(model: str) -> bool:
@@ -389,9 +391,7 @@ def fetch_hub_config(repo_id: str, timeout_s: float = HUB_TIMEOUT_S) -> dict[str
             f"could not fetch {repo_id}/config.json from the Hub ({exc}); "
             "give a local folder with config.json or a bundled shape name",
         ) from None
-    path = _hub_cache_path(repo_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(cfg), encoding="utf-8")
+    _write_hub_cache(repo_id, cfg)
     return cfg
 
 

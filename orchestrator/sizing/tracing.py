@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.sizing.shapes import ModelShape, ftorch_home
+from orchestrator.home import ftorch_home, private_dir, write_private
+from orchestrator.sizing.shapes import ModelShape
 
 #: the trainer files whose code decides what a traced step allocates
 TRACED_CODE = (
@@ -96,13 +97,12 @@ def trace_job(
         except (OSError, ValueError, KeyError):
             pass
     traced = _run(spec, shape, gpus)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps({"results": {str(k): v for k, v in traced.results.items()}, "error": traced.error}),
-        encoding="utf-8",
+    write_private(
+        private_dir("traces") / cache.name,
+        json.dumps(
+            {"results": {str(k): v for k, v in traced.results.items()}, "error": traced.error}
+        ).encode(),
     )
-    os.replace(tmp, cache)
     return traced
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from fakejobs import add_job
+from helpers import cli_in_process as cli
 from helpers import ftorch, job_dict, write_data  # noqa: F401
 
 from orchestrator.registry import Registry
@@ -25,24 +24,6 @@ def job_file(tmp_path: Path, tiny_model: Path) -> Path:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job_dict(tiny_model, data, tmp_path / "runs")))
     return path
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """`ftorch ARGS` in this process (fast), as a CompletedProcess."""
-    from orchestrator import cli as cli_mod
-
-    capsys.readouterr()
-    argv = sys.argv
-    sys.argv = ["ftorch", *args]
-    code = 0
-    try:
-        cli_mod.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
 def _one_line_error(done: object, *words: str) -> None:

@@ -136,6 +136,7 @@ FLOORS = {
     # ground: errors, the job file, the registry and its records, processes; imported by everything
     "orchestrator": GROUND,
     "orchestrator.errors": GROUND,
+    "orchestrator.home": GROUND,
     "orchestrator.states": GROUND,
     "orchestrator.records": GROUND,
     "orchestrator.run_records": GROUND,

@@ -5,32 +5,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import cli_in_process as cli
 from helpers import job_dict, prepare_run, run_trainer, write_data
 
 from orchestrator.registry import Registry
 from trainer.runstore.storage import StoreError
 from trainer.runstore.store import RunStore
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """`ftorch ARGS` in this process (fast), as a CompletedProcess."""
-    from orchestrator import cli as cli_mod
-
-    capsys.readouterr()
-    argv, sys.argv = sys.argv, ["ftorch", *args]
-    code = 0
-    try:
-        cli_mod.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
 def _one_line_error(done: subprocess.CompletedProcess[str], *words: str) -> str:

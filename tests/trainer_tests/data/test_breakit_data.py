@@ -4,34 +4,16 @@ as an input error too (exit 2, not a crash to retry); overlong examples are trun
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import cli_in_process as cli
 from helpers import job_dict, write_data
 
 from orchestrator.registry import Registry
 from trainer.config import DataSpec
 from trainer.data.check import DataError, read_jsonl
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
-    from orchestrator import cli as cli_mod
-
-    capsys.readouterr()
-    argv, sys.argv = sys.argv, ["ftorch", *args]
-    code = 0
-    try:
-        cli_mod.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return subprocess.CompletedProcess(args, code, out.out, out.err)
-
 
 GOOD = json.dumps({"instruction": "first", "input": "alpha bravo", "output": "alpha"}) + "\n"
 CASES = [

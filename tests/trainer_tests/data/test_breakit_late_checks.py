@@ -5,32 +5,15 @@ that leaves nothing to train names that setting, not data.path."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from helpers import cli_in_process as cli
 from helpers import job_dict, write_data
 
 from orchestrator.registry import Registry
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
-    from orchestrator import cli as cli_mod
-
-    capsys.readouterr()
-    argv, sys.argv = sys.argv, ["ftorch", *args]
-    code = 0
-    try:
-        cli_mod.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
 def _parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
