@@ -476,6 +476,21 @@ def measured_facts(results: list[Result]) -> list[dict[str, Any]]:
     return facts
 
 
+def learn(facts: list[dict[str, Any]]) -> int:
+    """Each fact into the planner's history (orchestrator/history.py), keyed by the case's job: what a lent
+    GPU measured corrects the next `ftorch plan` of the same shape, method and layout. CPU facts are kept
+    but never override a GPU estimate (the history judges them implausible)."""
+    from orchestrator.history import record_gpu_check
+
+    cases = {c.name: c for c in GPU_CASES + CPU_CASES}
+    kept = 0
+    for fact in facts:
+        spec = spec_for(cases[fact["case"]], fact["model"]).model_dump(mode="json")
+        if record_gpu_check(spec, fact["measured"], f"gpu_check:{fact['case']}") is not None:
+            kept += 1
+    return kept
+
+
 def _bytes(gib: float | None) -> int | None:
     return None if gib is None else round(gib * 1024**3)
 
@@ -583,6 +598,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per case")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--facts", help="write the measured facts (attempt `measured` records) here")
+    parser.add_argument(
+        "--learn",
+        action="store_true",
+        help="record the measured facts in this machine's planner history ($FTORCH_HOME; `ftorch history`)",
+    )
     parser.add_argument("--rank-worker", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -620,6 +640,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
     if args.facts:
         Path(args.facts).write_text(json.dumps(measured_facts(results), indent=1))
+    if args.learn:
+        print(f"history: {learn(measured_facts(results))} measured cases recorded (`ftorch history`)")
     for r in results:
         if r.skipped:
             print(f"{r.case}: skipped: {r.skipped}")

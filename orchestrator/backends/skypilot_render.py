@@ -5,8 +5,8 @@ trainer, alone or under torchrun); rendering fills in what depends on the job:
 
 - resources: the plan's adequate offers as `ordered` (the plan's ranking by expected cost is kept),
   spot offers first, then on-demand offers only when `resources.fallback: on-demand`;
-- job_recovery: strategy, `recover_on_exit_codes: [75]` (the trainer's "preempted, checkpoint
-  written"), `max_restarts_on_errors`; `max_hourly_cost`; `disk_size` for the model; `image_id`;
+- job_recovery: strategy, `recover_on_exit_codes: [75, 88]` (the trainer's "preempted, checkpoint
+  written" and "out of memory, layout adapted"), `max_restarts_on_errors`; `max_hourly_cost`; `disk_size` for the model; `image_id`;
 - envs: the run's id and store URL (the same across every recovery: ftorch's job id is the run id);
 - the ftorch to install: exactly this one (orchestrator/ship.py: the source tree as workdir, or the
   installed wheel in file_mounts), never a version from a package index;
@@ -111,7 +111,9 @@ def job_recovery(spec: JobSpec) -> dict[str, Any]:
     return {
         "strategy": spec.resources.recovery,
         "max_restarts_on_errors": spec.resources.max_restarts_on_errors,
-        "recover_on_exit_codes": [exitcodes.PREEMPTED],
+        # 75: preempted with a checkpoint; 88: out of memory, the layout adapted (trainer/oom.py): both resume
+        # from the store. 89 (does not fit even at the smallest layout) is not retried: it ends FAILED
+        "recover_on_exit_codes": [exitcodes.PREEMPTED, exitcodes.OOM_ADAPT],
     }
 
 

@@ -346,7 +346,7 @@ def test_two_nodes_train_are_preempted_agree_on_the_attempt_and_resume_exactly(i
     codes = [n.wait() for n in nodes]
     logs = "\n---\n".join(n.log() for n in nodes)
     assert codes == [exitcodes.PREEMPTED] * 2, logs  # what job_recovery.recover_on_exit_codes relaunches
-    assert task["resources"]["job_recovery"]["recover_on_exit_codes"] == [exitcodes.PREEMPTED]
+    assert exitcodes.PREEMPTED in task["resources"]["job_recovery"]["recover_on_exit_codes"]
     progress = store.read_progress() or {}
     assert progress["state"] == "preempted" and progress["attempt"] == 1, progress
     cut = progress["step"]

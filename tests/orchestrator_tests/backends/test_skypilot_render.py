@@ -62,7 +62,7 @@ def sky_accepts(sky: Any, task: dict[str, Any], secrets: dict[str, str] | None =
     for resources in loaded.resources:
         recovery = resources.job_recovery
         assert recovery["strategy"].lower() in sky.JOBS_RECOVERY_STRATEGY_REGISTRY
-        assert recovery["recover_on_exit_codes"] == [exitcodes.PREEMPTED]
+        assert recovery["recover_on_exit_codes"] == [exitcodes.PREEMPTED, exitcodes.OOM_ADAPT]
     return loaded
 
 
@@ -176,7 +176,7 @@ def test_recovery_settings_are_wired() -> None:
     assert task["resources"]["job_recovery"] == {
         "strategy": "FAILOVER",
         "max_restarts_on_errors": 2,
-        "recover_on_exit_codes": [75],
+        "recover_on_exit_codes": [75, 88],  # preempted; out of memory with the layout adapted (not 89)
     }
     assert task["resources"]["image_id"] == "docker:pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime"
     assert task["envs"]["FTORCH_PIP_SPEC"] == ".[s3,gcs,qlora]"  # bitsandbytes and accelerate

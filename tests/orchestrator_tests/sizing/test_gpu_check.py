@@ -14,12 +14,21 @@ from helpers import REPO
 def test_gpu_check_cpu_tiny_mode(tmp_path: Path) -> None:
     out, facts = tmp_path / "gpu_check.json", tmp_path / "facts.json"
     done = subprocess.run(
-        [sys.executable, "bench/gpu_check.py", "--cpu-tiny", "--json", str(out), "--facts", str(facts)],
+        [
+            sys.executable,
+            "bench/gpu_check.py",
+            "--cpu-tiny",
+            "--json",
+            str(out),
+            "--facts",
+            str(facts),
+            "--learn",
+        ],
         capture_output=True,
         text=True,
         timeout=480,
         cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "FTORCH_HOME": str(tmp_path / "home")},
     )
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(out.read_text())
@@ -45,6 +54,18 @@ def test_gpu_check_cpu_tiny_mode(tmp_path: Path) -> None:
     assert all(set(m) == keys and m["device"] == "cpu" and m["tokens_per_s"] > 0 for m in measured.values())
     if "qlora-tiny-2ranks" in measured:  # bitsandbytes with CPU support: the sharded load ran on 2 ranks
         assert measured["qlora-tiny-2ranks"]["world_size"] == 2
+    # --learn: the facts are in this machine's planner history, and a CPU's never override a GPU estimate
+    assert f"history: {len(measured)} measured cases recorded" in done.stdout
+    history = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "history", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "FTORCH_HOME": str(tmp_path / "home")},
+    )
+    rows = json.loads(history.stdout)["measurements"]
+    assert len(rows) == len(measured) and not any(r["plausible"] for r in rows), history.stdout
 
 
 def test_gpu_check_without_cuda_points_to_the_cpu_mode() -> None:
