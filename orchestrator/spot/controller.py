@@ -1,7 +1,9 @@
 """The controller for cloud jobs: applies the job's spot policy to a SkyPilot managed job.
-(Over 400 lines: the switch protocol (stop request, wait for the checkpoint, cancel, relaunch), the
-budget stop and the relaunch after a preemption share one tick, one state file and their records, and
-must change together; the SkyPilot wiring itself lives in backends/skypilot_controller.py.)
+(Over 400 lines: the switch protocol (stop request, wait for the checkpoint, cancel, relaunch) and the
+relaunch after a preemption share one tick, one state file and their records, and must change together;
+the SkyPilot wiring itself lives in backends/skypilot_controller.py. It is an optional optimiser: the
+budget is the trainer's (trainer/stops/budget.py), notifications are the job's (trainer/notify.py, the
+task's event_callback), and the fallback to on demand is the task's own `ordered` list.)
 
 SkyPilot recovers a managed job by itself, but only by walking its resources list from the top (spot
 first) and never back from on demand. The controller decides instead, with the same policy objects as
@@ -13,20 +15,17 @@ capacity it switches:
    trainer.stops.interruptions.request_stop; the trainer polls it and stops as on a preemption notice,
    recording the attempt as stopped), and waits for the checkpoint (at most `stop_timeout_s`);
 2. cancels the managed job;
-3. launches the same run again with the other resources list: spot entries only, or on-demand entries
-   only. The run id is the ftorch job id, so the new attempt resumes from the run store.
+3. launches the same run again with the other resources list: the whole ordered list (spot first, then
+   on demand: SkyPilot falls back by itself while no controller watches), or on-demand entries only.
+   The run id is the ftorch job id, so the new attempt resumes from the run store.
 
 Spot capacity is not observable on a cloud without asking for it, so the controller infers it: a spot
 launch that has not started running `spot_wait_s` after it was submitted (or after a preemption) means
 no spot capacity; after that, spot is presumed back `spot_retry_s` later, when the policy may try it.
 Policy mode NONE (wait) keeps the spot launch pending: SkyPilot keeps trying spot meanwhile.
 
-The same loop runs for every SkyPilot job with a budget, a `notify:` section or spot offers under
-EAGER_NEXT_REGION, even when its policy never switches (`Plan.switching` False):
-- budget (`budget`, a hook built in backends/skypilot_controller.py on orchestrator.spot.budget's rule and
-  skypilot_cost's spend): when the spend plus the next checkpoint interval would pass
-  `resources.budget_usd`, the same stop as a switch (checkpoint asked through the run store, bounded
-  wait, cancel), but no relaunch: the job ends STOPPED "budget: ...";
+The same loop runs for every SkyPilot job with spot offers under EAGER_NEXT_REGION, even when its
+policy never switches (`Plan.switching` False):
 - a preemption (the managed job leaves RUNNING for RECOVERING without a stop being asked): SkyPilot
   0.14.1 relaunches in the lost region first (EAGER_NEXT_REGION does not block it, notes/skypilot.md
   §6), so the controller cancels the recovering job and relaunches it with the lost region's entries
@@ -84,8 +83,6 @@ FINAL = {
 }
 #: policies with something to switch; spot-only and on-demand keep one resources list for good
 SWITCHING = ("deadline", "spot-fallback")
-#: `pending["to"]` of a stop without a relaunch (the budget)
-STOP = "stop"
 #: the start of the reason of a relaunch after a preemption (the registry records it as a preemption)
 RELOCATED = "preempted in "
 
@@ -180,7 +177,7 @@ class Plan:
     work_s_hint: float = 0.0
     #: planned seconds per training step, until the run store has a measured rate
     step_s_hint: float = 1.0
-    #: False: the policy keeps one list (the controller is there for the budget, notify, regions)
+    #: False: the policy keeps one list (the controller is there for region re-bids)
     switching: bool = True
     #: regions of each offer ("cloud|GPU|count" -> regions), to spread a cloud-wide entry over its
     #: regions when one is lost; {} = cloud-wide entries stay as they are
@@ -229,7 +226,6 @@ class Controller:
         on_launch: Callable[[int, Mode, str], int | None] | None = None,
         on_record: Callable[[dict[str, Any] | None], None] | None = None,
         where: str | None = None,
-        budget: Callable[[Mapping[str, Any] | None, Mapping[str, Any], float], str | None] | None = None,
         on_event: Callable[[str, str | None], None] | None = None,
         on_failed: Callable[[str], None] | None = None,
         placed_spot: Callable[[Mapping[str, Any]], bool | None] | None = None,
@@ -242,7 +238,6 @@ class Controller:
         self.clock = clock
         self.on_launch = on_launch
         self.on_record = on_record  # e.g. keep the registry's attempts and cost in step with SkyPilot
-        self.budget = budget  # a reason starting with "budget" when the job must stop now
         self.on_event = on_event  # notifications: preempted, budget, succeeded, failed, cancelled
         self.on_failed = on_failed  # the job ends FAILED (a relaunch SkyPilot refused): its reason
         self.placed_spot = placed_spot  # whether a record's placement is spot (None: not known)
@@ -407,11 +402,6 @@ class Controller:
             self.state.placed = None
             self._save()
             return True
-        over = self.budget(record, progress, now) if self.budget is not None else None
-        if over:
-            self._begin_switch(STOP, over, record, progress, now)
-            self._save()
-            return self._going()
         if self._follow_placement(record, progress, now) or not self.plan.switching:
             self._save()
             return self._going()
@@ -545,7 +535,7 @@ class Controller:
         pending = Pending(target, why, now, int(progress.get("step") or 0))
         self.state.pending = pending
         if str((record or {}).get("status")) == "RUNNING":
-            reason = why if to == STOP else f"policy switch to {target}: {why}"
+            reason = f"policy switch to {target}: {why}"
             # named for the attempt running now and any restart of it until withdrawn: SkyPilot
             # restarting the trainer (exit 75) before the cancel must not train on
             request_stop(self.store, reason, epoch=newest_epoch(self.store))
@@ -568,16 +558,6 @@ class Controller:
             st.preemptions_before += int((record or {}).get("recovery_count") or 0)
         waited = round(now - pending.at, 1)
         live = old_id is not None and str((record or {}).get("status") or "") not in FINAL
-        if pending.to == STOP:  # the budget: no relaunch
-            if live:
-                self.client.cancel(int(old_id))
-            withdraw_stop(self.store)
-            saved = checkpoint_saved(self.store.read_progress(), pending.step)
-            st.pending, st.ended = None, "budget"
-            st.stopped = {"at": now, "why": pending.why, "waited_for_checkpoint_s": waited}
-            st.stopped["checkpoint_saved"] = saved or not pending.asked_checkpoint
-            self._event("budget", pending.why)
-            return
         to = Mode(pending.to)
         st.pending = None
         st.probing = to is Mode.SPOT and st.spot_missing_at is not None
