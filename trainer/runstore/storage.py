@@ -188,7 +188,16 @@ class Storage:
 
     def read_bytes(self, rel: str) -> bytes:
         self._guard(self.path(rel))
+        self._forget(self.path(rel))
         return self._call(self.fs.cat_file, self.path(rel))
+
+    def _forget(self, target: str) -> None:
+        """Drop what the filesystem object remembers of `target` (s3fs/gcsfs keep listings, shared by every
+        store of this process): another process (the trainer) writes these files, so a listing taken before
+        a file existed would answer "not found" for it."""
+        forget = getattr(self.fs, "invalidate_cache", None)
+        if forget is not None and not self.is_local:
+            forget(target)
 
     def _guard(self, target: str) -> None:
         """A local path that a link leads out of the run store is refused: never read, written or deleted."""
@@ -201,6 +210,7 @@ class Storage:
             raise LinkRefused(f"{target} leads outside the run store {folder} (a link); not following it")
 
     def exists(self, rel: str) -> bool:
+        self._forget(self.path(rel))
         return self._call(self.fs.exists, self.path(rel))
 
     def write_json(self, rel: str, payload: Any, atomic: bool = True) -> None:

@@ -133,3 +133,30 @@ def test_trainer_on_s3_with_a_kill_mid_upload_resumes_bitwise(tmp_path: Path, ti
     # the newest checkpoint before the final one.
     before_last = 20 if "checkpoint at step 25 skipped" in second.stdout else 25
     assert kept[-2:] == [before_last, 30] and len(kept) <= 3, (kept, second.stdout[-3000:])
+
+
+def test_a_file_another_process_writes_is_read_after_a_listing_that_predates_it(s3) -> None:
+    """s3fs keeps the listings it took, shared by every store of the process: the local supervisor listed
+    the run folder before the trainer (another process) wrote progress.json, and then read "not found"
+    for it, so a finished attempt passed for a crash (exit 0, no progress)."""
+    import json
+    import subprocess
+    import sys
+
+    reader = RunStore(f"{s3.uri}/run", s3.options)
+    reader.write_spec({"job": {}})
+    assert "progress.json" not in reader.listdir("")  # the listing s3fs now remembers
+    assert reader.read_progress() is None
+    writer = (
+        "import sys; from trainer.runstore.store import RunStore; "
+        "RunStore(sys.argv[1], {'endpoint_url': sys.argv[2]}).write_progress({'state': 'finished', 'step': 3})"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", writer, f"{s3.uri}/run", s3.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert reader.exists("progress.json")
+    assert (reader.read_progress() or {}).get("state") == "finished", json.dumps(reader.read_progress())
