@@ -14,6 +14,7 @@ saved it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -54,10 +55,15 @@ def check_target(to: str, storage_options: dict[str, Any] | None = None, force: 
             f"--to: {to} is not empty and holds no earlier ftorch export ({len(names)} entries, e.g. "
             f"{names[0]}); give a new or empty folder, or --force to write beside (and over) its files"
         )
+    made = target.is_local and not os.path.lexists(target.root)
     try:
         preflight(to, storage_options)
     except StoreError as exc:
         raise ExportError(f"--to: cannot write there: {exc}") from None
+    finally:
+        if made:  # the probe's folder: a refusal later (a damaged checkpoint) must leave nothing behind
+            with contextlib.suppress(OSError):
+                os.rmdir(target.root)
     return earlier
 
 
