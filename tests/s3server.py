@@ -171,6 +171,8 @@ class Faults:
     outage: str | None = None
     #: only requests whose method is in this set are faulted (None: all)
     methods: set[str] | None = None
+    #: only requests whose path holds one of these (e.g. "/checkpoints/") are faulted (None: all)
+    paths: tuple[str, ...] | None = None
     seed: int = 0
     rng: random.Random = field(default_factory=random.Random)
 
@@ -308,6 +310,8 @@ class FaultProxy:
             if f.outage:
                 return f.outage
             if f.methods is not None and method not in f.methods:
+                return "pass"
+            if f.paths is not None and not any(part in path for part in f.paths):
                 return "pass"
             roll = f.rng.random()
             for name, p in (

@@ -72,7 +72,13 @@ def _start_failed_job(tmp_path: Path, tiny_model: Path) -> tuple[str, Path]:
     )
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job))
-    done = ftorch("launch", str(job_file), "--follow", env={"FTORCH_FAULTS": "crash@12:1"})
+    # synchronous saves: checkpoint 10 is committed before the crash at 12, however loaded the machine
+    done = ftorch(
+        "launch",
+        str(job_file),
+        "--follow",
+        env={"FTORCH_FAULTS": "crash@12:1", "FTORCH_ASYNC_CHECKPOINT": "0"},
+    )
     assert done.returncode == FOLLOW_EXIT_CODES["FAILED"], done.stdout + done.stderr
     job_id = done.stdout.split()[0]
     return job_id, tmp_path / "runs" / job_id
