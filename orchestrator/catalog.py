@@ -18,25 +18,23 @@ from importlib import resources, util
 from typing import Any
 
 SKY_PROBE_TIMEOUT_S = 3.0
+#: the consumer cards the bundled catalog takes from SkyPilot's RunPod/Vast catalogs (names as they spell
+#: them; scripts/build_catalog.py reads this list)
+CONSUMER_CARDS = (
+    "RTX3090",
+    "RTX4090",
+    "RTX5090",
+    "RTXA4000",
+    "RTXA4500",
+    "RTXA5000",
+    "RTXA6000",
+    "RTX2000-Ada",
+    "RTX4000-Ada",
+    "RTX6000-Ada",
+)
 #: the consumer tier: GeForce and RTX workstation GDDR cards (PCIe only, no NVLink in any offer; RunPod
 #: and Vast marketplaces, plus Lambda's A6000 and Quadro RTX6000). Everything else is "datacenter".
-CONSUMER_TIER = frozenset(
-    name.lower()
-    for name in (
-        "RTX3090",
-        "RTX4090",
-        "RTX5090",
-        "RTXA4000",
-        "RTXA4500",
-        "RTXA5000",
-        "RTXA6000",
-        "RTX2000-Ada",
-        "RTX4000-Ada",
-        "RTX6000-Ada",
-        "A6000",
-        "RTX6000",
-    )
-)
+CONSUMER_TIER = frozenset(name.lower() for name in (*CONSUMER_CARDS, "A6000", "RTX6000"))
 TIERS = ("consumer", "datacenter")
 BUNDLED_SOURCE = (
     "bundled snapshot of SkyPilot's catalog (scripts/build_catalog.py from ../shared/data/catalog)"

@@ -33,24 +33,15 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from orchestrator import catalog as catalog_module
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = REPO.parent / "shared" / "data" / "catalog"
 DEFAULT_OUT = REPO / "orchestrator" / "data"
 N1_HOST_ONDEMAND_PER_GPU = 0.38  # n1-standard-8, USD/h
 N1_HOST_SPOT_PER_GPU = 0.08
-#: consumer/workstation cards taken from consumer_offers*.csv (names as the catalogs spell them)
-CONSUMER_CARDS = {
-    "RTX3090",
-    "RTX4090",
-    "RTX5090",
-    "RTXA4000",
-    "RTXA4500",
-    "RTXA5000",
-    "RTXA6000",
-    "RTX2000-Ada",
-    "RTX4000-Ada",
-    "RTX6000-Ada",
-}
+#: consumer/workstation cards taken from consumer_offers*.csv: the catalog's own list
+CONSUMER_CARDS = set(catalog_module.CONSUMER_CARDS)
 #: clouds whose host figures (vCPUs, memory) in the consumer catalog are placeholders, not the machine
 PLACEHOLDER_HOST = {"vast"}
 
