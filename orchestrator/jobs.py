@@ -174,6 +174,7 @@ def resume(job_ref: str, overrides: list[str], allow_change: bool = False) -> st
         if restarted:
             return restarted
         raise UserError(f"JOB: {job.job_id} is {job.state}; only {', '.join(RESUMABLE)} jobs can be resumed")
+    _refuse_unfit_local(job)
     from orchestrator.spec import apply_overrides, validate_job
 
     data = apply_overrides(dict(job.spec), overrides)
@@ -218,6 +219,22 @@ def resume(job_ref: str, overrides: list[str], allow_change: bool = False) -> st
     if step is None and not _has_checkpoint(store):
         return f"{job.job_id} restarted: no checkpoint was saved, so it starts from step 0"
     return f"{job.job_id} resumed from its newest checkpoint{said}"
+
+
+def _refuse_unfit_local(job: Job) -> None:
+    """A job that does not fit its machine's GPUs is resumed only where a re-plan can move it (a cloud
+    backend, orchestrator/backends/skypilot_replan.py): local hardware cannot change."""
+    if backend_for(job.backend).remote:
+        return
+    from orchestrator.replan import local_refusal
+
+    try:
+        resolved = job.run_store().read_json_or_none("spec.json")
+    except Exception:  # noqa: BLE001 - unreadable now: the resume below reports it
+        return
+    refusal = local_refusal(job.job_id, resolved)
+    if refusal:
+        raise UserError(refusal)
 
 
 def _has_checkpoint(store: RunStore) -> bool:

@@ -28,6 +28,8 @@ COMMAND_TIMEOUT_S = 60.0
 #: events the trainer sends itself (trainer/notify.py); the local supervisor sends them only when the
 #: trainer did not deliver them (no marker in the run store)
 TRAINER_EVENTS = ("succeeded", "budget", "preempted")
+#: events only the launching machine knows (a re-plan at `ftorch resume`): always sent from here
+LAUNCHER_EVENTS = ("replanned",)
 
 
 def payload(event: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -108,6 +110,8 @@ def job_sent(registry: Any, job: Any, event: str) -> bool:
     A SkyPilot job sends every event from the cloud: the trainer (succeeded, budget, a preemption
     notice) and SkyPilot's jobs controller through the task's event_callback (preempted, failed,
     cancelled). A local job's trainer leaves a marker in the run store for what it delivered."""
+    if event in LAUNCHER_EVENTS:
+        return False
     if (job.spec.get("resources") or {}).get("backend") == "skypilot":
         return True
     if event not in TRAINER_EVENTS:

@@ -255,6 +255,7 @@ class _Job:
     learned: dict[str, str] = field(default_factory=dict)  # what the history decided -> the note saying so
     #: the estimates with CPU offload the planner tried for offers that fit only with it
     offload_estimates: dict[int, MemoryEstimate] = field(default_factory=dict)
+    unfit: Any = None  # orchestrator/replan.py Unfit: what a run of this job that did not fit measured
 
     def memory_for(self, n: int, offload: str | None = None) -> MemoryEstimate:
         if offload is not None and offload != self.spec.train.offload:
@@ -291,15 +292,18 @@ def make_plan(
     online_shapes: bool = False,
     trace: bool = False,
     history: History | None = None,
+    unfit: Any = None,
 ) -> Plan:
     """Rank every offer of the catalog for `spec` by expected cost; explain every rejection. With `trace`,
-    offers whose estimated fit is close (within TRACE_MARGIN of usable memory) are judged by a trace of
-    one training step instead (`ftorch estimate --trace`)."""
+        offers whose estimated fit is close (within TRACE_MARGIN of usable memory) are judged by a trace of
+        one training step instead (`ftorch estimate --trace`). `unfit` (orchestrator/replan.py): the job ran out
+    of memory on a GPU; that GPU and every one with no more memory are refused."""
     if isinstance(catalog, list | tuple):
         catalog = Catalog(tuple(catalog), "given offers")
     catalog = catalog or load_catalog(offline=offline)
     job = _job(spec, shape or resolve_shape(spec.model, online=online_shapes))
     job.history = history if history is not None else load_history()
+    job.unfit = unfit.with_catalog(catalog.offers) if unfit is not None else None  # a re-plan
     job.memory_for(1)
     if trace:
         sizes = [(o.count * spec.resources.nodes, o.gpu_memory_gib) for o in catalog.offers]
@@ -394,6 +398,8 @@ def _judge(job: _Job, offer: Offer) -> Candidate:
     the user's wishes, the hardware, the layout, memory, price, then the expected cost)."""
     od, spot, regions = _check_wishes(job, offer)
     acc = _check_hardware(job, offer)
+    if job.unfit is not None and (measured := job.unfit.refuses(offer)):  # a re-plan: it ran out of memory
+        raise _Rejected(measured)
     nodes = job.spec.resources.nodes
     layout = layout_for(job.spec, offer.count, nodes)
     if not layout.ok:  # the trainer would refuse it: never offered

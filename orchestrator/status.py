@@ -15,6 +15,7 @@ from typing import Any
 from orchestrator.backends.base import backend_for, get_job, reconcile
 from orchestrator.records import attempt_cost, cost_usd, preempted
 from orchestrator.registry import ACTIVE, Attempt, Job, JobState, Outcome, Registry
+from orchestrator.replan import replanned_lines
 from orchestrator.run_records import attempts_from_store
 from trainer import oom
 
@@ -394,6 +395,7 @@ def status_one(job_ref: str) -> dict[str, Any]:
     detail["measured"] = _attach_measured(detail["attempt_timeline"], store_attempts)
     detail["adaptations"] = oom.adaptations(resolved)  # out-of-memory adaptations (trainer/oom.py)
     detail["replan"] = oom.replan_line(resolved)
+    detail["replanned"] = replanned_lines(resolved)  # resumed on a larger GPU (orchestrator/replan.py)
     detail["events"] = [e for e in registry.events(job.job_id) if e["kind"] != CACHE_KIND]
     detail["checkpoints"] = checkpoints
     detail["loss_curve"] = [[m["step"], m["loss"]] for m in metrics if m.get("loss") is not None]

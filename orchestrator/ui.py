@@ -356,6 +356,8 @@ def render_detail(d: dict[str, Any], width: int) -> RenderableType:
         parts.append(Text(f"{pad}adapted: {oom_describe(entry)}", style="yellow"))
     if d.get("replan"):
         parts.append(Text(f"{pad}{d['replan']}", style="bold red"))
+    for said in d.get("replanned") or []:  # moved to a GPU with more memory (orchestrator/replan.py)
+        parts.append(Text(f"{pad}{said}", style="yellow"))
     before, after = d.get("eval_before"), d.get("eval_after")
     if before and after:
         parts.append(

@@ -359,8 +359,9 @@ class NotifySpec(_Strict):
     webhook: str | None = None
     command: str | None = None
     #: resumed: the trainer's "resumed after N preemptions" (trainer/notify.py)
-    on: list[Literal["succeeded", "failed", "budget", "preempted", "cancelled", "resumed"]] = Field(
-        default_factory=lambda: ["succeeded", "failed", "budget"]
+    #: replanned: a resume moved a job that did not fit to a GPU with more memory (orchestrator/replan.py)
+    on: list[Literal["succeeded", "failed", "budget", "preempted", "cancelled", "resumed", "replanned"]] = (
+        Field(default_factory=lambda: ["succeeded", "failed", "budget"])
     )
 
     @model_validator(mode="before")

@@ -21,7 +21,8 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
-EVENTS = ("succeeded", "failed", "budget", "preempted", "cancelled", "resumed")
+#: replanned: `ftorch resume` moved a job that did not fit to a GPU with more memory (orchestrator/replan.py)
+EVENTS = ("succeeded", "failed", "budget", "preempted", "cancelled", "resumed", "replanned")
 PAYLOAD_KEYS = (
     "job_id", "name", "backend", "state", "reason", "stop_reason", "step", "total_steps", "loss",
     "attempts", "preemptions", "cost_usd", "projected_cost_usd", "budget_usd", "run_uri", "output_uri",

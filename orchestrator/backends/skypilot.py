@@ -12,6 +12,7 @@ The parts: `skypilot_render` (plan -> task YAML), `skypilot_checks` (what must h
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 from orchestrator.backends import skypilot_checks as checks
 from orchestrator.backends import skypilot_controller as controller
 from orchestrator.backends import skypilot_render as render
+from orchestrator.backends import skypilot_replan as replan
 from orchestrator.backends import skypilot_sdk as sdk
 from orchestrator.backends import skypilot_state as sky_state
 from orchestrator.backends.base import Backend
@@ -32,19 +34,24 @@ from trainer.stops.interruptions import withdraw_stop
 
 
 # ---- planning and rendering ----------------------------------------------------------------------
-def plan_for(spec: JobSpec) -> Any:
-    """The planner's offers (for all of resources.nodes: each candidate's layout spans every node)."""
+def plan_for(spec: JobSpec, unfit: Any = None) -> Any:
+    """The planner's offers (for all of resources.nodes: each candidate's layout spans every node);
+    `unfit`: a re-plan after "does not fit" (orchestrator/replan.py)."""
     from orchestrator.planner import make_plan
 
-    return make_plan(spec, offline=True)
+    return make_plan(spec, offline=True, unfit=unfit)
 
 
 def render_job(
-    spec: JobSpec, job_id: str, run_uri: str, environ: Mapping[str, str] | None = None
+    spec: JobSpec,
+    job_id: str,
+    run_uri: str,
+    environ: Mapping[str, str] | None = None,
+    unfit: Any = None,
 ) -> tuple[Any, dict[str, Any]]:
     """(plan, task config) for a job; SpecError when the job cannot run on a cloud."""
     render.require_remote(spec)
-    plan = plan_for(spec)
+    plan = plan_for(spec, unfit)
     return plan, render.render_task(spec, job_id, run_uri, plan, environ)
 
 
@@ -54,6 +61,7 @@ class Launch:
 
     plan: Any
     task: dict[str, Any]
+    unfit: Any = None  # a re-plan after "does not fit": every render of this launch refuses those GPUs
 
 
 def prepare(spec: JobSpec, job_id: str, run_uri: str) -> Launch:
@@ -75,10 +83,13 @@ def start(registry: Registry, job: Job, launch: Launch | None = None) -> int:
     """Submit the job as a SkyPilot managed job; returns SkyPilot's job id. Fails as one line.
     Without `launch` (a resume), plans and checks here, as `prepare` does at launch."""
     spec = JobSpec.model_validate(job.spec)
+    replanning = None
     try:
         if launch is None:
-            plan, rendered = render_job(spec, job.job_id, job.run_uri)
-            launch = Launch(plan, checks.usable_task(spec, rendered))
+            replanning = replan.pending(registry, job)  # it ended "does not fit": plan with its peak
+            unfit = replanning.unfit if replanning else None
+            plan, rendered = render_job(spec, job.job_id, job.run_uri, unfit=unfit)
+            launch = Launch(plan, checks.usable_task(spec, rendered), unfit)
         tasks = _controller_tasks(registry, job, spec, launch)
         first = tasks.get(Mode.SPOT, launch.task) if len(tasks) > 1 else launch.task
         _withdraw_stop(job)
@@ -92,6 +103,8 @@ def start(registry: Registry, job: Job, launch: Launch | None = None) -> int:
         raise UserError(reason) from None
     note = f"SkyPilot managed job {sky_job_id}"
     sky_state.record_launch(registry, job, sky_job_id, note, offer_prices(launch.plan))
+    if replanning is not None:  # never silently on another class: status, an event, a notification
+        replan.announce(registry, registry.get(job.job_id), replanning, launch.plan)
     if tasks:
         controller.start(registry, job, sky_job_id, Mode.SPOT if Mode.SPOT in tasks else Mode.ON_DEMAND)
         line = controller.reliance_line(spec, launch.task)  # what is lost with this machine asleep
@@ -106,7 +119,8 @@ def _controller_tasks(
     """The resources lists of the job's controller (saved for it): both kinds for a policy that
     switches, the launch's one list for a job that has a controller for its budget, notifications or
     regions (skypilot_controller.needs_controller); {} when the job needs no controller."""
-    tasks = controller.tasks_for(spec, job.job_id, job.run_uri, launch.task, render_job)
+    renderer = functools.partial(render_job, unfit=launch.unfit)  # a switch re-renders as the launch did
+    tasks = controller.tasks_for(spec, job.job_id, job.run_uri, launch.task, renderer)
     if Mode.ON_DEMAND in tasks and Mode.SPOT in tasks:
         try:
             tasks[Mode.ON_DEMAND] = checks.restrict_to_clouds(tasks[Mode.ON_DEMAND], sdk.enabled_clouds())

@@ -154,6 +154,7 @@ FLOORS = {
     # planning and spot decisions: the planner, policies, their simulator and the cloud controller
     "orchestrator.spot": PLANNING,  # policy, simulator, traces, region_order, controller, budget
     "orchestrator.planner": PLANNING,
+    "orchestrator.replan": PLANNING,  # a re-plan after "does not fit": what the planner refuses
     # backends: where jobs run
     "orchestrator.backends": BACKENDS,
     "orchestrator.notify": BACKENDS,
