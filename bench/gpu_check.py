@@ -17,6 +17,9 @@ peak, with model FLOPs = 6N (full) or 4N (adapters: no weight gradients for the 
 12 * layers * hidden * seq for attention; recomputation is not counted. A second table puts the measured
 tokens/s next to the time model's (orchestrator/sizing/throughput.py with its calibrated constants) for the GPU
 found; two extra LoRA cases at 512 tokens (micro-batch 1 and 8) check its micro-batch dependence.
+Issue 20's cases: the step in backward, QLoRA loaded sharded on 2 ranks, and CPU offload
+(`train.offload: params`, FSDP2's CPUOffloadPolicy) under torchrun, on 2 gloo ranks in the CPU mode (where
+it moves nothing but the code path runs), with the estimate's host RAM next to the measured peak RSS.
 """
 
 from __future__ import annotations
@@ -51,10 +54,6 @@ TINY = {
 }
 
 
-#: train.offload (issue 20 point 2) is not on main yet: its case is a TODO line until it is
-OFFLOAD_TODO = "TODO: train.offload is not in the trainer yet (issue 20 point 2); add its case here"
-
-
 @dataclass
 class Case:
     name: str
@@ -66,7 +65,8 @@ class Case:
     precision: str = "bf16-mixed"
     in_backward: bool = False  # train.optimizer_in_backward (trainer/optim_in_backward.py)
     ranks: int = 1  # > 1: the sharded load and step under torchrun, one rank per GPU (sharded_case)
-    todo: str | None = None  # a case whose feature is not in the trainer yet: reported, not run
+    #: train.offload: "params" runs FSDP2's CPUOffloadPolicy under torchrun (one rank: a world of one)
+    offload: str = "none"
 
 
 @dataclass
@@ -94,6 +94,10 @@ class Result:
     trace_reserved_gib: float | None = None
     #: multi-rank cases: the largest per-rank peak of the sharded load, before the first step
     load_peak_allocated_gib: float | None = None
+    #: the estimate's host RAM per machine (offloaded state, loading copy, processes): next to peak RSS
+    estimate_host_gib: float | None = None
+    #: multi-rank / offload cases: the FSDP2 offload policy the root module runs with, as FSDP reports it
+    offload_policy: str | None = None
 
 
 GPU_CASES = [
@@ -107,7 +111,9 @@ GPU_CASES = [
     Case("full-8b-inbwd", "llama-3.1-8b", "full", 2048, 2, "paged_adamw_8bit", "bf16", in_backward=True),
     # issue 20: QLoRA loaded sharded (trainer/sharded_load.py) on 2 ranks; skipped with fewer GPUs
     Case("qlora-8b-2ranks", "llama-3.1-8b", "qlora", 2048, ranks=2),
-    Case("offload", "llama-3.1-8b", "qlora", 2048, todo=OFFLOAD_TODO),
+    # issue 20: CPU offload (train.offload: params) on one GPU as an FSDP world of one: the GPU holds a
+    # layer in flight and the activations, the shards, gradients and AdamW state live in pinned host RAM
+    Case("qlora-8b-offload", "llama-3.1-8b", "qlora", 2048, offload="params"),
 ]
 CPU_CASES = [
     Case("lora-tiny", "tiny", "lora", 64),
@@ -115,7 +121,8 @@ CPU_CASES = [
     Case("full-tiny", "tiny", "full", 64),
     Case("full-tiny-inbwd", "tiny", "full", 64, 2, "paged_adamw_8bit", "bf16", in_backward=True),
     Case("qlora-tiny-2ranks", "tiny", "qlora", 64, ranks=2),
-    Case("offload", "tiny", "qlora", 64, todo=OFFLOAD_TODO),
+    # the offload code path on 2 gloo ranks (on a CPU it moves nothing, but CPUOffloadPolicy runs)
+    Case("qlora-tiny-offload", "tiny", "qlora", 64, ranks=2, offload="params"),
 ]
 
 
@@ -144,6 +151,7 @@ def spec_for(case: Case, model_ref: str) -> Any:
                 "optimizer": case.optimizer,
                 "max_grad_norm": None if case.in_backward else 1.0,
                 "optimizer_in_backward": case.in_backward,
+                "offload": case.offload,
             },
             "local": {"nproc": case.ranks},
             "checkpoint": {"uri": "/tmp/unused"},
@@ -280,9 +288,10 @@ def run_case(case: Case, device: Any, steps: int, warmup: int) -> Result:
         case.name, str(device), 0, 0, case.seq_len, 0, 0.0, 0.0, None, None, None, 0.0,
         est.peak_gib_per_gpu, est.peak_phase,
         estimate_allocated_gib=est.peak_allocated_gib, estimate_reserved_gib=est.peak_reserved_gib,
+        estimate_host_gib=est.host_gib,
     )  # fmt: skip
-    if case.todo or case.ranks > 1:
-        base.skipped = case.todo or sharded_skip(case, device)
+    if case.ranks > 1 or case.offload != "none":  # FSDP2 under torchrun (offload: a world of one)
+        base.skipped = sharded_skip(case, device)
         if base.skipped:
             return base
         return sharded_case(case, device, steps, warmup, base)
@@ -390,6 +399,7 @@ def sharded_case(case: Case, device: Any, steps: int, warmup: int, base: Result)
     base.step_s, base.tokens_per_s = step_s, case.ranks * case.micro_batch * case.seq_len / step_s
     base.peak_allocated_gib, base.peak_reserved_gib = peak("peak_allocated"), peak("peak_reserved")
     base.load_peak_allocated_gib = peak("load_peak_allocated")
+    base.offload_policy = rows[0]["offload_policy"]
     base.peak_rss_gib = max(r["rss"] for r in rows) / gib
     return base
 
@@ -404,7 +414,7 @@ def rank_worker(name: str, model_dir: str, steps: int, warmup: int, cpu: bool) -
     case = next(c for c in GPU_CASES + CPU_CASES if c.name == name)
     device = torch.device("cpu") if cpu else torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     spec = spec_for(case, model_dir)
-    par = Sharded(device)
+    par = Sharded(device, offload=case.offload == "params")
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -435,10 +445,21 @@ def rank_worker(name: str, model_dir: str, steps: int, warmup: int, cpu: bool) -
         "peak_allocated": torch.cuda.max_memory_allocated(device) if cuda else None,
         "peak_reserved": torch.cuda.max_memory_reserved(device) if cuda else None,
         "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "offload_policy": offload_policy_of(model),
     }
     Path(model_dir, f"rank-{par.rank}.json").write_text(json.dumps(row))
     par.dist.destroy_process_group()
     return 0
+
+
+def offload_policy_of(model: Any) -> str | None:
+    """The offload policy FSDP2 applies to the root module's parameters (its class name), so a run shows
+    that CPUOffloadPolicy was really in effect; None where the private state is not found."""
+    try:
+        group = model._get_fsdp_state()._fsdp_param_group
+    except AttributeError:
+        return None
+    return type(group.offload_policy).__name__ if group is not None else None
 
 
 def measured_facts(results: list[Result]) -> list[dict[str, Any]]:
@@ -458,6 +479,7 @@ def measured_facts(results: list[Result]) -> list[dict[str, Any]]:
                 "seq_len": case.seq_len,
                 "optimizer": case.optimizer,
                 "optimizer_in_backward": case.in_backward,
+                "offload": case.offload,
                 "estimate_gib": r.estimate_gib,
                 "measured": {
                     "device": "cuda" if cuda else "cpu",
@@ -564,7 +586,7 @@ def table(results: list[Result]) -> str:
 
     rows = [
         "| case | device | params | trainable | seq | allocated GiB: measured / traced / estimated | "
-        "reserved GiB: measured / traced / estimated | peak RSS GiB | estimate + context GiB (phase) | "
+        "reserved GiB: measured / traced / estimated | peak RSS GiB (/ host estimate) | estimate + context GiB (phase) | "
         "tokens/s | MFU |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -582,9 +604,11 @@ def table(results: list[Result]) -> str:
             )
             continue
         mfu = "n/a" if r.mfu is None else f"{r.mfu:.1%}"
+        host = r.estimate_host_gib if r.estimate_host_gib else None  # offload: the host side, per machine
+        rss = f"{r.peak_rss_gib:.2f}" + ("" if host is None else f" / {host:.2f}")
         rows.append(
             f"| {r.case} | {r.device} | {r.params / 1e6:,.3f}M | {r.trainable / 1e6:,.3f}M | {r.seq_len} | "
-            f"{allocated} | {reserved} | {r.peak_rss_gib:.2f} | {r.estimate_gib:.2f} ({r.estimate_phase}) | "
+            f"{allocated} | {reserved} | {rss} | {r.estimate_gib:.2f} ({r.estimate_phase}) | "
             f"{r.tokens_per_s:,.0f} | {mfu} |"
         )
     return "\n".join(rows)

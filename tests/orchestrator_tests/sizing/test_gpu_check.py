@@ -32,12 +32,15 @@ def test_gpu_check_cpu_tiny_mode(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(out.read_text())
-    # issue 20 added the step in backward, the sharded QLoRA load on 2 (gloo) ranks and offload's TODO line
+    # issue 20 added the step in backward, the sharded QLoRA load on 2 (gloo) ranks and CPU offload on 2
     assert [r["case"] for r in rows] == [
-        "lora-tiny", "qlora-tiny", "full-tiny", "full-tiny-inbwd", "qlora-tiny-2ranks", "offload"
+        "lora-tiny", "qlora-tiny", "full-tiny", "full-tiny-inbwd", "qlora-tiny-2ranks", "qlora-tiny-offload"
     ]  # fmt: skip
-    todo = rows.pop()
-    assert todo["skipped"].startswith("TODO: train.offload") and "offload: skipped: TODO" in done.stdout
+    # train.offload: params really ran FSDP2's CPUOffloadPolicy on the 2 gloo ranks (the 2-rank case
+    # without it does not), with the estimate's host RAM next to the measured RSS
+    offload, plain = rows[-1], rows[-2]
+    assert (offload["offload_policy"], plain["offload_policy"]) == ("CPUOffloadPolicy", "OffloadPolicy")
+    assert offload["estimate_host_gib"] > 0 and "| qlora-tiny-offload | cpu |" in done.stdout
     for row in rows:
         assert row["estimate_gib"] > 0
         if row["skipped"]:  # QLoRA where bitsandbytes has no CPU support

@@ -241,6 +241,46 @@ def test_published_answerai_70b_qlora_on_2x24gb_with_cpu_offload():
     assert "RAM (unknown), so it cannot be checked" in reasons["unknown.2x24"]
 
 
+def test_published_answerai_70b_qlora_on_2x40gb_without_offload():
+    """Answer.AI's FSDP+QLoRA (2024) also ran Llama-2-70B on two 40 GB GPUs (A100 40GB) without CPU offload:
+    the same settings as above (r 64, 512 tokens, batch 2, gradient checkpointing, AdamW: fsdp_qlora's
+    optimizer under FSDP; paged 8-bit AdamW is one-GPU only in trainer/layout.py) with train.offload: none,
+    so offload cannot be what makes it fit. Sharded 4-bit loading (trainer/sharded_load.py) keeps the load
+    under the step, the step fits a 40 GB card, and `ftorch plan` picks the 2 x 40 GB offer when it is the
+    cheapest; the cheaper 2 x 24 GB pair is refused by memory, not offloaded."""
+    from orchestrator.planner import HEADROOM
+    from orchestrator.sizing.memory import settings_from_spec
+    from trainer.layout import check
+
+    spec = _job(
+        "meta-llama/Llama-2-70b-hf", "qlora", 512, 2, lora={"r": 64, "alpha": 16, "dropout": 0.1},
+        grad_accum=2, precision="bf16", optimizer="adamw", offload="none",
+    )  # fmt: skip
+    two = estimate(bundled_shape("llama-2-70b"), settings_from_spec(spec, 2))
+    assert two.sharding == "fsdp-full-shard x2" and two.offload == "none"
+    assert two.peak_phase != "load" and two.load_gib_per_gpu < two.peak_gib_per_gpu
+    assert 24 * (1 - HEADROOM) < two.peak_gib_per_gpu < 40 * (1 - HEADROOM)  # over 24 GB, inside 40 GB
+    assert two.peak_gib_per_gpu < 40 * 0.75  # not a close call: a quarter of the card to spare
+    layout = check(spec, 2)
+    assert (layout.sharding, layout.micro_batch, layout.accum) == ("fsdp", 2, 1)
+
+    offers = _offers_with_host(
+        "gcp,a2-highgpu-2g,A100,2,40,24,170,7.35,2.20,us-central1,NVLink\n",  # Answer.AI's 2 x 40 GB
+        "runpod,home.2x24,A10,2,24,32,128,0.90,0.45,us-east-1,PCIe\n",  # fits only with offload: refused
+        "runpod,pair.2x48,L40S,2,48,32,128,3.00,2.50,us-east-1,PCIe\n",
+        "gcp,a2-highgpu-4g,A100,4,40,48,340,14.70,4.40,us-central1,NVLink\n",
+    )
+    plan = make_plan(spec, catalog=offers)
+    assert plan.chosen is not None and plan.chosen.instance_type == "a2-highgpu-2g", plan.why_none()
+    assert plan.chosen.offload == "none" and not plan.chosen.layout_text.endswith("+offload")
+    assert plan.chosen.layout.ranks == 2 and plan.chosen.peak_gib_per_gpu == pytest.approx(
+        two.peak_gib_per_gpu
+    )
+    assert not any(n.startswith("offload:") for n in plan.notes)
+    reasons = {r.instance_type: r.reason for r in plan.rejected}
+    assert reasons["home.2x24"].startswith("memory: needs") and "offload" not in reasons["home.2x24"]
+
+
 def _offers_with_host(*rows: str) -> Catalog:
     return Catalog(tuple(parse_offers(HOST_HEADER + "".join(rows))), "test catalog")
 
