@@ -113,6 +113,7 @@ def quickstart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 SLOW_FIRST = (
     "test_chaos_soak.py",
     "test_quickstart.py",
+    "test_qlora_preempted_twice.py",
     "test_s3_quickstart.py",
     "test_wheel_install.py",
     "test_policy_local.py",
