@@ -63,7 +63,13 @@ def test_a_local_run_is_adopted_after_the_registry_is_lost(
         tiny_model, data, tmp_path / "runs", local={"max_restarts_on_errors": 0, "restart_backoff_s": 0.2}
     )
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    launched = ftorch("launch", str(tmp_path / "job.yaml"), "--json", env={"FTORCH_FAULTS": "crash@12"})
+    # synchronous saves: checkpoint 10 is committed before the crash at 12, however loaded the machine
+    launched = ftorch(
+        "launch",
+        str(tmp_path / "job.yaml"),
+        "--json",
+        env={"FTORCH_FAULTS": "crash@12", "FTORCH_ASYNC_CHECKPOINT": "0"},
+    )
     assert launched.returncode == 0, launched.stderr
     job_id, run_uri = json.loads(launched.stdout)["job_id"], json.loads(launched.stdout)["run_uri"]
     assert _wait_ended(job_id)["state"] == "FAILED"
@@ -107,7 +113,7 @@ def test_an_s3_run_is_adopted(tmp_path: Path, tiny_model: Path, s3: object, ftor
     data = write_data(tmp_path / "d.jsonl", "instruction", 32)
     job = job_for(tiny_model, data, f"{s3.uri}/runs", local={"max_restarts_on_errors": 0})  # type: ignore[attr-defined]
     store = prepare_s3_run(job, "s3run-abc123", s3.endpoint)  # type: ignore[attr-defined]
-    first = run(store, s3.endpoint, 1, FTORCH_FAULTS="crash@12")  # type: ignore[attr-defined]
+    first = run(store, s3.endpoint, 1, FTORCH_FAULTS="crash@12", FTORCH_ASYNC_CHECKPOINT="0")  # type: ignore[attr-defined]
     assert first.returncode != 0
     _adopt_and_finish(
         "s3run-abc123", store.run_uri, tmp_path, "--storage-option", f"endpoint_url={s3.endpoint}"

@@ -146,7 +146,8 @@ def _run_crashed_at_12(tmp_path: Path, tiny_model: Path) -> tuple[str, Path]:
     data = write_data(tmp_path / "d.jsonl", "instruction", 32)
     job = job_dict(tiny_model, data, tmp_path / "runs", train={"max_steps": 16})
     run_uri = prepare_run(job)
-    first = run_trainer(run_uri, 1, env={"FTORCH_FAULTS": "crash@12"})
+    # synchronous saves: checkpoint 10 is committed before the crash at 12, however loaded the machine
+    first = run_trainer(run_uri, 1, env={"FTORCH_FAULTS": "crash@12", "FTORCH_ASYNC_CHECKPOINT": "0"})
     assert first.returncode == exitcodes.ERROR, first.stderr[-2000:]
     return run_uri, data
 
