@@ -421,7 +421,8 @@ def ledger_for(
     from orchestrator.cost_ledger import job_ledger
     from orchestrator.history import learn_from_job
 
-    learn_from_job(registry, job)  # status reconciles a job: its measured facts feed the next plan
+    if job.state.terminal:  # an ended job's measured facts feed the next plan (a running attempt's are
+        learn_from_job(registry, job)  # partial, and the history keeps each attempt's first row)
     tokens = progress.get("tokens_seen") if isinstance(progress.get("tokens_seen"), int) else None
     return job_ledger(registry, job, attempts, row.get("cost_usd"), metrics=metrics, tokens=tokens)
 

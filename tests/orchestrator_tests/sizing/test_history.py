@@ -136,3 +136,18 @@ def test_gpu_check_results_feed_the_history(tmp_path: Any) -> None:
     row = history.record_gpu_check(spec, measured(gpu_name="NVIDIA H200"), "gpu-check-1")
     assert row is not None and row["gpu"] == "H200" and row["plausible"]
     assert [(r["job_id"], r["source"]) for r in load_history().rows] == [("gpu-check-1", "gpu_check")]
+
+
+def test_status_of_a_running_job_teaches_nothing_until_it_ends(tmp_path: Any) -> None:
+    """The history keeps an attempt's first row: a running attempt's partial figures must not be it
+    (`ftorch status JOB` computes the ledger, which feeds the history, on every call)."""
+    from orchestrator.status import ledger_for
+
+    registry = Registry()
+    _run_with(tmp_path, registry, job(), "job-run")
+    registry.set_state("job-run", "RUNNING")
+    ledger_for(registry, registry.get("job-run"), [], {}, [], {})
+    assert load_history().rows == []
+    registry.set_state("job-run", "SUCCEEDED")
+    ledger_for(registry, registry.get("job-run"), [], {}, [], {})
+    assert [r["job_id"] for r in load_history().rows] == ["job-run"]
