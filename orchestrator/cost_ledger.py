@@ -15,9 +15,15 @@ from orchestrator.registry import Registry
 from trainer.ledger import compute_ledger
 
 
-def attempt_dicts(attempts: list[Attempt]) -> list[dict[str, Any]]:
+def attempt_dicts(
+    attempts: list[Attempt], backend_times: dict[int, dict[str, float]] | None = None
+) -> list[dict[str, Any]]:
+    """The ledger's attempts: the registry's, with the backend's own timestamps where it keeps them
+    (SkyPilot: detected_at, placed_at, submitted_at; orchestrator/backends/skypilot_state.py)."""
+    times = backend_times or {}
     return [
         {
+            **times.get(a.n, {}),
             "n": a.n,
             "started_at": a.started_at,
             "ended_at": a.ended_at,
@@ -61,13 +67,17 @@ def job_ledger(
         ondemand = backend_for(job.backend).ondemand_hourly_usd(registry, job)
     except Exception:  # noqa: BLE001 - a backend that cannot say: n/a
         ondemand = None
+    try:
+        times = backend_for(job.backend).attempt_times(registry, job)
+    except Exception:  # noqa: BLE001 - a backend that cannot say: the registry's times
+        times = {}
     hourly = attempts[-1].hourly_usd if attempts else job.hourly_usd
     return compute_ledger(
         records,
         spent_usd=spent_usd,
         hourly_usd=hourly,
         ondemand_hourly_usd=ondemand,
-        attempts=attempt_dicts(attempts),
+        attempts=attempt_dicts(attempts, times),
         tokens=tokens,
         last_step_at=last_step_times(metrics),
     )

@@ -8,11 +8,19 @@ saw (its attempts: when each started and ended, the steps it kept; the trainers'
 trainer side passes none of that, and what cannot be known stays None.
 
 A preemption's loss, for the attempt that ended and the one that followed:
-- detection: from the old attempt's last logged step to the moment ftorch recorded its end;
-- provisioning: from that end to the next attempt's start (a new machine, placed);
-- setup: the new trainer's process start (`phases.process_start_s`: imports, environment);
+- detection: from the old attempt's last logged step to the end of the attempt: when SkyPilot began
+  recovering it (attempt key `detected_at`, from SkyPilot's own timestamps) where known, else the moment
+  ftorch recorded its end;
+- provisioning: from that end to the new machine, placed: SkyPilot's recovery end (`placed_at`, when the
+  job was submitted on the new cluster, before its setup commands) where known, else the next attempt's
+  start as ftorch recorded it;
+- setup: on SkyPilot from `placed_at` to the trainer's setup (the task's setup commands, the run script and
+  the process start: the epoch record's `started_at` + `phases.process_start_s`), else the new trainer's
+  process start alone (`phases.process_start_s`: imports, environment);
 - loading: the model load and the checkpoint read (`phases.model_load_s + checkpoint_read_s`);
 - steps redone: the steps the old attempt took after its last checkpoint, at its measured step time.
+Each of detection, provisioning and setup says where its figure came from (`*_source`: "skypilot",
+"ftorch" for the orchestrator's own records, "trainer" for the trainer's measurement).
 On demand, the same work = the billed time less setup, loading and steps redone (provisioning and
 detection fall between billed attempts), at the on-demand price of the chosen offer.
 """
@@ -73,18 +81,45 @@ def attempts_from_records(records: dict[int, dict[str, Any]]) -> list[dict[str, 
     return out
 
 
+def _restart_times(
+    old: dict[str, Any], new: dict[str, Any], new_record: dict[str, Any], last_step_at: float | None
+) -> dict[str, tuple[float | None, str | None]]:
+    """detection, provisioning and setup (seconds, source): SkyPilot's timestamps where the attempts
+    carry them (`detected_at`, `placed_at`), else the orchestrator's attempt times and the trainer's."""
+    sky_end, placed = _num(old.get("detected_at")), _num(new.get("placed_at"))
+    ended = sky_end if sky_end is not None else _num(old.get("ended_at"))
+    end_source = "skypilot" if sky_end is not None else "ftorch"
+    detection = max(0.0, ended - last_step_at) if ended is not None and last_step_at is not None else None
+    if sky_end is not None and placed is not None:
+        provisioning: tuple[float | None, str | None] = (max(0.0, placed - sky_end), "skypilot")
+    else:
+        ended, started = _num(old.get("ended_at")), _num(new.get("started_at"))
+        gap = max(0.0, started - ended) if ended is not None and started is not None else None
+        provisioning = (gap, None if gap is None else "ftorch")
+    process_start = _phase(_measured(new_record), "process_start_s")
+    began = _num(new_record.get("started_at"))  # the trainer process's start, on the new machine's clock
+    if placed is not None and began is not None and process_start is not None:
+        setup: tuple[float | None, str | None] = (max(0.0, began + process_start - placed), "skypilot")
+    else:
+        setup = (process_start, None if process_start is None else "trainer")
+    return {
+        "detection": (detection, None if detection is None else end_source),
+        "provisioning": provisioning,
+        "setup": setup,
+    }
+
+
 def preemption_loss(
     old: dict[str, Any],
     new: dict[str, Any],
-    new_measured: dict[str, Any],
+    new_record: dict[str, Any],
     old_measured: dict[str, Any],
     last_step_at: float | None,
 ) -> dict[str, Any]:
-    """One preemption's loss split (seconds; None where it cannot be known)."""
-    ended, started = _num(old.get("ended_at")), _num(new.get("started_at"))
-    detection = max(0.0, ended - last_step_at) if ended is not None and last_step_at is not None else None
-    provisioning = max(0.0, started - ended) if ended is not None and started is not None else None
-    setup = _phase(new_measured, "process_start_s")
+    """One preemption's loss split (seconds; None where it cannot be known). `new_record`: the next
+    attempt's epoch record (its `measured` and `started_at`)."""
+    new_measured = _measured(new_record)
+    times = _restart_times(old, new, new_record, last_step_at)
     parts = [_phase(new_measured, "model_load_s"), _phase(new_measured, "checkpoint_read_s")]
     loading = sum(p for p in parts if p is not None) if any(p is not None for p in parts) else None
     redone = None
@@ -94,8 +129,8 @@ def preemption_loss(
     redo_s = redone * step_s if redone is not None and step_s is not None else None
     if redone == 0:
         redo_s = 0.0
-    split = {"detection_s": detection, "provisioning_s": provisioning, "setup_s": setup,
-             "loading_s": loading, "redo_s": redo_s}  # fmt: skip
+    split = {"detection_s": times["detection"][0], "provisioning_s": times["provisioning"][0],
+             "setup_s": times["setup"][0], "loading_s": loading, "redo_s": redo_s}  # fmt: skip
     known = [v for v in split.values() if v is not None]
     return {
         "attempt": old.get("n"),
@@ -103,6 +138,7 @@ def preemption_loss(
         **{k: None if v is None else round(v, 3) for k, v in split.items()},
         "steps_redone": redone,
         "total_s": round(sum(known), 3) if known else None,
+        **{f"{name}_source": source for name, (_value, source) in times.items()},
     }
 
 
@@ -117,7 +153,7 @@ def compute_ledger(
     last_step_at: dict[int, float] | None = None,
 ) -> dict[str, Any]:
     """The ledger of a run. `attempts` (dicts with n, started_at, ended_at, start_step, end_step,
-    preempted, hourly_usd) default to what the epoch records say; `tokens` to the attempts' measured
+    preempted, hourly_usd, and on SkyPilot detected_at / placed_at from its own timestamps) default to what the epoch records say; `tokens` to the attempts' measured
     tokens; `last_step_at`: each attempt's last logged step time (for detection)."""
     mine = by_attempt(records)
     attempts = attempts if attempts is not None else attempts_from_records(records)
@@ -129,7 +165,7 @@ def compute_ledger(
                 preemption_loss(
                     old,
                     new,
-                    _measured(mine.get(new["n"])),
+                    mine.get(new["n"]) or {},
                     _measured(mine.get(old["n"])),
                     last_step_at.get(old["n"]),
                 )

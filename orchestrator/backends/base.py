@@ -76,6 +76,12 @@ class Backend:
         None when there is none (the ledger then says n/a)."""
         return None
 
+    def attempt_times(self, registry: Registry, job: Job) -> dict[int, dict[str, float]]:
+        """The backend's own timestamps of each attempt (by number) for the cost ledger's restart phases
+        (`detected_at`: when it saw the attempt end; `placed_at`: its new machine up, before setup);
+        {} when it keeps none (the ledger then uses the registry's attempt times)."""
+        return {}
+
     def log_paths(self, registry: Registry, job: Job) -> list[Path]:
         """Attempt logs kept on this machine, oldest first ([] when the backend keeps them elsewhere)."""
         return []

@@ -254,6 +254,9 @@ class SkyPilotBackend(Backend):
     def ondemand_hourly_usd(self, registry: Registry, job: Job) -> float | None:
         return ondemand_price(sky_state.read_state(registry, job))
 
+    def attempt_times(self, registry: Registry, job: Job) -> dict[int, dict[str, float]]:
+        return sky_state.attempt_times(sky_state.read_state(registry, job))
+
     def print_logs(self, registry: Registry, job: Job, follow: bool) -> None:
         if not job.backend_job_id:
             raise UserError(f"JOB: {job.job_id} was never submitted to SkyPilot; nothing to show")

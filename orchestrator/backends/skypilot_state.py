@@ -63,7 +63,7 @@ def record_launch(
     state["past_cost_usd"] = (cost.cost_usd(state) or 0.0) if state.get("sky_job_id") is not None else 0.0
     state["attempt_base"] = len(registry.attempts(job.job_id))
     state.setdefault("launches", []).append({"sky_job_id": sky_job_id, "at": time.time()})
-    state.update(sky_job_id=sky_job_id, segments=[], record=None)
+    state.update(sky_job_id=sky_job_id, segments=[], record=None, times={})
     if offers is not None:
         state["offers"] = offers
     write_state(registry, job, state)
@@ -86,6 +86,7 @@ def apply_record(registry: Registry, job: Job, record: Mapping[str, Any] | None)
         return registry.get(job.job_id)
     state["record"] = {k: record.get(k) for k in QUEUE_FIELDS}
     cost.update_segments(state, record, now)
+    note_times(state, record, now)
     write_state(registry, job, state)
     _sync_attempts(registry, job, record, state)
     sky_status = str(record.get("status") or "")
@@ -102,6 +103,63 @@ def apply_record(registry: Registry, job: Job, record: Mapping[str, Any] | None)
     if new_state != job.state or (reason and reason != job.reason):
         registry.set_state(job.job_id, new_state, reason)
     return registry.get(job.job_id)
+
+
+# ---- SkyPilot's own timestamps of each attempt (the cost ledger's restart phases) ------------------
+#: SkyPilot 0.14.1 (sky/jobs/state.py, controller.py, recovery_strategy.py, utils.py):
+#: - `submitted_at`: set_starting_async, when the jobs controller starts launching the first cluster;
+#: - `start_at` and `last_recovered_at`: the job's submission time on the cluster that
+#:   `_wait_until_job_starts_on_cluster` reads back once the cluster is up, i.e. after provisioning and
+#:   before the task's setup commands (managed jobs run setup detached, inside the job; job_lib's
+#:   get_job_submitted_or_ended_timestamp: "the managed job duration need[s] to include both setup and
+#:   running time"); `last_recovered_at` is that time for the newest (re)launch;
+#: - no column holds when RECOVERING began, but set_recovering_async adds the span just run to the DB's
+#:   `job_duration` (now - last_recovered_at), so attempt k ended at running_at[k] + done[k+1] - done[k],
+#:   `done[k]` being the DB's job_duration after k recoveries. The queue reports that DB value exactly in a
+#:   RECOVERING record and reports end_at - last_recovered_at + it in a terminal one (utils.py
+#:   get_managed_job_queue); a RUNNING record adds now - last_recovered_at at the server's clock, so a
+#:   value read from one is close, not exact, and exact readings replace it.
+def note_times(state: dict[str, Any], record: Mapping[str, Any], now: float) -> None:
+    """Keep this launch's SkyPilot timestamps (`times`) and each registry attempt's (`attempt_times`:
+    submitted_at, placed_at, detected_at), which survive later launches of the run."""
+    times = state.setdefault("times", {})
+    running_at, done = times.setdefault("running_at", {}), times.setdefault("done_s", {"0": 0.0})
+    status, k = str(record.get("status") or ""), int(record.get("recovery_count") or 0)
+    duration, recovered = _num(record.get("job_duration")), _num(record.get("last_recovered_at"))
+    end_at = _num(record.get("end_at"))
+    if _num(record.get("submitted_at")) is not None:
+        times["submitted_at"] = _num(record.get("submitted_at"))
+    if status == "RECOVERING" and duration is not None:
+        done[str(k + 1)] = duration  # exact: the span just run is added, last_recovered_at unchanged
+    elif status in ("RUNNING", "CANCELLING") and recovered is not None:
+        running_at.setdefault(str(k), (_num(record.get("start_at")) or recovered) if k == 0 else recovered)
+        if duration is not None:
+            done.setdefault(str(k), max(0.0, duration - max(0.0, now - recovered)))
+    elif end_at is not None and recovered is not None and duration is not None:
+        done[str(k)] = max(0.0, duration - max(0.0, end_at - recovered))  # exact, as RECOVERING
+        times["end_at"] = end_at
+    base = int(state.get("attempt_base") or 0)
+    out = state.setdefault("attempt_times", {})
+    for key, placed in running_at.items():
+        if placed is None:
+            continue
+        i = int(key)
+        entry = {"placed_at": placed}
+        if i == 0 and times.get("submitted_at") is not None:
+            entry["submitted_at"] = times["submitted_at"]
+        if str(i + 1) in done and key in done:
+            entry["detected_at"] = placed + done[str(i + 1)] - done[key]
+        out[str(base + i + 1)] = entry
+
+
+def attempt_times(state: Mapping[str, Any]) -> dict[int, dict[str, float]]:
+    """SkyPilot's timestamps of each registry attempt (by its number), as `note_times` kept them."""
+    found = state.get("attempt_times") or {}
+    return {int(n): dict(v) for n, v in found.items() if str(n).isdigit() and isinstance(v, dict)}
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _sync_attempts(registry: Registry, job: Job, record: Mapping[str, Any], state: Mapping[str, Any]) -> None:

@@ -38,6 +38,7 @@ def test_the_orchestrator_ledger_splits_each_preemption_and_prices_on_demand() -
     assert loss == {
         "attempt": 1, "next_attempt": 2, "detection_s": 5.0, "provisioning_s": 45.0, "setup_s": 4.0,
         "loading_s": 22.0, "redo_s": 20.0, "steps_redone": 10, "total_s": 96.0,
+        "detection_source": "ftorch", "provisioning_source": "ftorch", "setup_source": "trainer",
     }  # fmt: skip
     ondemand = (365 - 4 - 22 - 20) / 3600.0 * 3.0  # the billed time less what the restart cost
     assert ledger["ondemand_usd"] == pytest.approx(ondemand, abs=1e-6)
