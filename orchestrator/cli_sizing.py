@@ -63,7 +63,7 @@ def estimate_cmd(
     if trace:
         from orchestrator.sizing.tracing import trace_job
 
-        result = trace_job(spec, shape, [est.n_gpus])
+        result = trace_job(spec, shape, [est.n_gpus], load=True)
         traced, why = result.results.get(est.n_gpus), result.error
     measured = measured_for(spec, est.n_gpus)
     if as_json:
@@ -87,20 +87,17 @@ def estimate_cmd(
             "over the estimate (fit measured)",
             markup=False,
         )
-    # the trace measures the step; loading (estimated) can need more
-    peak = max(traced["total_gib"], est.load_gib_per_gpu) if traced else est.peak_gib_per_gpu
+    # the trace measures the step, and QLoRA's loading; other loading is estimated
+    load_gib = traced["load"]["total_gib"] if traced and traced.get("load") else est.load_gib_per_gpu
+    peak = max(traced["total_gib"], load_gib) if traced else est.peak_gib_per_gpu
     fits = [g for g in COMMON_GPU_SIZES_GIB if peak <= g * (1 - HEADROOM)]
-    loading = peak <= est.load_gib_per_gpu
+    loading = peak <= load_gib
     con.print(
         f"fits GPUs of {fits[0]:g} GiB or more (with {HEADROOM:.0%} headroom)"
-        + (", set by loading the whole model on each GPU" if loading and est.n_gpus > 1 else "")
+        + (", set by loading the model" if loading else "")
         if fits
         else f"fits none of the common GPU sizes on {est.n_gpus} GPU(s)"
-        + (
-            ": loading puts the whole model on each GPU, more GPUs do not help"
-            if loading
-            else "; try --gpus 8"
-        )
+        + ("; set by loading the model" if loading else "; try --gpus 8")
     )
 
 

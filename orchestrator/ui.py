@@ -495,15 +495,41 @@ def estimate_view(spec: Any, shape: Any, est: Any, trace: dict[str, Any] | None,
         ("reserved", est.peak_reserved_gib, trace and trace["peak_reserved_gib"]),
         ("+ CUDA context", est.peak_gib_per_gpu, trace and trace["total_gib"]),
     ]
+    load = (trace or {}).get("load")
+    if trace:  # the load phase, + CUDA context: traced for QLoRA (trainer/memory/loadtrace.py)
+        rows.append(("load (+ context)", est.load_gib_per_gpu, load["total_gib"] if load else None))
+    if est.offload == "params" or (trace and trace.get("host_gib")):
+        # traced: every rank's offloaded state plus rank 0's loading copy (the processes are not traced)
+        host_traced = (
+            (trace.get("host_gib") or 0.0) * est.n_gpus + (load or {}).get("rank0_copy_gib", 0.0)
+            if trace
+            else None
+        )
+        rows.append(("host RAM (machine)", est.host_gib, host_traced))
     for label, analytic, traced in rows:
-        peaks.add_row(label, f"{analytic:.2f}", *([f"{traced:.2f}"] if trace else []))
+        cell = [] if not trace else ["-" if traced is None else f"{traced:.2f}"]
+        peaks.add_row(label, f"{analytic:.2f}", *cell)
     peaks.add_row("peak phase", est.peak_phase, *([trace["peak_phase"]] if trace else []))
     tail = [Text(f"analytic peak set by: {est.peak_phase} (phases, GiB: {phases})")]
     if est.peak_phase == "load":
+        how = (
+            "the whole model on each GPU" if est.n_gpus == 1 else "sharded: a shard plus one tensor in flight"
+        )
+        tail.append(Text(f"load: {how} ({est.load_gib_per_gpu:.2f} GiB; trainer/memory/load_memory.py)"))
+    if est.offload == "params":
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in est.host_breakdown_gib.items())
+        tail.append(Text(f"host RAM (analytic, GiB): {parts}; GPU memory above excludes the offloaded state"))
+    if load:
         tail.append(
             Text(
-                "load: the trainer puts the whole model on each GPU before FSDP shards it "
-                f"({est.load_gib_per_gpu:.2f} GiB; trainer/memory/load_memory.py)"
+                f"traced load ({load['path']}, {load['seconds']:.1f} s): {load['peak_allocated_gib']:.2f} GiB "
+                f"allocated per GPU"
+                + (
+                    f"; rank 0's CPU copy of the 4-bit model {load['rank0_copy_gib']:.2f} GiB"
+                    if load["rank0_copy_gib"]
+                    else ""
+                )
+                + (f"; offloaded shards {load['host_gib']:.2f} GiB in host RAM" if load["host_gib"] else "")
             )
         )
     if trace:

@@ -90,7 +90,6 @@ class Sharded(Parallel):
 
     def __init__(self, device: torch.device, offload: bool = False) -> None:
         import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
 
         backend = "nccl" if device.type == "cuda" else "gloo"
         if offload and device.type == "cuda":
@@ -103,13 +102,27 @@ class Sharded(Parallel):
             dist.init_process_group(backend)
         else:  # a world of one without torchrun (e.g. resuming a sharded run on one process)
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        self._attach(device)
+        #: checkpoint I/O (DCP, also in a background thread) gets its own gloo group
+        self.io_group = dist.new_group(backend="gloo")
+
+    @classmethod
+    def on_group(cls, device: torch.device) -> Sharded:
+        """FSDP over an already initialised process group, for sharding only (trainer/memory/loadtrace.py
+        runs the trainer's sharding on torch's fake process group)."""
+        par = cls.__new__(cls)
+        par._attach(device)
+        return par
+
+    def _attach(self, device: torch.device) -> None:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
         self.dist = dist
         self.device = device
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.mesh = init_device_mesh(device.type, (self.world,))
-        #: checkpoint I/O (DCP, also in a background thread) gets its own gloo group
-        self.io_group = dist.new_group(backend="gloo")
         self._tokens = 0
         #: the run store epoch rank 0 claimed (fencing); the other ranks write their shards under it
         self.epoch = 0
@@ -121,11 +134,12 @@ class Sharded(Parallel):
 
     # ---- model ---------------------------------------------------------------------------------
     def wrap(self, model: torch.nn.Module, spec: JobSpec) -> torch.nn.Module:
-        self._shard(model, spec)
+        self.shard_model(model, spec)
         seed_rank(spec.train.seed, self.rank, 0)
         return model
 
-    def _shard(self, model: torch.nn.Module, spec: JobSpec) -> None:
+    def shard_model(self, model: torch.nn.Module, spec: JobSpec) -> None:
+        """fully_shard per decoder layer, then the root, with the job's mixed precision and offload."""
         from torch.distributed.fsdp import fully_shard
 
         from trainer.runstore.progress import log
@@ -147,7 +161,7 @@ class Sharded(Parallel):
         from trainer import sharded_load
         from trainer.quant import bitsandbytes_devices
 
-        shard = lambda m: self._shard(m, spec)  # noqa: E731
+        shard = lambda m: self.shard_model(m, spec)  # noqa: E731
         if spec.method != "qlora":
             model = sharded_load.load_sharded(spec, device, self.rank, shard)
         elif "cpu" in bitsandbytes_devices():

@@ -1,4 +1,4 @@
-"""Loading a model sharded for FSDP (full fine-tuning and LoRA): no GPU ever holds the whole model.
+"""Loading a model sharded for FSDP (every method): no GPU ever holds the whole model.
 
 Rank 0 loads the model on the CPU (`trainer.model.load_model`: the same weights and the same seeded
 adapters as one process gets); every rank builds the same model on the meta device, shards it
@@ -7,8 +7,9 @@ adapters as one process gets); every rank builds the same model on the meta devi
 `broadcast_from_rank0`: a rank holds its shards plus one full tensor in flight). Buffers, which the state
 dict may leave out (the rotary tables are not persistent), are broadcast from rank 0 too.
 
-QLoRA still loads whole on each rank (bitsandbytes quantizes as it loads on the device); what each
-loading holds per GPU is in trainer/memory/load_memory.py, which the planner's estimate asks.
+QLoRA's 4-bit base is quantized once on rank 0's CPU and sent the same way (`load_sharded_quantized`).
+What each loading holds per GPU is in trainer/memory/load_memory.py, which the planner's estimate asks,
+and trainer/memory/loadtrace.py traces these same functions on fake tensors.
 """
 
 from __future__ import annotations
@@ -81,17 +82,17 @@ def materialize(model: torch.nn.Module, device: torch.device, offload: bool) -> 
 # ---- QLoRA: the 4-bit base, quantized once on rank 0's host, sent to every rank's shards ------------
 
 
-def quantized_meta_model(spec: JobSpec, packed: dict[str, torch.Size]) -> torch.nn.Module:
+def quantized_meta_model(spec: JobSpec, packed: dict[str, torch.Size], config: Any = None) -> torch.nn.Module:
     """The job's QLoRA model on the meta device: transformers' bitsandbytes skeleton (the same Linear4bit
     layers `from_pretrained` makes), each 4-bit weight with its packed shape (`packed`, from rank 0), and
-    the adapters."""
+    the adapters. `config` (a transformers config) defaults to the model's own config.json."""
     import bitsandbytes as bnb
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.quantizers import AutoHfQuantizer
 
     from trainer.quant import COMPUTE, bnb_config, prepare_quantized
 
-    config = AutoConfig.from_pretrained(spec.model)
+    config = config if config is not None else AutoConfig.from_pretrained(spec.model)
     quantization = bnb_config(spec)
     quantizer = AutoHfQuantizer.from_config(quantization, pre_quantized=False)
     with META:
@@ -130,7 +131,6 @@ def load_sharded_quantized(
     shards; rank 0 then broadcasts each parameter (packed 4-bit data in the storage dtype, the 16-bit
     rest, the adapters) one tensor at a time, each rank keeping its shard, and each layer's quant state
     (absmax, code, the nested absmax), which FSDP leaves whole on every rank as today."""
-    import bitsandbytes as bnb
     import torch.distributed as dist
 
     full = load_model(spec, torch.device("cpu")) if rank == 0 else None
@@ -138,30 +138,51 @@ def load_sharded_quantized(
     base = full.get_base_model() if full is not None else None  # the names before the adapters wrap it
     plan = [
         {n.removesuffix(".base_layer"): tuple(m.weight.shape) for n, m in _quant_layers(base).items()},
-        {name: _quant_state_layout(m) for name, m in layers.items()},
+        {name: quant_state_layout(m) for name, m in layers.items()},
         {name: p.dtype for name, p in full.named_parameters()} if full is not None else {},
     ]
     dist.broadcast_object_list(plan, src=0)
     packed, layouts, dtypes = plan
     model = quantized_meta_model(spec, {n: torch.Size(s) for n, s in packed.items()})
-    _match_dtypes(model, dtypes)
+    match_dtypes(model, dtypes)
     shard(model)
     materialize(model, device, spec.train.offload == "params")
+    receive_weights(model, full, layouts, device)
+    del full, layers
+    return model
+
+
+def receive_weights(
+    model: torch.nn.Module,
+    full: torch.nn.Module | None,
+    layouts: dict[str, list[tuple[str, tuple[int, ...], torch.dtype]]],
+    device: torch.device,
+    make_state: Callable[[dict[str, torch.Tensor], torch.device], Any] | None = None,
+) -> None:
+    """Fill the sharded QLoRA skeleton from rank 0's model `full` (None on the other ranks): parameters
+    and buffers one whole tensor at a time, then each 4-bit layer's quant state (`make_state` builds it
+    from the received tensors: bitsandbytes' QuantState.from_dict)."""
+    import bitsandbytes as bnb
+
+    if make_state is None:
+        from bitsandbytes.functional import QuantState
+
+        make_state = QuantState.from_dict
+    layers = _quant_layers(full)
     source = dict(full.named_parameters()) if full is not None else {}
     buffers = dict(full.named_buffers()) if full is not None else {}
     with torch.no_grad():
         for name, param in model.named_parameters():
-            _receive(param, source.get(name), device)
+            receive_tensor(param, source.get(name), device)
         for name, buffer in model.named_buffers():
-            _receive(buffer, buffers.get(name), device)
+            receive_tensor(buffer, buffers.get(name), device)
         for name, module in model.named_modules():
             if isinstance(module, bnb.nn.Linear4bit):
-                module.quant_state = _receive_quant_state(layers.get(name), layouts[name], device)
-    del full, source, buffers, layers
-    return model
+                got = receive_quant_tensors(layers.get(name), layouts[name], device)
+                module.quant_state = make_state(got, device)
 
 
-def _match_dtypes(model: torch.nn.Module, dtypes: dict[str, torch.dtype]) -> None:
+def match_dtypes(model: torch.nn.Module, dtypes: dict[str, torch.dtype]) -> None:
     """Give the meta model's parameters rank 0's dtypes: PEFT casts new adapters to the base layer's
     dtype only when that layer holds real memory (bf16 under pure bf16), so on meta they stay fp32."""
     names = {name for name, _ in model.named_parameters()}
@@ -182,11 +203,11 @@ def _quant_layers(model: torch.nn.Module | None) -> dict[str, torch.nn.Module]:
     return {n: m for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
 
 
-def _quant_state_layout(module: torch.nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+def quant_state_layout(module: torch.nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     return [(k, tuple(t.shape), t.dtype) for k, t in module.quant_state.as_dict(packed=True).items()]
 
 
-def _receive(target: torch.Tensor, source: torch.Tensor | None, device: torch.device) -> None:
+def receive_tensor(target: torch.Tensor, source: torch.Tensor | None, device: torch.device) -> None:
     """Rank 0's whole `source` broadcast to every rank (one tensor in flight), each rank keeping its
     shard of it in `target` (a DTensor parameter under FSDP, or a plain tensor)."""
     import torch.distributed as dist
@@ -204,14 +225,13 @@ def _receive(target: torch.Tensor, source: torch.Tensor | None, device: torch.de
         target.copy_(whole)
 
 
-def _receive_quant_state(
+def receive_quant_tensors(
     module: torch.nn.Module | None,
     layout: list[tuple[str, tuple[int, ...], torch.dtype]],
     device: torch.device,
-) -> Any:
-    """One layer's bitsandbytes QuantState, from rank 0 (packed as its state dict packs it)."""
+) -> dict[str, torch.Tensor]:
+    """The tensors of one layer's quant state, broadcast from rank 0 (what a rank allocates for it)."""
     import torch.distributed as dist
-    from bitsandbytes.functional import QuantState
 
     sent = module.quant_state.as_dict(packed=True) if module is not None else {}
     got: dict[str, torch.Tensor] = {}
@@ -223,4 +243,4 @@ def _receive_quant_state(
         )
         dist.broadcast(tensor, src=0)
         got[key] = tensor
-    return QuantState.from_dict(got, device)
+    return got

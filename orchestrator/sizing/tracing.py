@@ -19,13 +19,19 @@ from typing import Any
 from orchestrator.home import ftorch_home, private_dir, write_private
 from orchestrator.sizing.shapes import ModelShape
 
-#: the trainer files whose code decides what a traced step allocates
+#: the trainer files whose code decides what a traced step (and a traced load) allocates, under trainer/
 TRACED_CODE = (
-    "memtrace.py",
-    "cuda_allocator.py",
+    "memory/memtrace.py",
+    "memory/live_bytes.py",
+    "memory/loadtrace.py",
+    "memory/cuda_allocator.py",
+    "memory/facts.py",
+    "memory/load_memory.py",
     "model.py",
-    "load_memory.py",
     "quant.py",
+    "sharded_load.py",
+    "distributed.py",
+    "optim_in_backward.py",
     "loop.py",
     "loss.py",
     "step.py",
@@ -59,36 +65,44 @@ def _memory_fields(spec: Any) -> dict[str, Any]:
                 "gradient_checkpointing",
                 "attn_implementation",
                 "max_grad_norm",
+                "offload",
+                "optimizer_in_backward",
             )
         },
     }
 
 
 def _code_digest() -> str:
-    root = Path(__file__).resolve().parents[1] / "trainer"
+    root = Path(__file__).resolve().parents[2] / "trainer"
     digest = hashlib.sha256()
     for name in TRACED_CODE:
-        path = root / name
-        if path.is_file():
-            digest.update(path.read_bytes())
+        digest.update((root / name).read_bytes())  # a missing file is a stale list: fail loudly
     return digest.hexdigest()[:16]
 
 
-def cache_key(spec: Any, shape: ModelShape, n_gpus: list[int]) -> str:
+def cache_key(spec: Any, shape: ModelShape, n_gpus: list[int], load: bool = False) -> str:
     payload = json.dumps(
-        [_memory_fields(spec), shape.config, sorted(n_gpus), _code_digest()], sort_keys=True, default=str
+        [_memory_fields(spec), shape.config, sorted(n_gpus), _code_digest()] + (["load"] if load else []),
+        sort_keys=True,
+        default=str,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
 def trace_job(
-    spec: Any, shape: ModelShape, n_gpus: list[int] | None = None, *, use_cache: bool = True
+    spec: Any,
+    shape: ModelShape,
+    n_gpus: list[int] | None = None,
+    *,
+    use_cache: bool = True,
+    load: bool = False,
 ) -> Traced:
-    """Trace `spec` on `shape` for each GPU count (FSDP when > 1); an error says why it fell back."""
+    """Trace `spec` on `shape` for each GPU count (FSDP when > 1); an error says why it fell back.
+    `load` also traces QLoRA's loading (each result's `load`)."""
     gpus = sorted(set(n_gpus or [1]))
     if not shape.config:
         return Traced({}, "no config.json for this model")
-    key = cache_key(spec, shape, gpus)
+    key = cache_key(spec, shape, gpus, load)
     cache = ftorch_home() / "traces" / f"{key}.json"
     if use_cache and cache.is_file():
         try:
@@ -96,7 +110,7 @@ def trace_job(
             return Traced({int(k): v for k, v in stored["results"].items()}, stored.get("error"), True)
         except (OSError, ValueError, KeyError):
             pass
-    traced = _run(spec, shape, gpus)
+    traced = _run(spec, shape, gpus, load)
     write_private(
         private_dir("traces") / cache.name,
         json.dumps(
@@ -106,16 +120,16 @@ def trace_job(
     return traced
 
 
-def _run(spec: Any, shape: ModelShape, gpus: list[int]) -> Traced:
+def _run(spec: Any, shape: ModelShape, gpus: list[int], load: bool = False) -> Traced:
     with tempfile.TemporaryDirectory(prefix="ftorch-trace-") as tmp:
         spec_path, config_path = Path(tmp) / "spec.json", Path(tmp) / "config.json"
         spec_path.write_text(json.dumps(spec.model_dump(mode="json")), encoding="utf-8")
         config_path.write_text(json.dumps(shape.config), encoding="utf-8")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-        root = str(Path(__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         cmd = [sys.executable, "-m", "trainer.memory.memtrace", str(spec_path), str(config_path)]
-        cmd += ["--gpus", ",".join(map(str, gpus))]
+        cmd += ["--gpus", ",".join(map(str, gpus))] + (["--load"] if load else [])
         try:
             proc = subprocess.run(
                 cmd, capture_output=True, text=True, env=env, timeout=TRACE_TIMEOUT_S, check=False
@@ -167,9 +181,11 @@ class TraceConfirmation:
         traced = self.traced.get(ranks)
         if traced is not None and self._close(ranks, gpu_memory_gib):
             total = float(traced["total_gib"]) + self._packing_mask_gib(ranks)
-            if total >= mem.load_gib_per_gpu:
+            load = traced.get("load")  # traced loading, when it was asked for; else the estimate's
+            load_gib = float(load["total_gib"]) if load else mem.load_gib_per_gpu
+            if total >= load_gib:
                 return total, "traced"
-            return mem.load_gib_per_gpu, "estimated"
+            return load_gib, "traced" if load else "estimated"
         return mem.peak_gib_per_gpu, "estimated"
 
     def _packing_mask_gib(self, ranks: int) -> float:

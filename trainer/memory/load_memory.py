@@ -20,7 +20,8 @@ How the trainer loads (trainer/model.py, trainer/quant.py, trainer/sharded_load.
   holds its shard of the packed 4-bit weights (half a byte each), of the 16-bit rest and of the adapters,
   every layer's quant state whole (FSDP does not shard bitsandbytes' absmax: the bytes of `NF4_DQ_BYTES`
   beyond the half byte), and one full tensor in flight (the 16-bit embedding, or the largest packed
-  projection). With a bitsandbytes that cannot run on the CPU the trainer falls back to loading whole on
+  projection) with this rank's chunk of it (`distribute_tensor` cuts it before the copy into the shard).
+  trainer/memory/loadtrace.py traces this path with the trainer's own code; docs/benchmarks.md compares. With a bitsandbytes that cannot run on the CPU the trainer falls back to loading whole on
   each rank (trainer/distributed.py); the estimate counts the sharded path.
 
 With CPU offload (`train.offload: params`, FSDP2's CPUOffloadPolicy; one rank loads as a world of one)
@@ -122,9 +123,11 @@ def _qlora_load_peak(
         return {"weights": weights, "adapters": adapters, "in_flight": float(c * counts.largest_quantizable)}
     state = (packed - NF4_DATA_BYTES) * counts.quantizable
     # the largest tensor broadcast whole: a 16-bit one (the embedding) when it is larger than every
-    # projection, else the largest projection, packed
+    # projection, else the largest projection, packed; with it, this rank's chunk of it that
+    # distribute_tensor cuts before the copy into the shard (traced: trainer/memory/loadtrace.py)
     largest_16bit = counts.largest_tensor if counts.largest_tensor > counts.largest_quantizable else 0
-    in_flight = max(c * largest_16bit, NF4_DATA_BYTES * counts.largest_quantizable)
+    whole = max(c * largest_16bit, NF4_DATA_BYTES * counts.largest_quantizable)
+    in_flight = whole * (1 + 1 / ranks)
     return {
         "weights": (NF4_DATA_BYTES * counts.quantizable + rest) / ranks + state,
         "adapters": adapters / ranks,

@@ -36,7 +36,12 @@ Substitutions, each because the CPU path differs from the CUDA one (see ../share
   gathered decoder layers (current + prefetched) and the root's parameters in the compute dtype are
   added, and in backward one layer's unsharded gradients in fp32 (reduce-scatter input).
 
-`python -m trainer.memory.memtrace SPEC.json CONFIG.json --gpus 1,2` prints the result as JSON (used by
+With `train.offload: params` the sharded parameter, gradient and optimizer-state storages count in host
+RAM (`host_gib`), not on the GPU (FSDP2's CPUOffloadPolicy); the gathered units stay on the GPU.
+`--load` adds QLoRA's loading, traced by trainer/memory/loadtrace.py (the trainer's sharded-load code on
+a fake process group).
+
+`python -m trainer.memory.memtrace SPEC.json CONFIG.json --gpus 1,2 [--load]` prints the result as JSON (used by
 `ftorch estimate --trace` in a subprocess, so the orchestrator never imports torch).
 """
 
@@ -47,7 +52,6 @@ import json
 import math
 import sys
 import time
-import weakref
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -64,6 +68,7 @@ from trainer.memory.facts import (
     compute_bytes,
     fsdp_overlay_bytes,
 )
+from trainer.memory.live_bytes import LiveBytes
 from trainer.model import hide_bitsandbytes, needs_bitsandbytes
 
 PHASES = ("load", "forward", "backward", "optimizer")
@@ -89,67 +94,14 @@ class TraceResult:
     cpu_seconds: float
     expandable_segments: bool
     notes: list[str] = field(default_factory=list)
+    #: with train.offload: params, this rank's sharded parameters, gradients and optimizer state, which
+    #: FSDP2's CPUOffloadPolicy keeps in host RAM (not counted on the GPU above)
+    host_gib: float = 0.0
+    #: QLoRA's loading traced (trainer/memory/loadtrace.py: LoadTrace as JSON), when asked for
+    load: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass
-class _Event:
-    handle: int
-    nbytes: int
-    phase: str
-    tag: str = "other"
-    freed_phase: str | None = None
-
-
-class _LiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records each new storage an op returns, and its release when the storage dies."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.phase = "load"
-        self.stream: list[tuple[bool, int]] = []  # (is_alloc, handle) in order
-        self.events: list[_Event] = []
-        self.handles: dict[int, int] = {}  # id(storage) -> handle, while alive
-        self.param_storages: set[int] = set()
-        self.autocast_cast_ops = 0
-
-    def _free(self, key: int, handle: int) -> None:
-        self.handles.pop(key, None)
-        self.stream.append((False, handle))
-        self.events[handle].freed_phase = self.phase
-
-    def track(self, tensor: torch.Tensor, tag: str = "other") -> None:
-        storage = tensor.untyped_storage()
-        key = id(storage)
-        if key in self.handles:
-            return
-        handle = len(self.events)
-        self.events.append(_Event(handle, storage.nbytes(), self.phase, tag))
-        self.handles[key] = handle
-        self.stream.append((True, handle))
-        weakref.finalize(storage, self._free, key, handle)
-
-    def handle_of(self, tensor: torch.Tensor) -> int | None:
-        return self.handles.get(id(tensor.untyped_storage()))
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if self.phase == "forward" and torch._C._current_graph_task_id() != -1:
-            self.phase = "backward"
-        if func is torch.ops.aten._local_scalar_dense.default:  # .item(): a logged number, no memory
-            return False if args[0].dtype == torch.bool else 1
-        out = func(*args, **(kwargs or {}))
-        cast = (
-            func is torch.ops.aten._to_copy.default
-            and self.phase == "forward"
-            and isinstance(args[0], torch.Tensor)
-            and id(args[0].untyped_storage()) in self.param_storages
-        )
-        for t in torch.utils._pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.track(t, "cast" if cast else "other")
-        return out
 
 
 # ---- the QLoRA stand-in ----------------------------------------------------------------------------
@@ -271,7 +223,7 @@ def _build(spec: JobSpec, config: dict[str, Any], attn: str) -> torch.nn.Module:
     return prepare_model(model, spec, torch.device("cpu"))
 
 
-def _run_step(spec: JobSpec, model: torch.nn.Module, live: _LiveBytes, hf_loss: bool) -> tuple[int, int]:
+def _run_step(spec: JobSpec, model: torch.nn.Module, live: LiveBytes, hf_loss: bool) -> tuple[int, int]:
     from trainer.data.dataset import Example
     from trainer.loop import make_optimizer
     from trainer.model import autocast_dtype, count_parameters
@@ -355,7 +307,7 @@ def _drop_attention_mask(model: torch.nn.Module) -> None:
             module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def _tag_states(optimizer: torch.optim.Optimizer, live: _LiveBytes) -> None:
+def _tag_states(optimizer: torch.optim.Optimizer, live: LiveBytes) -> None:
     for state in optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor):
@@ -385,21 +337,27 @@ def _fsdp_overlay(spec: JobSpec, model: torch.nn.Module) -> tuple[int, int]:
 
 
 def _replay(
-    live: _LiveBytes, n: int, overlay: tuple[int, int], expandable: bool
-) -> tuple[int, int, str, dict[str, int], dict[str, int]]:
+    live: LiveBytes, n: int, overlay: tuple[int, int], expandable: bool, offload: bool = False
+) -> tuple[int, int, str, dict[str, int], dict[str, int], int]:
+    """Peak allocated and reserved on one GPU of `n`, its phase, the phase peaks, the parts at the peak,
+    and the peak host RAM of this rank's offloaded state (`offload`: sharded tags live on the host)."""
     alloc = CachingAllocator(expandable_segments=expandable)
     events = live.events
-    gather, reduce_grads = overlay if n > 1 else (0, 0)
-    size = {}
+    sharded = n > 1 or offload  # offload is FSDP2's: one GPU runs as a world of one
+    gather, reduce_grads = overlay if sharded else (0, 0)
+    size, on_host = {}, set()
     for ev in events:
         nbytes = ev.nbytes
-        if n > 1 and ev.tag in SHARDED_TAGS:
+        if sharded and ev.tag in SHARDED_TAGS:
             nbytes = math.ceil(nbytes / n)
-        elif n > 1 and ev.tag == "cast":
+            if offload:
+                on_host.add(ev.handle)
+        elif sharded and ev.tag == "cast":
             nbytes = 0
         if ev.phase == "load" and ev.freed_phase == "load":
             nbytes = 0  # building from a config allocates temporaries loading a checkpoint does not
         size[ev.handle] = nbytes
+    host = host_peak = 0
     phase_peaks = dict.fromkeys(PHASES, 0)
     by_tag = dict.fromkeys(("param", "grad", "optim", "cast", "other"), 0)
     best: tuple[int, str, dict[str, int]] = (0, "load", dict(by_tag))
@@ -410,6 +368,10 @@ def _replay(
         if is_alloc and ev.phase != phase:
             phase = _enter(alloc, phase, ev.phase, gather, reduce_grads, extra_handle)
         if size[handle] == 0:
+            continue
+        if handle in on_host:
+            host += size[handle] if is_alloc else -size[handle]
+            host_peak = max(host_peak, host)
             continue
         if is_alloc:
             alloc.malloc(handle, size[handle])
@@ -425,7 +387,7 @@ def _replay(
     overlay_now = peak - sum(at_peak.values())
     if overlay_now:
         at_peak["fsdp_buffers"] = overlay_now
-    return peak, alloc.peak_reserved, peak_phase, phase_peaks, at_peak
+    return peak, alloc.peak_reserved, peak_phase, phase_peaks, at_peak, host_peak
 
 
 def _enter(alloc: CachingAllocator, old: str, new: str, gather: int, grads: int, handle: int) -> str:
@@ -450,10 +412,12 @@ def trace(
     n_gpus: list[int] | None = None,
     expandable_segments: bool = True,
     hf_loss: bool = False,
+    load: bool = False,
 ) -> list[TraceResult]:
     """Trace one training step of `spec` on a model built from `config` (an HF config.json mapping).
     `hf_loss` swaps the trainer's loss for the model's own (full logits), the HF Trainer's stack that
-    published measurements ran (bench/calibrate_memory.py)."""
+    published measurements ran (bench/calibrate_memory.py). `load` also traces QLoRA's loading on each
+    GPU count (trainer/memory/loadtrace.py)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     started, cpu = time.perf_counter(), time.process_time()
@@ -464,20 +428,24 @@ def trace(
         notes.append("flash_attention_2 traced as SDPA's flash path (same saved tensors)")
     if spec.method == "qlora":
         notes.append("4-bit linear layers traced with a stand-in of bitsandbytes' memory (packed + absmax)")
-    live = _LiveBytes()
+    offload = spec.train.offload == "params"
+    if offload:
+        notes.append("CPU offload: sharded parameters, gradients and optimizer state counted in host RAM")
+    live = LiveBytes()
     try:
         with _cuda_like(), FakeTensorMode(allow_non_fake_inputs=True), live:
             torch.manual_seed(spec.train.seed)
             model = _build(spec, config, attn)
             params, trainable = _run_step(spec, model, live, hf_loss)
-            overlay = _fsdp_overlay(spec, model) if any(n > 1 for n in n_gpus or [1]) else (0, 0)
+            sharded = offload or any(n > 1 for n in n_gpus or [1])
+            overlay = _fsdp_overlay(spec, model) if sharded else (0, 0)
     except TraceUnsupported:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of an architecture on fake tensors
         raise TraceUnsupported(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
     results = []
     for n in n_gpus or [1]:
-        peak, reserved, phase, phases, at_peak = _replay(live, n, overlay, expandable_segments)
+        peak, reserved, phase, phases, at_peak, host = _replay(live, n, overlay, expandable_segments, offload)
         reserved_total = reserved + CUBLAS_WORKSPACE_BYTES
         results.append(
             TraceResult(
@@ -494,13 +462,19 @@ def trace(
                 cpu_seconds=time.process_time() - cpu,
                 expandable_segments=expandable_segments,
                 notes=notes + ([f"FSDP x{n}: sharding arithmetic on the one-process trace"] if n > 1 else []),
+                host_gib=host / GIB,
             )
         )
+    if load and spec.method == "qlora":
+        from trainer.memory.loadtrace import trace_load
+
+        for result in results:
+            result.load = trace_load(spec, config, result.n_gpus).to_json()
     return results
 
 
 def main(argv: list[str]) -> int:
-    """`python -m trainer.memory.memtrace SPEC.json CONFIG.json [--gpus 1,2] [--classic-allocator]`."""
+    """`python -m trainer.memory.memtrace SPEC.json CONFIG.json [--gpus 1,2] [--classic-allocator] [--load]`."""
     spec = JobSpec.model_validate(json.loads(Path(argv[0]).read_text(encoding="utf-8")))
     config = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     gpus = [1]
@@ -510,7 +484,13 @@ def main(argv: list[str]) -> int:
     if not needs_bitsandbytes(spec):  # peft imports it when installed: a second for nothing
         hide_bitsandbytes()
     try:
-        results = trace(spec, config, gpus, expandable_segments="--classic-allocator" not in argv)
+        results = trace(
+            spec,
+            config,
+            gpus,
+            expandable_segments="--classic-allocator" not in argv,
+            load="--load" in argv,
+        )
     except TraceUnsupported as exc:
         sys.stdout.write(json.dumps({"error": str(exc)}) + "\n")
         return 3
