@@ -104,7 +104,23 @@ def test_qlora_stand_in_holds_packed_weights():
     assert pure.at_peak_gib["optim"] < 0.6 * qlora.at_peak_gib["optim"]  # half, but for the step counts
 
 
-def _ftorch(tmp_path: Path, config: dict, *args: str) -> subprocess.CompletedProcess:
+def test_offload_moves_the_sharded_state_to_host_ram():
+    """train.offload: params (FSDP2's CPUOffloadPolicy): the sharded weights, gradients and optimizer state
+    count in host RAM (`host_gib`), not on the GPU; the gathered units and activations stay on the GPU."""
+    pytest.importorskip("transformers")
+    from trainer.memory.memtrace import GIB, trace
+
+    kept, off = (trace(_spec(optimizer="adamw", offload=o), TINY, [2])[0] for o in ("none", "params"))
+    params = kept.params
+    assert kept.host_gib == 0.0
+    # fp32 weights, gradients and AdamW's two states, each half on a rank of 2
+    assert off.host_gib * GIB == pytest.approx(16 * params / 2, rel=0.05)
+    assert off.peak_allocated_gib < kept.peak_allocated_gib - 0.5 * off.host_gib
+    assert "param" not in off.at_peak_gib and "optim" not in off.at_peak_gib
+    assert any("offload" in note for note in off.notes)
+
+
+def _ftorch(tmp_path: Path, config: dict, *args: str, method: str = "lora") -> subprocess.CompletedProcess:
     import os
 
     (tmp_path / "m").mkdir()
@@ -117,6 +133,8 @@ def _ftorch(tmp_path: Path, config: dict, *args: str) -> subprocess.CompletedPro
         f"checkpoint: {{uri: {tmp_path / 'ck'}}}\n"
     )
     env = {**os.environ, "FTORCH_HOME": str(tmp_path / "home")}
+    if method != "lora":
+        job.write_text(job.read_text().replace("method: lora", f"method: {method}"))
     return subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "estimate", str(job), *args],
         capture_output=True,
@@ -142,3 +160,22 @@ def test_estimate_trace_json_and_fallback(tmp_path: Path):
     out = _ftorch(odd, {**TINY, "model_type": "not-a-transformers-model"}, "--trace")
     assert out.returncode == 0, out.stderr
     assert "not traced" in out.stdout and "analytic estimate stands" in out.stdout
+
+
+def test_estimate_trace_shows_qlora_loading_and_host_ram_with_offload(tmp_path: Path):
+    """`ftorch estimate --trace` on a QLoRA job with offload: the traced load (the trainer's sharded QLoRA
+    loading on a fake process group) and host RAM beside the analytic figures, in JSON and in the view."""
+    pytest.importorskip("bitsandbytes")
+    sets = ["--gpus", "2", "--set", "train.offload=params", "--set", "train.precision=bf16"]
+    out = _ftorch(tmp_path, TINY, "--trace", "--json", *sets, method="qlora")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    load = data["trace"]["load"]
+    assert load["path"] == "sharded" and load["ranks"] == 2 and load["peak_allocated_gib"] > 0
+    assert load["host_gib"] > 0 and load["rank0_copy_gib"] > load["host_gib"]  # shards vs the whole copy
+    assert data["trace"]["host_gib"] > 0 and data["offload"] == "params" and data["host_gib"] > 0
+    (tmp_path / "again").mkdir()
+    shown = _ftorch(tmp_path / "again", TINY, "--trace", *sets, method="qlora")
+    assert shown.returncode == 0, shown.stderr
+    assert "load (+ context)" in shown.stdout and "host RAM (machine)" in shown.stdout, shown.stdout
+    assert "traced load (sharded" in shown.stdout
