@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from trainer.memory.facts import GIB
-from trainer.oom import DOES_NOT_FIT_KEY
+from trainer.oom import ADAPTATIONS_KEY, DOES_NOT_FIT_KEY
 
 #: spec.json's list of past re-plans: the `does_not_fit` entry that caused each, with `from` and `to`
 REPLANS_KEY = "replans"
@@ -63,8 +63,11 @@ def unfit_of(resolved: Any, accelerator: str | None) -> Unfit | None:
 
 def record_replan(resolved: dict[str, Any], old: str, new: str, line: str) -> dict[str, Any]:
     """spec.json after a re-plan: `does_not_fit` moves to `replans` (with from, to and the line), so
-    status no longer says the job needs one."""
+    status no longer says the job needs one. The out-of-memory adaptations made on the old GPU move with
+    it: the larger GPU starts again from the job's own layout (trainer/oom.py adapts again if it must),
+    not from the smallest one, which would waste it."""
     entry = dict(resolved.pop(DOES_NOT_FIT_KEY, None) or {})
+    entry["adaptations"] = resolved.pop(ADAPTATIONS_KEY, None) or []
     resolved.setdefault(REPLANS_KEY, []).append({**entry, "from_offer": old, "to_offer": new, "line": line})
     return resolved
 

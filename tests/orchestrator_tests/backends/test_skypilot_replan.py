@@ -51,7 +51,12 @@ def _sky_job(s3: Any, overrides: list[str]) -> tuple[Registry, Any, RunStore]:
     job = registry.create_job("q-1", spec.name, "skypilot", run_uri, f"{run_uri}/output", spec.model_dump())
     store = RunStore(run_uri, s3.options, retry_seconds=5)
     spec_json = {"job": spec.model_dump(mode="json"), "run_id": "q-1", "output_uri": f"{run_uri}/output"}
-    store.write_spec({**spec_json, "created_at": 0.0, "does_not_fit": DOES_NOT_FIT})
+    adapted = {
+        **DOES_NOT_FIT,
+        "to": DOES_NOT_FIT["from"],
+        "from": {**DOES_NOT_FIT["from"], "gradient_checkpointing": False},
+    }
+    store.write_spec({**spec_json, "created_at": 0.0, "does_not_fit": DOES_NOT_FIT, "adaptations": [adapted]})
     return registry, job, store
 
 
@@ -116,6 +121,11 @@ def test_a_job_that_did_not_fit_on_an_l4_is_replanned_to_a_larger_gpu_and_says_s
     note = hook.received[0]["body"]
     assert note["event"] == "replanned" and said in note["text"]
     assert "does_not_fit" not in store.read_spec() and store.read_spec()["replans"][0]["step"] == 12
+    # the larger GPU starts from the job's own layout again; the old GPU's adaptations stay with the re-plan
+    from trainer import oom
+
+    assert oom.current(store.read_spec()) is None and not oom.adaptations(store.read_spec())
+    assert store.read_spec()["replans"][0]["adaptations"][0]["to"]["micro_batch_per_rank"] == 1
 
 
 def test_a_local_job_that_did_not_fit_is_not_resumed_and_says_why(
