@@ -57,22 +57,54 @@ def by_attempt(records: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return out
 
 
+def record_start(store: Any, attempt: int, start_step: int) -> None:
+    """Into this attempt's epoch record: the step it starts from, and the step the previous attempt had
+    reached by its last progress report (progress.json, read before this attempt rewrites it). A machine
+    that vanished without a notice leaves no end step of its own, and its steps after the last checkpoint
+    are what this attempt redoes (the ledger's steps redone). Best effort: rank 0 only."""
+    try:
+        old = store.read_progress() or {}
+    except Exception:  # noqa: BLE001 - an unreadable progress file: no previous step
+        old = {}
+    fields: dict[str, Any] = {"start_step": start_step}
+    before, who = old.get("step"), old.get("attempt")
+    if isinstance(before, int) and isinstance(who, int) and who != attempt:
+        fields["previous_attempt_step"] = {"attempt": who, "step": before}
+    store.update_epoch_record(**fields)
+
+
+def _end_step(n: int, record: dict[str, Any], later: list[dict[str, Any]]) -> int | None:
+    """The attempt's last step: its own record's (a graceful end), else the next attempt's report of
+    where this one had got to (`previous_attempt_step`)."""
+    if isinstance(record.get("step"), int):
+        return int(record["step"])
+    for other in later:
+        seen = other.get("previous_attempt_step")
+        if isinstance(seen, dict) and seen.get("attempt") == n and isinstance(seen.get("step"), int):
+            return int(seen["step"])
+    return None
+
+
 def attempts_from_records(records: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """Attempts as the trainer side knows them: started when its trainer claimed the run, preempted when
-    a later attempt followed and it did not end finished or stopped; start step from its measured steps."""
+    a later attempt followed and it did not end finished or stopped; start step as it recorded it (else
+    from its measured steps), end step as it or the next attempt recorded it."""
     mine = by_attempt(records)
     out = []
     numbers = sorted(mine)
     for i, n in enumerate(numbers):
         record = mine[n]
         steps = _num(_measured(record).get("steps"))
-        end = record.get("step") if isinstance(record.get("step"), int) else None
+        end = _end_step(n, record, [mine[m] for m in numbers[i + 1 :]])
+        start = record.get("start_step") if isinstance(record.get("start_step"), int) else None
+        if start is None and end is not None and steps is not None:
+            start = int(end - steps)
         out.append(
             {
                 "n": n,
                 "started_at": _num(record.get("claimed_at")),
                 "ended_at": None,
-                "start_step": int(end - steps) if end is not None and steps is not None else None,
+                "start_step": start,
                 "end_step": end,
                 "preempted": i + 1 < len(numbers) and record.get("ended") not in _NOT_PREEMPTED,
                 "hourly_usd": None,
@@ -156,7 +188,16 @@ def compute_ledger(
     preempted, hourly_usd, and on SkyPilot detected_at / placed_at from its own timestamps) default to what the epoch records say; `tokens` to the attempts' measured
     tokens; `last_step_at`: each attempt's last logged step time (for detection)."""
     mine = by_attempt(records)
-    attempts = attempts if attempts is not None else attempts_from_records(records)
+    own = {a["n"]: a for a in attempts_from_records(records)}
+    # the orchestrator's attempts, with the steps only the trainers recorded where it has none (SkyPilot)
+    attempts = (
+        [
+            {**a, **{k: own.get(a["n"], {}).get(k) for k in ("start_step", "end_step") if a.get(k) is None}}
+            for a in attempts
+        ]
+        if attempts is not None
+        else list(own.values())
+    )
     last_step_at = last_step_at or {}
     losses = []
     for old, new in zip(attempts, attempts[1:], strict=False):

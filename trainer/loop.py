@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from trainer import exitcodes, oom, resume_check
+from trainer import exitcodes, ledger, oom, resume_check
 from trainer.checkpoints import fingerprint
 from trainer.checkpoints.checkpoint import TrainerState
 from trainer.checkpoints.checkpointer import Checkpointer
@@ -282,6 +282,8 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
             state.step, state.micro_batches, resolved["job"], len(dataset.train)
         )
     state.extra["attempt"] = attempt
+    if store.epoch:  # the ledger's steps redone: where this attempt starts, where the last one got to
+        ledger.record_start(store, attempt, state.step)
     restore_scaler(scaler, state.extra)
     checkpoints.clean_up()
     reporter, trackers = _open_reporting(

@@ -84,3 +84,21 @@ def test_the_model_card_shows_the_ledger(tmp_path: Any) -> None:
     assert kept["ledger"]["savings_usd"] == ledger["savings_usd"]
     card = output.read_bytes(model_card.CARD).decode()
     assert "| cost: saved | $" in card and "| cost: preemption 1 | detection -" in card
+
+
+def test_steps_redone_after_a_machine_vanished_come_from_the_next_attempts_record() -> None:
+    """A machine gone without a notice leaves no end step in its record; the next trainer records where
+    the last progress report had it (`previous_attempt_step`) and where it resumed (`start_step`), so the
+    ledger counts the steps redone even when the orchestrator's attempts carry no steps (SkyPilot)."""
+    got = records()
+    del got[1]["step"], got[1]["ended"]  # SIGKILL: the trainer never wrote how it ended
+    got[2] = {**got[2], "start_step": 40, "previous_attempt_step": {"attempt": 1, "step": 47}}
+    sky = [{**a, "start_step": None, "end_step": None} for a in ATTEMPTS]  # SkyPilot's registry attempts
+    ledger = compute_ledger(got, spent_usd=0.1, hourly_usd=1.0, ondemand_hourly_usd=3.0, attempts=sky)
+    (loss,) = ledger["preemptions"]
+    assert (loss["steps_redone"], loss["redo_s"]) == (7, 14.0)
+    without = {1: got[1], 2: {k: v for k, v in got[2].items() if k != "previous_attempt_step"}}
+    (unknown,) = compute_ledger(
+        without, spent_usd=0.1, hourly_usd=1.0, ondemand_hourly_usd=3.0, attempts=sky
+    )["preemptions"]
+    assert unknown["steps_redone"] is None  # no report: unknown, not zero

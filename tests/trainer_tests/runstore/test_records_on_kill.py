@@ -102,3 +102,17 @@ def test_tensorboard_has_every_step_once(runs: dict[str, str]) -> None:
     events = EventAccumulator(str(Path(runs["killed"]) / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == list(range(1, STEPS + 1))
+
+
+def test_the_next_attempt_records_where_the_killed_one_got_to(runs: dict[str, str]) -> None:
+    """The resumed trainer records its start step and the killed one's last reported step (the ledger's
+    steps redone; trainer/ledger.py record_start): at least its last checkpoint, at most the kill."""
+    from trainer.ledger import attempts_from_records
+
+    records = RunStore(runs["killed"]).epoch_records()
+    second = next(r for r in records.values() if r.get("attempt") == 2)
+    assert second["start_step"] == 8
+    seen = second["previous_attempt_step"]
+    assert seen["attempt"] == 1 and 8 <= seen["step"] <= 10, seen
+    first, _ = attempts_from_records(records)
+    assert first["end_step"] == seen["step"] and first["preempted"]
