@@ -93,3 +93,31 @@ def test_gpu_check_predicts_for_known_gpus_only() -> None:
     a100 = predicted_tokens_per_s(case, "NVIDIA A100-SXM4-80GB", trainable)
     assert h200 is not None and a100 is not None and h200 > a100 > 0
     assert predicted_tokens_per_s(case, "cpu", trainable) is None
+
+
+def test_cpu_offload_is_priced_by_its_host_traffic_and_cpu_step() -> None:
+    """train.offload: params pays the host<->GPU copies of the rank's shard per pass (PCIe; NVLink-C2C on a
+    GH200) and the CPU optimizer step over its vCPUs (orchestrator/sizing/throughput.py offload_times)."""
+    from dataclasses import replace
+
+    from orchestrator.sizing.throughput import HOST_LINK_GBPS, offload_times
+
+    shape = bundled_shape("llama-2-70b")
+    work = Workload(None, 1.0, 10, 512.0, 4, "test")
+    s = Settings(method="qlora", precision="bf16", micro_batch=2, seq_len=512, grad_ckpt=True, lora_r=64,
+                 n_gpus=2, offload="params")  # fmt: skip
+    trainable = 828_375_040
+    acc = accelerator("A10")
+    plain = estimate_time(shape, replace(s, offload="none"), trainable, work, acc, 2, "pcie")
+    off = estimate_time(shape, s, trainable, work, acc, 2, "pcie", vcpus_per_rank=16)
+    copies, cpu = offload_times(shape, s, trainable, acc, 2, 16)
+    # three passes (checkpointing) of a 2-rank shard of the 4-bit base (~18 GB) over 12 GB/s PCIe
+    assert copies == pytest.approx(3 * 18e9 / (HOST_LINK_GBPS["pcie"] * 1e9), rel=0.15)
+    assert off.offload_s_per_microbatch == pytest.approx(copies) and off.cpu_optimizer_s_per_step == cpu
+    # on an A10 the copies (4.7 s) hide under the 70B's compute (13 s); the CPU step does not
+    assert off.step_s_per_microbatch >= plain.step_s_per_microbatch + cpu / s.grad_accum - 1e-9
+    assert off.hours > plain.hours
+    assert offload_times(shape, s, trainable, acc, 2, 64)[1] == pytest.approx(cpu / 4)  # more vCPUs
+    c2c = offload_times(shape, s, trainable, accelerator("GH200"), 2, 16)[0]
+    assert c2c < copies / 30  # NVLink-C2C on a GH200
+    assert offload_times(shape, replace(s, offload="none"), trainable, acc, 2, 16) == (0.0, 0.0)
