@@ -251,3 +251,12 @@ def cli_in_process(capsys: Any, *args: str) -> subprocess.CompletedProcess[str]:
         sys.argv = argv
     out = capsys.readouterr()
     return subprocess.CompletedProcess(list(args), code, out.out, out.err)
+
+
+def per_rank(micro_batch: int, accum: int, checkpointing: bool = False) -> dict[str, Any]:
+    """An out-of-memory adaptation's layout as status shows it (`adaptations[].from` / `.to`)."""
+    return {
+        "micro_batch_per_rank": micro_batch,
+        "grad_accum_per_rank": accum,
+        "gradient_checkpointing": checkpointing,
+    }

@@ -33,7 +33,8 @@ from typing import Any
 _NOT_PREEMPTED = ("finished", "stopped")
 
 
-def _num(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """A JSON number as a float; None for anything else (bools included)."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
@@ -44,7 +45,7 @@ def _measured(record: dict[str, Any] | None) -> dict[str, Any]:
 
 def _phase(measured: dict[str, Any], name: str) -> float | None:
     phases = measured.get("phases")
-    return _num(phases.get(name)) if isinstance(phases, dict) else None
+    return number(phases.get(name)) if isinstance(phases, dict) else None
 
 
 def by_attempt(records: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -94,7 +95,7 @@ def attempts_from_records(records: dict[int, dict[str, Any]]) -> list[dict[str, 
     numbers = sorted(mine)
     for i, n in enumerate(numbers):
         record = mine[n]
-        steps = _num(_measured(record).get("steps"))
+        steps = number(_measured(record).get("steps"))
         end = _end_step(n, record, [mine[m] for m in numbers[i + 1 :]])
         start = record.get("start_step") if isinstance(record.get("start_step"), int) else None
         if start is None and end is not None and steps is not None:
@@ -102,7 +103,7 @@ def attempts_from_records(records: dict[int, dict[str, Any]]) -> list[dict[str, 
         out.append(
             {
                 "n": n,
-                "started_at": _num(record.get("claimed_at")),
+                "started_at": number(record.get("claimed_at")),
                 "ended_at": None,
                 "start_step": start,
                 "end_step": end,
@@ -118,18 +119,18 @@ def _restart_times(
 ) -> dict[str, tuple[float | None, str | None]]:
     """detection, provisioning and setup (seconds, source): SkyPilot's timestamps where the attempts
     carry them (`detected_at`, `placed_at`), else the orchestrator's attempt times and the trainer's."""
-    sky_end, placed = _num(old.get("detected_at")), _num(new.get("placed_at"))
-    ended = sky_end if sky_end is not None else _num(old.get("ended_at"))
+    sky_end, placed = number(old.get("detected_at")), number(new.get("placed_at"))
+    ended = sky_end if sky_end is not None else number(old.get("ended_at"))
     end_source = "skypilot" if sky_end is not None else "ftorch"
     detection = max(0.0, ended - last_step_at) if ended is not None and last_step_at is not None else None
     if sky_end is not None and placed is not None:
         provisioning: tuple[float | None, str | None] = (max(0.0, placed - sky_end), "skypilot")
     else:
-        ended, started = _num(old.get("ended_at")), _num(new.get("started_at"))
+        ended, started = number(old.get("ended_at")), number(new.get("started_at"))
         gap = max(0.0, started - ended) if ended is not None and started is not None else None
         provisioning = (gap, None if gap is None else "ftorch")
     process_start = _phase(_measured(new_record), "process_start_s")
-    began = _num(new_record.get("started_at"))  # the trainer process's start, on the new machine's clock
+    began = number(new_record.get("started_at"))  # the trainer process's start, on the new machine's clock
     if placed is not None and began is not None and process_start is not None:
         setup: tuple[float | None, str | None] = (max(0.0, began + process_start - placed), "skypilot")
     else:
@@ -157,7 +158,7 @@ def preemption_loss(
     redone = None
     if isinstance(old.get("end_step"), int) and isinstance(new.get("start_step"), int):
         redone = max(0, old["end_step"] - new["start_step"])
-    step_s = _num(old_measured.get("step_s")) or _num(new_measured.get("step_s"))
+    step_s = number(old_measured.get("step_s")) or number(new_measured.get("step_s"))
     redo_s = redone * step_s if redone is not None and step_s is not None else None
     if redone == 0:
         redo_s = 0.0
@@ -212,7 +213,7 @@ def compute_ledger(
                 )
             )
     if tokens is None:
-        counted = [_num(_measured(r).get("tokens")) for r in mine.values()]
+        counted = [number(_measured(r).get("tokens")) for r in mine.values()]
         tokens = (
             int(sum(t for t in counted if t is not None)) if any(t is not None for t in counted) else None
         )
@@ -240,7 +241,7 @@ def compute_ledger(
 
 def _paid_seconds(attempts: list[dict[str, Any]], spent: float | None, hourly: float | None) -> float | None:
     """Billed seconds: the attempts' own spans when all ended ones are known, else spent / hourly price."""
-    spans = [(_num(a.get("started_at")), _num(a.get("ended_at"))) for a in attempts]
+    spans = [(number(a.get("started_at")), number(a.get("ended_at"))) for a in attempts]
     if attempts and all(s is not None and e is not None for s, e in spans):
         return sum(e - s for s, e in spans)  # type: ignore[operator]
     if spent is not None and hourly:

@@ -30,6 +30,13 @@ class QuantUnavailable(DataError):
     """This machine (or this bitsandbytes) cannot run the 4-bit / 8-bit path (the trainer exits 2)."""
 
 
+def quantizable_linears(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
+    """The linear layers bitsandbytes quantizes when transformers loads a model in 4 bit: every plain
+    `nn.Linear` but the output layer (transformers keeps `lm_head` in 16 bit), by module name."""
+    head = model.get_output_embeddings()
+    return {n: m for n, m in model.named_modules() if type(m) is torch.nn.Linear and m is not head}
+
+
 def bitsandbytes_devices() -> set[str]:
     """The torch device types the installed bitsandbytes supports (empty if it is not installed)."""
     override = os.environ.get("FTORCH_BNB_DEVICES")  # tests: pretend a build without CPU support

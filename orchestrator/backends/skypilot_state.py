@@ -12,6 +12,7 @@ from typing import Any
 from orchestrator.backends import skypilot_cost as cost
 from orchestrator.backends.skypilot_sdk import QUEUE_FIELDS
 from orchestrator.registry import Job, JobState, Outcome, Registry
+from trainer.ledger import number
 
 #: SkyPilot ManagedJobStatus -> ftorch state
 STATES = {
@@ -125,14 +126,14 @@ def note_times(state: dict[str, Any], record: Mapping[str, Any], now: float) -> 
     times = state.setdefault("times", {})
     running_at, done = times.setdefault("running_at", {}), times.setdefault("done_s", {"0": 0.0})
     status, k = str(record.get("status") or ""), int(record.get("recovery_count") or 0)
-    duration, recovered = _num(record.get("job_duration")), _num(record.get("last_recovered_at"))
-    end_at = _num(record.get("end_at"))
-    if _num(record.get("submitted_at")) is not None:
-        times["submitted_at"] = _num(record.get("submitted_at"))
+    duration, recovered = number(record.get("job_duration")), number(record.get("last_recovered_at"))
+    end_at = number(record.get("end_at"))
+    if number(record.get("submitted_at")) is not None:
+        times["submitted_at"] = number(record.get("submitted_at"))
     if status == "RECOVERING" and duration is not None:
         done[str(k + 1)] = duration  # exact: the span just run is added, last_recovered_at unchanged
     elif status in ("RUNNING", "CANCELLING") and recovered is not None:
-        running_at.setdefault(str(k), (_num(record.get("start_at")) or recovered) if k == 0 else recovered)
+        running_at.setdefault(str(k), (number(record.get("start_at")) or recovered) if k == 0 else recovered)
         if duration is not None:
             done.setdefault(str(k), max(0.0, duration - max(0.0, now - recovered)))
     elif end_at is not None and recovered is not None and duration is not None:
@@ -156,10 +157,6 @@ def attempt_times(state: Mapping[str, Any]) -> dict[int, dict[str, float]]:
     """SkyPilot's timestamps of each registry attempt (by its number), as `note_times` kept them."""
     found = state.get("attempt_times") or {}
     return {int(n): dict(v) for n, v in found.items() if str(n).isdigit() and isinstance(v, dict)}
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _sync_attempts(registry: Registry, job: Job, record: Mapping[str, Any], state: Mapping[str, Any]) -> None:

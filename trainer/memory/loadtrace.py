@@ -21,6 +21,7 @@ of the 4-bit model during the sharded load: the whole replay's final bytes (`ran
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -71,17 +72,14 @@ def _hf_config(config: dict[str, Any]) -> Any:
 
 
 def _quantized_names(hf_config: Any) -> dict[str, tuple[int, int]]:
-    """The linear layers bitsandbytes quantizes (all but the output layer), with their (out, in) shapes."""
+    """The linear layers bitsandbytes quantizes (trainer/quant.py), with their (out, in) shapes."""
     from transformers import AutoModelForCausalLM
+
+    from trainer.quant import quantizable_linears
 
     with torch.device("meta"):
         plain = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
-    head = plain.get_output_embeddings()
-    return {
-        name: (m.out_features, m.in_features)
-        for name, m in plain.named_modules()
-        if type(m) is torch.nn.Linear and m is not head
-    }
+    return {name: (m.out_features, m.in_features) for name, m in quantizable_linears(plain).items()}
 
 
 def _quantize(shape: tuple[int, int], spec: JobSpec, storage: torch.dtype) -> tuple[torch.Tensor, Any]:
@@ -137,8 +135,20 @@ def _adapter_dtype(spec: JobSpec) -> torch.dtype:
     )
 
 
+_WHOLE: dict[str, LoadTrace] = {}
+
+
 def trace_whole(spec: JobSpec, config: dict[str, Any]) -> LoadTrace:
-    """One GPU quantizing the whole base as it streams in (see the module docstring), then the adapters."""
+    """One GPU quantizing the whole base as it streams in (see the module docstring), then the adapters.
+    Traced once per model and settings in a process: every sharded trace needs it for rank 0's copy."""
+    key = json.dumps([config, spec.quantization.model_dump(mode="json"), spec.lora.model_dump(mode="json"),
+                      spec.train.precision], sort_keys=True, default=str)  # fmt: skip
+    if key not in _WHOLE:
+        _WHOLE[key] = _trace_whole(spec, config)
+    return _WHOLE[key]
+
+
+def _trace_whole(spec: JobSpec, config: dict[str, Any]) -> LoadTrace:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from trainer.quant import COMPUTE

@@ -153,16 +153,15 @@ class _Linear4bitStandIn(torch.nn.Linear):
 
 def _quantize_standin(model: torch.nn.Module, spec: JobSpec) -> int:
     """Swap the linear layers bitsandbytes would quantize (all but the output layer) for stand-ins."""
-    from trainer.quant import COMPUTE
+    from trainer.quant import COMPUTE, quantizable_linears
 
     compute = COMPUTE[spec.quantization.compute_dtype]
-    head = model.get_output_embeddings()
     swapped = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear and child is not head:
-                setattr(parent, name, _Linear4bitStandIn(child, compute, spec.quantization.double_quant))
-                swapped += 1
+    for name, child in quantizable_linears(model).items():
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, attr, _Linear4bitStandIn(child, compute, spec.quantization.double_quant))
+        swapped += 1
     model.is_loaded_in_4bit = True
     model.config.quantization_config = {"load_in_4bit": True}
     return swapped
