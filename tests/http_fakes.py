@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -52,6 +53,9 @@ class FakeMetadata:
         #: Azure priority), as trainer/stops/lifecycle.py reads it
         self.market = "spot"
         self.requests: list[tuple[str, str]] = []
+        #: the first `slow_answers` requests are answered only after `slow_s` seconds (a busy VM)
+        self.slow_answers = 0
+        self.slow_s = 0.0
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -66,8 +70,14 @@ class FakeMetadata:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def _record(self, method: str) -> None:
+                outer.requests.append((method, self.path))
+                if outer.slow_answers > 0:
+                    outer.slow_answers -= 1
+                    time.sleep(outer.slow_s)
+
             def do_PUT(self) -> None:  # noqa: N802
-                outer.requests.append(("PUT", self.path))
+                self._record("PUT")
                 ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
                 if outer.provider == "aws" and self.path == "/latest/api/token" and ttl:
                     self._send(200, TOKEN.encode())
@@ -75,7 +85,7 @@ class FakeMetadata:
                     self._send(404)
 
             def do_GET(self) -> None:  # noqa: N802
-                outer.requests.append(("GET", self.path))
+                self._record("GET")
                 p = outer.provider
                 if p == "aws" and self.path == "/latest/meta-data/spot/instance-action":
                     if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:

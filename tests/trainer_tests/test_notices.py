@@ -79,6 +79,30 @@ def test_the_wrong_service_is_not_taken_for_a_cloud(
         assert detect(("gcp",), timeout=1) is None
 
 
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
+def test_a_metadata_service_that_answers_late_is_still_found(
+    provider: str, notice_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first probe times out (a VM busy loading a model); the next, with a longer timeout, finds it.
+
+    Before the retry, one slow answer at start-up left the whole run unwatched (a CI failure)."""
+    with FakeMetadata(provider) as fake:
+        monkeypatch.setenv(f"FTORCH_{provider.upper()}_METADATA_URL", fake.url)
+        fake.slow_answers, fake.slow_s = 1, 0.6
+        assert detect((provider,), timeout=0.2, rounds=1) is None
+        fake.slow_answers = 1
+        watcher = detect((provider,), timeout=0.2)
+        assert watcher is not None and watcher.name == provider
+        assert watcher.poll() is None  # and it polls with the timeout that worked
+
+
+def test_a_refused_probe_is_not_retried(notice_env: None) -> None:
+    """Off a cloud nothing answers: refusals end detection at once, without the longer retries."""
+    started = time.time()
+    assert detect(timeout=2.0) is None
+    assert time.time() - started < 1.5
+
+
 def test_disabled_by_env(notice_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FTORCH_NOTICES", "0")
     assert start_watcher(PreemptionFlag()) is None
@@ -96,6 +120,8 @@ def _trainer_env(provider: str, url: str) -> dict[str, str]:
         env[f"FTORCH_{name}_METADATA_URL"] = _closed_port_url()
     env[f"FTORCH_{provider.upper()}_METADATA_URL"] = url
     env.update(FTORCH_NOTICE_POLL_S="0.05", FTORCH_PROGRESS_EVERY_S="0.05", FTORCH_NOTICES="1")
+    # a loaded CI machine can take seconds to answer; the product's 0.5 s (then 1, 2 s) is for real VMs
+    env["FTORCH_NOTICE_PROBE_TIMEOUT_S"] = "5"
     return env
 
 

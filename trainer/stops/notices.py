@@ -5,13 +5,14 @@ GCP about 30 s ahead (`instance/preempted`), Azure at least 30 s ahead (schedule
 SkyPilot 0.14.1 does not watch these on VMs, so the trainer does: on a notice it sets the same
 PreemptionFlag a SIGTERM sets, the loop checkpoints at the next step boundary and exits 75.
 
-Off a cloud, the first probes fail within a fraction of a second (nothing answers at the link-local
-metadata address) and the thread ends: it costs nothing. No torch, no third-party imports here.
+Off a cloud, the probes are refused or time out (nothing answers at the link-local metadata address)
+and the thread ends: a few seconds of one idle thread at most. A probe that timed out is retried with a
+longer timeout, so a busy VM that answers late is still watched. No torch, no third-party imports here.
 
 Environment (for tests and unusual setups):
     FTORCH_NOTICES=0                     disable the watcher
     FTORCH_NOTICE_POLL_S=2               seconds between polls once a provider is found
-    FTORCH_NOTICE_PROBE_TIMEOUT_S=0.5    timeout of each detection probe
+    FTORCH_NOTICE_PROBE_TIMEOUT_S=0.5    timeout of the first detection probe (then 2x, 4x)
     FTORCH_AWS_METADATA_URL / FTORCH_GCP_METADATA_URL / FTORCH_AZURE_METADATA_URL
                                          base URLs (default http://169.254.169.254)
     FTORCH_NOTICE_PROVIDERS=aws,gcp,azure  which providers to probe, in order
@@ -31,6 +32,7 @@ from typing import Protocol
 
 METADATA_URL = "http://169.254.169.254"
 PROVIDERS = ("aws", "gcp", "azure")
+PROBE_ROUNDS = 3  # timeouts of 1x, 2x, 4x FTORCH_NOTICE_PROBE_TIMEOUT_S
 
 
 class Flag(Protocol):
@@ -183,22 +185,42 @@ def _make(provider: str, timeout: float) -> AwsNotices | GcpNotices | AzureNotic
 Watcher = AwsNotices | GcpNotices | AzureNotices
 
 
-def detect(providers: tuple[str, ...] | None = None, timeout: float | None = None) -> Watcher | None:
-    """The first provider whose metadata service answers like the real one, or None (not on a cloud)."""
+def _timed_out(exc: BaseException) -> bool:
+    """A probe that got no answer in time (as opposed to a refusal or a wrong answer)."""
+    if isinstance(exc, urllib.error.URLError):
+        return isinstance(exc.reason, TimeoutError)
+    return isinstance(exc, TimeoutError)
+
+
+def detect(
+    providers: tuple[str, ...] | None = None, timeout: float | None = None, rounds: int = PROBE_ROUNDS
+) -> Watcher | None:
+    """The first provider whose metadata service answers like the real one, or None (not on a cloud).
+
+    A probe refused or answered wrongly rules its provider out at once. A probe that timed out is tried
+    again with twice the timeout, `rounds` times in all: a VM busy loading a model can answer late, and
+    a watcher that gave up on its first slow answer would miss every notice of the run.
+    """
     if timeout is None:
         timeout = float(os.environ.get("FTORCH_NOTICE_PROBE_TIMEOUT_S", "0.5"))
     if providers is None:
         env = os.environ.get("FTORCH_NOTICE_PROVIDERS")
         providers = tuple(p.strip() for p in env.split(",") if p.strip()) if env else PROVIDERS
-    for provider in providers:
-        if provider not in PROVIDERS:
-            continue
-        watcher = _make(provider, timeout)
-        try:
-            watcher.probe()
+    pending = [p for p in providers if p in PROVIDERS]
+    for round_ in range(rounds):
+        slow = []
+        for provider in pending:
+            watcher = _make(provider, timeout * 2**round_)
+            try:
+                watcher.probe()
+            except (NotOnThisCloud, OSError, ValueError) as exc:
+                if _timed_out(exc):
+                    slow.append(provider)
+                continue
             return watcher
-        except (NotOnThisCloud, OSError, ValueError):
-            continue
+        pending = slow
+        if not pending:
+            break
     return None
 
 
