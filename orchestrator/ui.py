@@ -20,6 +20,7 @@ from orchestrator.registry import RESUMABLE, TERMINAL
 from trainer.checkpoints.fingerprint import describe_allowance
 from trainer.measure import describe as describe_measured
 from trainer.memory.facts import GIB
+from trainer.memory.load_memory import host_peak_bytes
 from trainer.oom import describe as oom_describe
 
 STATE_STYLE = {
@@ -499,9 +500,14 @@ def estimate_view(spec: Any, shape: Any, est: Any, trace: dict[str, Any] | None,
     if trace:  # the load phase, + CUDA context: traced for QLoRA (trainer/memory/loadtrace.py)
         rows.append(("load (+ context)", est.load_gib_per_gpu, load["total_gib"] if load else None))
     if est.offload == "params" or (trace and trace.get("host_gib")):
-        # traced: every rank's offloaded state plus rank 0's loading copy (the processes are not traced)
+        # traced: the larger of every rank's offloaded state and rank 0's loading copy, which it frees as
+        # it sends (trainer/memory/load_memory.py host_peak_bytes); the processes are not traced
         host_traced = (
-            (trace.get("host_gib") or 0.0) * est.n_gpus + (load or {}).get("rank0_copy_gib", 0.0)
+            sum(
+                host_peak_bytes(
+                    (load or {}).get("rank0_copy_gib", 0.0), (trace.get("host_gib") or 0.0) * est.n_gpus
+                ).values()
+            )
             if trace
             else None
         )

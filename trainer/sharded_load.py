@@ -3,9 +3,11 @@
 Rank 0 loads the model on the CPU (`trainer.model.load_model`: the same weights and the same seeded
 adapters as one process gets); every rank builds the same model on the meta device, shards it
 (`shard`: fully_shard per decoder layer, then the root), allocates only its own shards on its device
-(`to_empty`), and receives rank 0's weights one tensor at a time (`set_model_state_dict` with
-`broadcast_from_rank0`: a rank holds its shards plus one full tensor in flight). Buffers, which the state
-dict may leave out (the rotary tables are not persistent), are broadcast from rank 0 too.
+(`to_empty`), and receives rank 0's weights one tensor at a time (`send_tensors`, as DCP's
+`set_model_state_dict` with `broadcast_from_rank0` does: a rank holds its shards plus one full tensor in
+flight). Buffers, which the state dict may leave out (the rotary tables are not persistent), are
+broadcast from rank 0 too. Rank 0 frees each tensor of its copy once sent, so with CPU offload its host
+never holds the copy and all the shards at once.
 
 QLoRA's 4-bit base is quantized once on rank 0's CPU and sent the same way (`load_sharded_quantized`).
 What each loading holds per GPU is in trainer/memory/load_memory.py, which the planner's estimate asks,
@@ -43,26 +45,38 @@ def load_sharded(
     spec: JobSpec, device: torch.device, rank: int, shard: Callable[[torch.nn.Module], None]
 ) -> torch.nn.Module:
     """The job's model, sharded by `shard` over the process group, with rank 0's loaded weights."""
-    import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
     full = load_model(spec, torch.device("cpu")) if rank == 0 else None
     model = meta_model(spec)
     shard(model)
     materialize(model, device, spec.train.offload == "params")
-    set_model_state_dict(
-        model,
-        full.state_dict() if full is not None else {},
-        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
-    )
-    source = dict(full.named_buffers()) if full is not None else {}
-    with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            if full is not None:
-                buffer.copy_(source[name])
-            dist.broadcast(buffer, src=0)
+    send_tensors(model, full, device)
     del full
     return model
+
+
+def send_tensors(model: torch.nn.Module, full: torch.nn.Module | None, device: torch.device) -> None:
+    """Fill the sharded skeleton `model` from rank 0's loaded `full` (None on the other ranks): every
+    parameter, then every buffer, broadcast as one whole tensor at a time, each rank keeping its shard.
+
+    Rank 0 releases each parameter of its copy as soon as it is sent. With CPU offload the shards live
+    in the same host RAM as the copy, and `to_empty` reserves them without touching a page, so the
+    machine holds the copy or the shards of what was sent, not both: its loading peak is the copy, not
+    the copy plus the shards (trainer/memory/load_memory.py `host_peak_bytes`)."""
+    source = dict(full.named_parameters()) if full is not None else {}
+    buffers = dict(full.named_buffers()) if full is not None else {}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            sent = source.pop(name, None)
+            receive_tensor(param, sent, device)
+            if sent is not None:
+                release(sent)
+        for name, buffer in model.named_buffers():
+            receive_tensor(buffer, buffers.get(name), device)
+
+
+def release(param: torch.Tensor) -> None:
+    """Free a parameter's memory while its module lives on (rank 0's copy, once sent)."""
+    param.data = torch.empty(0, dtype=param.dtype, device=param.device)
 
 
 def materialize(model: torch.nn.Module, device: torch.device, offload: bool) -> None:
@@ -160,8 +174,9 @@ def receive_weights(
     make_state: Callable[[dict[str, torch.Tensor], torch.device], Any] | None = None,
 ) -> None:
     """Fill the sharded QLoRA skeleton from rank 0's model `full` (None on the other ranks): parameters
-    and buffers one whole tensor at a time, then each 4-bit layer's quant state (`make_state` builds it
-    from the received tensors: bitsandbytes' QuantState.from_dict)."""
+    and buffers one whole tensor at a time (`send_tensors`: rank 0's copy released as it goes), then
+    each 4-bit layer's quant state (`make_state` builds it from the received tensors: bitsandbytes'
+    QuantState.from_dict)."""
     import bitsandbytes as bnb
 
     if make_state is None:
@@ -169,13 +184,8 @@ def receive_weights(
 
         make_state = QuantState.from_dict
     layers = _quant_layers(full)
-    source = dict(full.named_parameters()) if full is not None else {}
-    buffers = dict(full.named_buffers()) if full is not None else {}
+    send_tensors(model, full, device)
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            receive_tensor(param, source.get(name), device)
-        for name, buffer in model.named_buffers():
-            receive_tensor(buffer, buffers.get(name), device)
         for name, module in model.named_modules():
             if isinstance(module, bnb.nn.Linear4bit):
                 got = receive_quant_tensors(layers.get(name), layouts[name], device)

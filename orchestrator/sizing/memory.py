@@ -43,6 +43,7 @@ from trainer.memory.load_memory import (
     NF4_DATA_BYTES,
     NF4_DQ_BYTES,
     WeightCounts,
+    host_peak_bytes,
     load_host_bytes,
     load_peak_bytes,
 )
@@ -460,10 +461,10 @@ def host_parts(
     shape: ModelShape, s: Settings, trainable: int, per_rank: tuple[float, float, float, float]
 ) -> dict[str, float]:
     """Host RAM of the machine rank 0 runs on, by part: with offload its ranks' shards ("offloaded":
-    weights, gradients, optimizer state and the CPU step's temporaries, `per_rank` as sharded), rank 0's
-    whole loading copy ("loading", trainer/memory/load_memory.py), and each trainer process
-    ("processes", facts.HOST_PROCESS_BYTES). Summed: the loading copy is freed before the optimizer
-    state is first allocated, so this errs high by at most the gradients and optimizer state."""
+    weights, gradients, optimizer state and the CPU step's temporaries, `per_rank` as sharded), what
+    rank 0's loading copy holds beyond them ("loading": the copy is released tensor by tensor as the
+    shards fill, so the peak is the larger of the two, trainer/memory/load_memory.py `host_peak_bytes`),
+    and each trainer process ("processes", facts.HOST_PROCESS_BYTES). The parts sum to the peak."""
     n = max(1, s.n_gpus)
     nodes = s.nodes if s.nodes >= 1 and n % s.nodes == 0 else 1
     ranks_here = n // nodes
@@ -475,11 +476,8 @@ def host_parts(
     weights, grads, optim, temp = per_rank
     if offload:
         weights -= _quant_state_bytes(shape, s) / n  # stays on the GPU
-    return {
-        "offloaded": ranks_here * (weights + grads + optim + temp) if offload else 0.0,
-        "loading": loading,
-        "processes": float(ranks_here * facts.HOST_PROCESS_BYTES),
-    }
+    offloaded = ranks_here * (weights + grads + optim + temp) if offload else 0.0
+    return {**host_peak_bytes(loading, offloaded), "processes": float(ranks_here * facts.HOST_PROCESS_BYTES)}
 
 
 def load_parts(shape: ModelShape, s: Settings, trainable: int) -> dict[str, float]:

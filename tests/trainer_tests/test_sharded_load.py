@@ -127,3 +127,62 @@ def test_sharded_qlora_load_gives_the_whole_model_paths_4bit_weights_and_quant_s
     jobs[0]["quantization"] = {"double_quant": True}
     jobs[1]["quantization"] = {"double_quant": False}
     mp.spawn(_compare, args=(_free_port(), jobs), nprocs=RANKS, join=True)
+
+
+def _watch_rank_0_release(rank: int, port: int, job: dict[str, Any]) -> None:
+    """On each of 2 ranks: load with CPU offload; on rank 0, record how much of its copy's already sent
+    tensors is still held each time it sends the next one."""
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(RANKS), MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    from trainer import sharded_load
+    from trainer.config import JobSpec
+    from trainer.distributed import Sharded
+
+    copies: list[torch.nn.Module] = []
+    load_model, receive_tensor = sharded_load.load_model, sharded_load.receive_tensor
+    sent: list[torch.Tensor] = []
+    still_held: list[int] = []
+
+    def keep_the_copy(*args: Any, **kwargs: Any) -> torch.nn.Module:
+        copies.append(load_model(*args, **kwargs))
+        return copies[-1]
+
+    def watch(target: torch.Tensor, source: torch.Tensor | None, device: torch.device) -> None:
+        if isinstance(source, torch.nn.Parameter):
+            still_held.append(sum(t.untyped_storage().nbytes() for t in sent))
+            sent.append(source)
+        receive_tensor(target, source, device)
+
+    sharded_load.load_model, sharded_load.receive_tensor = keep_the_copy, watch
+    cpu = torch.device("cpu")
+    par = Sharded(cpu, offload=True)
+    model = par.load(JobSpec.model_validate(job), cpu)
+    par.dist.destroy_process_group()
+    assert all(p.to_local().device.type == "cpu" and p.to_local().numel() for p in model.parameters())
+    if rank == 0:
+        (copy,) = copies
+        params = list(copy.parameters())
+        assert len(sent) == len(params) > 10, (len(sent), len(params))
+        assert still_held == [0] * len(sent), f"sent tensors of rank 0's copy still held: {still_held}"
+        assert sum(p.untyped_storage().nbytes() for p in params) == 0  # its module lives, its memory not
+    else:
+        assert not copies and not sent
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_rank_0_releases_each_tensor_of_its_copy_once_sent(
+    method: str, tmp_path: Path, tiny_model: Path
+) -> None:
+    """With CPU offload the shards and rank 0's loading copy share one host's RAM. Rank 0 frees each
+    parameter of its copy as soon as it is sent, so the machine holds the copy or the shards of what was
+    sent, never both (the estimate's host peak, trainer/memory/load_memory.py `host_peak_bytes`): when a
+    tensor is sent, every tensor sent before it holds no memory, and after loading none does."""
+    if method == "qlora":
+        pytest.importorskip("bitsandbytes")
+    extra = {"method": "qlora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0}} if method == "qlora" else {}
+    train = {"offload": "params", "precision": "bf16-mixed"}
+    job = job_dict(tiny_model, tmp_path / "d.jsonl", tmp_path / "ck", train=train, **extra)
+    mp.spawn(_watch_rank_0_release, args=(_free_port(), job), nprocs=RANKS, join=True)

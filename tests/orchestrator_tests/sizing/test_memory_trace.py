@@ -212,17 +212,22 @@ def test_published_answerai_70b_qlora_on_2x24gb_with_cpu_offload():
     offloaded = estimate(shape, settings_from_spec(spec, 2, "params"))
     assert offloaded.sharding == "fsdp-full-shard x2 + cpu offload"
     assert offloaded.peak_gib_per_gpu < usable < step_two  # adequate on 2 x 24 GB with offload
-    # host RAM: the offloaded state of both ranks, rank 0's 4-bit loading copy and the two processes,
-    # against Answer.AI's ~107 GB (99.6 GiB): within 25%
+    # host RAM: the offloaded state of both ranks (the 4-bit base lives on the host), what rank 0's
+    # loading holds beyond it, and the two processes. Rank 0 releases its 4-bit copy (35.9 GiB, 1.4x that
+    # resident while it quantizes on the CPU, measured) tensor by tensor as the shards fill
+    # (trainer/sharded_load.py send_tensors; bench/host_ram.py), so the machine peaks at the larger of
+    # the two, not their sum (80.9 GiB before). Answer.AI reported ~107 GB (99.6 GiB) for their loader.
     reported = 107e9 / 2**30
-    assert 0.75 * reported < offloaded.host_gib < 1.25 * reported, offloaded.host_breakdown_gib
-    assert offloaded.host_breakdown_gib["offloaded"] > 33.9 / 1.1  # the 4-bit base lives on the host
+    parts = offloaded.host_breakdown_gib
+    assert parts["offloaded"] > 33.9 / 1.1 and 0 < parts["loading"] < 33.9 / 2, parts
+    assert offloaded.host_gib == pytest.approx(sum(parts.values()))
+    assert 33.9 < offloaded.host_gib < 0.6 * reported, parts
     layout = check(spec.model_copy(update={"train": spec.train.model_copy(update={"offload": "params"})}), 2)
     assert (layout.sharding, layout.micro_batch, layout.accum) == ("fsdp", 2, 1)
 
     offers = _offers_with_host(
         "runpod,home.2x24,A10,2,24,32,128,0.90,0.45,us-east-1,PCIe\n",  # Answer.AI's kind of machine
-        "runpod,small.2x24,A10,2,24,10,58,0.80,0.40,us-east-1,PCIe\n",  # RAM too small for the host side
+        "runpod,small.2x24,A10,2,24,10,48,0.80,0.40,us-east-1,PCIe\n",  # RAM too small for the host side
         "runpod,unknown.2x24,A10,2,24,,,0.70,0.35,us-east-1,PCIe\n",  # RAM not in the catalog
         "runpod,home.4x24,A10,4,24,64,256,1.80,0.90,us-east-1,PCIe\n",
     )
@@ -237,8 +242,39 @@ def test_published_answerai_70b_qlora_on_2x24gb_with_cpu_offload():
     reasons = {r.instance_type: r.reason for r in plan.rejected}
     assert reasons["small.2x24"].startswith("memory: needs")  # the kind: what stops it first
     assert "; CPU offload would fit the GPU, but host RAM: needs" in reasons["small.2x24"]
-    assert "has 58 GiB" in reasons["small.2x24"]
+    assert "has 48 GiB" in reasons["small.2x24"]
     assert "RAM (unknown), so it cannot be checked" in reasons["unknown.2x24"]
+
+
+def test_70b_qlora_on_two_24gb_gpus_with_offload_is_decided_by_the_machines_ram():
+    """Answer.AI's 70B job, on the bundled catalog's 2 x 24 GB pairs and on a 64 GB pair (the RAM of a
+    common RunPod or Vast 2x RTX 3090 machine). The host side is about 55 GiB: the 64 GB machine holds it
+    (57.6 GiB usable) and is an adequate candidate with CPU offload; the bundled catalog's RunPod pairs
+    (50 and 58 GB) are refused for host RAM with both figures; the Vast pairs, whose RAM the catalog does
+    not give, are refused, not guessed. Before rank 0 released its loading copy as it sent, the host
+    side was over 80 GiB and even 64 GB was refused."""
+    from orchestrator.catalog import bundled_catalog
+    from orchestrator.planner import HOST_HEADROOM
+
+    spec = _job(
+        "meta-llama/Llama-2-70b-hf", "qlora", 512, 2, lora={"r": 64, "alpha": 16, "dropout": 0.1},
+        grad_accum=2, precision="bf16", optimizer="adamw",
+    )  # fmt: skip
+    spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"fallback": "on-demand"})})
+    bundled = bundled_catalog()
+    pairs = [o for o in bundled.offers if o.count == 2 and 23.5 <= o.gpu_memory_gib <= 24.5]
+    extra = _offers_with_host("runpod,ram64.2x24,RTX3090,2,24,16,64,0.66,,us-east-1,PCIe\n")
+    plan = make_plan(spec, catalog=Catalog(tuple(pairs) + extra.offers, "2 x 24 GB pairs"))
+    assert plan.chosen is not None and plan.chosen.instance_type == "ram64.2x24", plan.why_none()
+    chosen = plan.chosen
+    assert chosen.offload == "params" and chosen.layout_text.endswith("+offload")
+    assert 50 < chosen.host_gib <= 64 * (1 - HOST_HEADROOM)
+    reasons = {r.instance_type: r.reason for r in plan.rejected}
+    assert (
+        "but host RAM: needs" in reasons["2x_RTX3090_SECURE"] and "has 50 GiB" in reasons["2x_RTX3090_SECURE"]
+    )
+    assert "has 58 GiB" in reasons["2x_RTX4090_SECURE"]
+    assert "so it cannot be checked" in reasons["2x-RTX_3090-32-65536"]
 
 
 def test_published_answerai_70b_qlora_on_2x40gb_without_offload():
