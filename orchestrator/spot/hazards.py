@@ -1,0 +1,576 @@
+"""One spot hazard model: how often spot is taken away, how often it can be had, and how sure we are.
+
+Used by the planner (expected cost, ETA, the spot/on-demand choice), the checkpoint interval (the rate the
+task passes to the trainer, trainer/checkpoints/interval.py), the simulator's benchmark and `ftorch hazards`.
+No torch, no sky here.
+
+The model, per key (cloud, instance type, region, zone; the accelerator and GPU count stand in for the
+instance type where it is not known): interruptions of one instance form a Poisson process of rate lambda
+per hour held; lambda has a gamma posterior (alpha, beta) = (alpha0 + n, beta0 + T), n interruptions in T
+hours held (successes, user stops and crashes are right-censored: hours without an event). Its prior
+comes from the bundled table (orchestrator/data/hazards.json, built by scripts/build_hazards.py from
+measured traces, with provenance), pooled so a key without a measurement borrows strength and says so:
+
+    zone (measured) <- region (its zones' pooled rate, the between-zone spread) <- (cloud, GPU class)
+    <- cloud <- every measured cloud (shape x CROSS_CLOUD_SHAPE: wider)
+
+The pools' spread is fitted to the measured zones (gamma by moments), so a key that was never measured
+gets the spread the measured ones show, not a guess. Evidence on top of the prior: the user's own spot
+attempts (alive hours and how each ended, `record_attempts`) and traces the user brings (`ftorch
+hazards import`), both kept in $FTORCH_HOME/hazards.json (owner-only).
+
+Several nodes: interruptions of one type in one zone come together (Spot-and-Scoot, arXiv 2604.16457:
+>92% within 3 minutes of each other), so N nodes see lambda x (1 + (N - 1) x (1 - rho)), rho the share
+that coincide (the table's `correlation`), not N x lambda. Evidence from an N-node job counts as that
+many node-equivalent hours.
+
+Capacity, per zone: the share of time spot was obtainable (`availability`) and the mean length of a
+spell without it (`mean_down_s`). A job that may go to several zones takes the first that is up, in
+order (SkyPilot's failover); zones are taken as independent. `Hazard.wait_s` is the expected wait for
+capacity at each launch, `no_capacity` the chance that no zone has spot when the job (re)launches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orchestrator.catalog import CONSUMER_TIER
+from orchestrator.errors import UserError
+from orchestrator.home import ftorch_home, private_dir, write_private
+
+DATA_FILE = "hazards.json"
+USER_FILE = "hazards.json"  # under $FTORCH_HOME
+#: a pool borrowed from other clouds keeps its mean but half its shape (twice its squared coefficient
+#: of variation): nothing was measured on this cloud, and the model should say it knows less
+CROSS_CLOUD_SHAPE = 0.5
+
+
+@dataclass(frozen=True)
+class TraceStats:
+    """What one availability trace shows for a job of `nodes` instances."""
+
+    hours: float  # hours the job could hold its nodes (exposure)
+    interruptions: int  # times it lost one of them while holding
+    availability: float  # share of ticks with at least `nodes` obtainable
+    mean_down_s: float  # mean length of a spell with fewer than `nodes` obtainable (0: never)
+    gap_s: float
+    ticks: int
+
+    @property
+    def rate_per_hour(self) -> float:
+        return self.interruptions / self.hours if self.hours else 0.0
+
+
+def measure(counts: Sequence[float] | np.ndarray, gap_s: float, nodes: int = 1) -> TraceStats:
+    """Exposure, interruptions and capacity of a trace (`counts[i]` instances obtainable at tick i): a job
+    holds while at least `nodes` are obtainable and is interrupted when the count falls below that."""
+    data = np.asarray(counts, dtype=np.float64)
+    up = data >= nodes
+    drops = int(np.sum(up[:-1] & ~up[1:]))
+    down_runs = _runs(~up)
+    return TraceStats(
+        hours=float(up.sum()) * gap_s / 3600.0,
+        interruptions=drops,
+        availability=float(up.mean()) if up.size else 0.0,
+        mean_down_s=float(np.mean(down_runs)) * gap_s if down_runs else 0.0,
+        gap_s=float(gap_s),
+        ticks=int(up.size),
+    )
+
+
+def region_capacity(traces: Sequence[Sequence[float]], gap_s: float, nodes: int = 1) -> TraceStats:
+    """Capacity of several zones together (some zone has `nodes` obtainable), on their common clock
+    (cut to the shortest)."""
+    length = min(len(t) for t in traces)
+    best = np.max(np.stack([np.asarray(t[:length], dtype=np.float64) for t in traces]), axis=0)
+    return measure(best, gap_s, nodes)
+
+
+def _runs(mask: np.ndarray) -> list[int]:
+    """Lengths of the runs of True in `mask`."""
+    padded = np.concatenate(([False], mask, [False])).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    return (edges[1::2] - edges[::2]).tolist()
+
+
+def read_trace(path: Path) -> tuple[float, list[float]]:
+    """(gap_seconds, counts) of a trace file in the spot-traces format; UserError naming what is wrong."""
+    try:
+        payload = json.loads(Path(path).read_text(encoding="utf-8"))
+        gap = float(payload["metadata"]["gap_seconds"])
+        data = [float(x) for x in payload["data"]]
+    except OSError as exc:
+        raise UserError(f"FILE: cannot read {path}: {exc.__class__.__name__}") from None
+    except (ValueError, KeyError, TypeError):
+        raise UserError(
+            f"FILE: {path} is not a trace: expected "
+            '{"metadata": {"gap_seconds": N}, "data": [alive count per tick, ...]}'
+        ) from None
+    if gap <= 0 or not data or any(x < 0 for x in data):
+        raise UserError(f"FILE: {path} needs gap_seconds > 0 and a non-empty list of counts >= 0")
+    return gap, data
+
+
+# ---- the posterior -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Gamma:
+    """A gamma distribution over a rate per hour: shape `alpha`, rate `beta` (hours)."""
+
+    alpha: float
+    beta: float
+
+    @property
+    def mean(self) -> float:
+        return self.alpha / self.beta
+
+    def update(self, hours: float, events: float) -> Gamma:
+        return Gamma(self.alpha + events, self.beta + hours)
+
+    def with_mean(self, mean: float) -> Gamma:
+        """The same shape (spread relative to the mean), centred on `mean`."""
+        return Gamma(self.alpha, self.alpha / mean)
+
+    def quantile(self, q: float) -> float:
+        """The `q` quantile (bisection on the regularized incomplete gamma function)."""
+        lo, hi = 0.0, self.mean * 10.0 + 10.0 / self.beta
+        while _gamma_cdf(self.alpha, hi * self.beta) < q:
+            hi *= 2.0
+        for _ in range(80):
+            mid = (lo + hi) / 2.0
+            lo, hi = (mid, hi) if _gamma_cdf(self.alpha, mid * self.beta) < q else (lo, mid)
+        return (lo + hi) / 2.0
+
+
+def _gamma_cdf(a: float, x: float) -> float:
+    """P(a, x), the regularized lower incomplete gamma function (series below a + 1, else continued
+    fraction: Numerical Recipes' gser/gcf)."""
+    if x <= 0:
+        return 0.0
+    log_front = -x + a * math.log(x) - math.lgamma(a)
+    if x < a + 1.0:
+        term = total = 1.0 / a
+        n = a
+        for _ in range(500):
+            n += 1.0
+            term *= x / n
+            total += term
+            if abs(term) < abs(total) * 1e-12:
+                break
+        return min(1.0, total * math.exp(log_front))
+    tiny = 1e-300
+    b, c, d = x + 1.0 - a, 1.0 / tiny, 1.0 / (x + 1.0 - a)
+    h = d
+    for i in range(1, 500):
+        an = -i * (i - a)
+        b += 2.0
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1.0 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-12:
+            break
+    return max(0.0, 1.0 - math.exp(log_front) * h)
+
+
+def fit_pool(rates: Sequence[float], hours: Sequence[float]) -> Gamma:
+    """A gamma over zone rates fitted by moments (between-zone variance less the Poisson noise), so the
+    spread of a pool is the spread its measured zones show. One zone: shape 1 (an exponential).
+    `hours` give each zone's Poisson noise, taken out of the spread."""
+    r, t = np.asarray(rates, dtype=float), np.asarray(hours, dtype=float)
+    if len(r) < 2:
+        mean = float(r[0])
+        return Gamma(1.0, 1.0 / mean)
+    mean = float(np.mean(r))  # a zone not measured is any zone: each zone counts once
+    noise = float(np.mean(r / np.maximum(t, 1e-9)))
+    var = max(float(np.var(r, ddof=1)) - noise, (0.1 * mean) ** 2)
+    alpha = mean * mean / var
+    return Gamma(alpha, alpha / mean)
+
+
+def correlation_factor(nodes: int, rho: float) -> float:
+    """How many times one node's rate a job on `nodes` sees when a share `rho` of interruptions hit all
+    of them at once."""
+    return 1.0 + (max(1, nodes) - 1) * (1.0 - rho)
+
+
+# ---- evidence ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Evidence:
+    """Hours held and interruptions of one key: a measured trace, an import, or the user's attempts."""
+
+    cloud: str
+    instance_type: str
+    region: str | None
+    zone: str | None
+    nodes: int
+    hours: float
+    interruptions: int
+    source: str
+    accelerator: str = ""
+    count: int = 0
+    availability: float | None = None
+    mean_down_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Evidence:
+        known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """The rate a job sees on an offer, its uncertainty, where it comes from, and the capacity."""
+
+    rate_per_hour: float  # for the job's nodes, posterior mean
+    low_per_hour: float  # 5% quantile
+    high_per_hour: float  # 95% quantile
+    nodes: int
+    level: str  # zone | region | class | cloud | borrowed
+    source: str
+    hours: float  # evidence behind the key (hours held, node-equivalent)
+    interruptions: float
+    availability: float | None  # share of time some allowed zone has spot (None: not measured)
+    no_capacity: float  # chance that no allowed zone has spot at a (re)launch
+    wait_s: float  # expected wait for capacity at a (re)launch
+    zones: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        for key, value in out.items():
+            if isinstance(value, float):
+                out[key] = round(value, 5)
+        out["zones"] = list(self.zones)
+        return out
+
+
+def gpu_class(accelerator: str) -> str:
+    return "consumer" if accelerator.lower() in CONSUMER_TIER else "datacenter"
+
+
+@dataclass
+class _Zone:
+    name: str
+    region: str
+    gamma: Gamma  # one node
+    level: str
+    source: str
+    hours: float
+    interruptions: float
+    availability: float | None
+    mean_down_s: float | None
+
+
+@dataclass
+class HazardTable:
+    """The bundled prior and the user's evidence; `for_offer` answers the planner."""
+
+    measured: list[Evidence]
+    rho: float
+    correlation_source: str
+    provenance: dict[str, Any] = field(default_factory=dict)
+    user: list[Evidence] = field(default_factory=list)
+    #: (cloud, instance type, region, nodes) -> (availability, mean_down_s) of the region as a whole
+    capacity: dict[tuple[str, str, str, int], tuple[float, float]] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any], user: Iterable[Evidence] = ()) -> HazardTable:
+        corr = payload.get("correlation") or {}
+        return cls(
+            measured=[Evidence.from_json(r) for r in payload.get("measured", [])],
+            rho=float(corr.get("rho", 0.0)),
+            correlation_source=str(corr.get("source", "none: nodes taken as independent")),
+            provenance=payload.get("provenance") or {},
+            user=list(user),
+            capacity={
+                (r["cloud"], r["instance_type"], r["region"], int(r["nodes"])): (
+                    float(r["availability"]),
+                    float(r["mean_down_s"]),
+                )
+                for r in payload.get("regions", [])
+            },  # fmt: skip
+        )
+
+    # ---- pools ---------------------------------------------------------------------------------------
+    def _node_hours(self, e: Evidence) -> float:
+        return e.hours * correlation_factor(e.nodes, self.rho)
+
+    def _pool(self, rows: list[Evidence]) -> Gamma | None:
+        by_zone: dict[tuple[str, ...], list[float]] = {}
+        for e in rows:
+            key = (e.cloud, e.instance_type, e.region or "", e.zone or "")
+            acc = by_zone.setdefault(key, [0.0, 0.0])
+            acc[0] += self._node_hours(e)
+            acc[1] += e.interruptions
+        usable = [(n / h, h) for h, n in by_zone.values() if h > 0 and n > 0]
+        if not usable:
+            return None
+        return fit_pool([r for r, _ in usable], [h for _, h in usable])
+
+    def _fallback(self, cloud: str, accelerator: str) -> tuple[Gamma, str, str]:
+        """(prior, level, source) for an instance with no measurement of its own."""
+        klass = gpu_class(accelerator)
+        same_class = [e for e in self.measured if e.cloud == cloud and gpu_class(e.accelerator) == klass]
+        if (g := self._pool(same_class)) is not None:
+            return (
+                g,
+                "class",
+                f"no measurement of this instance: {cloud} {klass} GPUs' pool ({_what(same_class)})",
+            )
+        same_cloud = [e for e in self.measured if e.cloud == cloud]
+        if (g := self._pool(same_cloud)) is not None:
+            return g, "cloud", f"no measurement of this instance: {cloud}'s pool ({_what(same_cloud)})"
+        g = self._pool(self.measured)
+        if g is None:
+            raise UserError(
+                "hazards: the bundled table holds no measurement; rebuild it (scripts/build_hazards.py)"
+            )
+        wide = Gamma(g.alpha * CROSS_CLOUD_SHAPE, g.beta * CROSS_CLOUD_SHAPE)
+        return (
+            wide,
+            "borrowed",
+            f"nothing measured on {cloud}: other clouds' pool, wider ({_what(self.measured)})",
+        )
+
+    def _matches(self, e: Evidence, cloud: str, instance_type: str, accelerator: str, count: int) -> bool:
+        if e.cloud != cloud:
+            return False
+        if e.instance_type and instance_type:
+            return e.instance_type == instance_type
+        return e.accelerator.lower() == accelerator.lower() and e.count == count
+
+    def region_prior(
+        self, cloud: str, instance_type: str, accelerator: str, count: int, region: str
+    ) -> tuple[Gamma, str, str, list[Evidence]]:
+        """(prior of a zone of `region` before its own evidence, its level, its source, the evidence of
+        the region): the region's pooled rate with the between-zone spread, else a fallback pool."""
+        mine = [e for e in self.measured if self._matches(e, cloud, instance_type, accelerator, count)]
+        user = [e for e in self.user if self._matches(e, cloud, instance_type, accelerator, count)]
+        in_region = [e for e in mine + user if e.region == region]
+        if not mine:
+            base, level, source = self._fallback(cloud, accelerator)
+        else:
+            pool = self._pool(mine)
+            assert pool is not None
+            base, level, source = pool, "region", f"{region} pool of this instance ({_what(mine)})"
+            measured_here = [e for e in mine if e.region == region]
+            if measured_here:
+                hours = sum(self._node_hours(e) for e in measured_here)
+                base = base.with_mean(base.update(hours, sum(e.interruptions for e in measured_here)).mean)
+            else:
+                level, source = "cloud", f"no measurement in {region}: this instance's other regions"
+        # evidence without a zone (attempts that did not say) moves the region's prior
+        loose = [e for e in in_region if not e.zone]
+        base = base.update(sum(self._node_hours(e) for e in loose), sum(e.interruptions for e in loose))
+        return base, level, source, in_region
+
+    def zones_of(
+        self, cloud: str, instance_type: str, accelerator: str, count: int, region: str
+    ) -> list[_Zone]:
+        """The zones of `region` the model knows for this instance (one region-level entry when none)."""
+        prior, level, source, in_region = self.region_prior(cloud, instance_type, accelerator, count, region)
+        names = sorted({e.zone for e in in_region if e.zone})
+        if not names:
+            loose = [e for e in in_region if not e.zone]
+            hours = sum(self._node_hours(e) for e in loose)
+            return [
+                _Zone(
+                    region,
+                    region,
+                    prior,
+                    level,
+                    source,
+                    hours,
+                    sum(e.interruptions for e in loose),
+                    None,
+                    None,
+                )
+            ]
+        out = []
+        for name in names:
+            rows = [e for e in in_region if e.zone == name]
+            hours = sum(self._node_hours(e) for e in rows)
+            events = sum(e.interruptions for e in rows)
+            caps = [e for e in rows if e.availability is not None]
+            avail = (
+                _weighted([e.availability for e in caps], [e.hours or 1.0 for e in caps]) if caps else None
+            )
+            downs = [e for e in caps if e.mean_down_s is not None]
+            down = (
+                _weighted([e.mean_down_s for e in downs], [e.hours or 1.0 for e in downs]) if downs else None
+            )
+            sources = "; ".join(sorted({e.source for e in rows}))
+            out.append(
+                _Zone(name, region, prior.update(hours, events), "zone", sources, hours, events, avail, down)
+            )
+        return out
+
+    def for_offer(
+        self,
+        cloud: str,
+        instance_type: str,
+        accelerator: str,
+        count: int,
+        regions: Sequence[str],
+        nodes: int = 1,
+    ) -> Hazard:
+        """The hazard a job on `nodes` instances sees on this offer when it may run in `regions` (tried in
+        that order; zones by name): the renewal-weighted rate over where it lands, and the capacity."""
+        zones: list[_Zone] = []
+        for region in regions or ("",):
+            zones += self.zones_of(cloud, instance_type, accelerator, count, region)
+        factor = correlation_factor(nodes, self.rho)
+        land, missing = [], 1.0
+        for z in zones:
+            a = 1.0 if z.availability is None else z.availability
+            land.append(missing * a)
+            missing *= 1.0 - a
+        reach = sum(land)
+        if reach <= 0:  # never obtainable in the measurements: the rate of the least bad zone
+            land, reach = [1.0 if z is zones[0] else 0.0 for z in zones], 1.0
+
+        def blend(rates: list[float]) -> float:
+            stay = sum(p / max(r, 1e-9) for p, r in zip(land, rates, strict=True))
+            return reach / stay if stay else 0.0
+
+        mean = blend([z.gamma.mean for z in zones]) * factor
+        low = blend([z.gamma.quantile(0.05) for z in zones]) * factor
+        high = blend([z.gamma.quantile(0.95) for z in zones]) * factor
+        # capacity: each region as a whole (measured jointly where the table has it), regions independent
+        known, none_up, exits = False, 1.0, 0.0
+        for region in regions or ("",):
+            cap = self._region_capacity(
+                cloud, instance_type, region, [z for z in zones if z.region == region]
+            )
+            if cap is not None:
+                known = True
+                none_up *= 1.0 - cap[0]
+                exits += 1.0 / cap[1] if cap[1] else 0.0
+        wait = none_up / exits if known and exits and none_up > 0 else 0.0
+        top = max(zones, key=lambda z: (land[zones.index(z)], z.hours))
+        level = top.level
+        source = top.source
+        if nodes > 1:
+            source += f"; {nodes} nodes x{factor:.2f} ({self.correlation_source})"
+        return Hazard(
+            rate_per_hour=mean,
+            low_per_hour=low,
+            high_per_hour=high,
+            nodes=nodes,
+            level=level,
+            source=source,
+            hours=sum(z.hours for z in zones),
+            interruptions=sum(z.interruptions for z in zones),
+            availability=(1.0 - none_up) if known else None,
+            no_capacity=none_up if known else 0.0,
+            wait_s=wait,
+            zones=tuple(z.name for z in zones),
+        )
+
+    def _region_capacity(
+        self, cloud: str, instance_type: str, region: str, zones: list[_Zone]
+    ) -> tuple[float, float] | None:
+        """(availability, mean spell without spot in s) of a region: measured jointly, else from its zones
+        taken as independent, else None (not measured)."""
+        for key in ((cloud, instance_type, region, 1),):
+            if key in self.capacity:
+                return self.capacity[key]
+        known = [z for z in zones if z.availability is not None]
+        if not known:
+            return None
+        none_up = math.prod(1.0 - (z.availability or 0.0) for z in known)
+        exits = sum(1.0 / z.mean_down_s for z in known if z.mean_down_s)
+        return 1.0 - none_up, (1.0 / exits if exits else 0.0)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every key the table knows, for `ftorch hazards`: one row per (cloud, instance, region, zone)."""
+        seen: dict[tuple[str, str, str, str, int], None] = {}
+        for e in self.measured + self.user:
+            seen[(e.cloud, e.instance_type, e.accelerator, e.region or "", e.count)] = None
+        out = []
+        for cloud, itype, acc, region, count in seen:
+            for z in self.zones_of(cloud, itype, acc, count, region):
+                out.append({
+                    "cloud": cloud, "instance_type": itype, "accelerator": acc, "count": count,
+                    "region": region, "zone": z.name if z.level == "zone" else None,
+                    "rate_per_hour": z.gamma.mean, "low_per_hour": z.gamma.quantile(0.05),
+                    "high_per_hour": z.gamma.quantile(0.95), "hours": z.hours, "interruptions": z.interruptions,
+                    "availability": z.availability, "mean_down_s": z.mean_down_s, "level": z.level,
+                    "source": z.source,
+                })  # fmt: skip
+        return out
+
+
+def _what(rows: list[Evidence]) -> str:
+    zones = {(e.region, e.zone) for e in rows}
+    hours = sum(e.hours for e in rows)
+    return f"{len(zones)} zones, {hours:,.0f} h, {sum(e.interruptions for e in rows)} interruptions"
+
+
+def _weighted(values: list[float], weights: list[float]) -> float:
+    return sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)
+
+
+# ---- loading and the user's evidence -----------------------------------------------------------------
+@lru_cache(maxsize=1)
+def bundled() -> dict[str, Any]:
+    text = resources.files("orchestrator.data").joinpath(DATA_FILE).read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def user_path(home: Path | None = None) -> Path:
+    return (home or ftorch_home()) / USER_FILE
+
+
+def load_user(home: Path | None = None) -> list[Evidence]:
+    path = user_path(home)
+    if not path.exists():
+        return []
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        return [Evidence.from_json(r) for r in raw.get("evidence", [])]
+    except (OSError, ValueError, TypeError) as exc:
+        raise UserError(f"hazards: {path} is unreadable ({exc.__class__.__name__}); move it away") from None
+
+
+def save_user(evidence: list[Evidence], home: Path | None = None) -> Path:
+    """Keep the user's evidence under $FTORCH_HOME, owner-only, written whole or not at all."""
+    if home is None:
+        folder = private_dir()
+    else:
+        folder = home
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = folder / USER_FILE
+    payload = {"updated_at": time.time(), "evidence": [e.to_json() for e in evidence]}
+    write_private(path, json.dumps(payload, indent=1, sort_keys=True).encode())
+    return path
+
+
+def load_table(home: Path | None = None, prior: dict[str, Any] | None = None) -> HazardTable:
+    """The bundled prior with the user's evidence."""
+    return HazardTable.from_json(prior or bundled(), load_user(home))
+
+
+def add_evidence(new: list[Evidence], home: Path | None = None) -> int:
+    """Add evidence not kept yet (same source and key); the number added."""
+    kept = load_user(home)
+    have = {(e.source, e.cloud, e.instance_type, e.region, e.zone, e.nodes) for e in kept}
+    fresh = [e for e in new if (e.source, e.cloud, e.instance_type, e.region, e.zone, e.nodes) not in have]
+    if fresh:
+        save_user(kept + fresh, home)
+    return len(fresh)
