@@ -8,11 +8,19 @@ cost = hourly price x billed hours, where on spot the hours grow by the expected
 
     hours_spot = hours x (1 + C/tau) / (1 - rate x (tau/2 + U + R))
 
-with `rate` the interruption rate per hour of the offer (INTERRUPTIONS_PER_HOUR, documented guesses),
+with `rate` the interruption rate per hour of the job on the offer (orchestrator/spot/hazards.py: a
+gamma-Poisson posterior over measured traces, the user's attempts and imports, correlated over nodes),
 `tau` the checkpoint interval, `C` the time training blocks for a checkpoint, `U` its upload (work at
 risk until it is committed) and `R` the restart overhead (new instance, model download, checkpoint
 load); tau, C and U come from the trainer's checkpoint-cost model (trainer/checkpoints/interval.py). Each interruption also starts a new billing segment that
 is rounded to the cloud's granularity (BILLING). On-demand has no preemption overhead.
+
+Capacity (the hazard table's availability): at each (re)launch no allowed zone has spot with chance q;
+with `fallback: on-demand` that share of the work runs on demand, else the job waits (unbilled hours).
+Data movement (orchestrator/spot/egress.py): checkpoint saves, restores and data pulls between the run
+store's region and where the job runs, plus storage of the kept checkpoints, are added to each market's
+cost; a save's dollars count in the checkpoint interval as seconds of the offer's time. Spot is never
+chosen over on-demand on the same offer when on-demand is expected cheaper and the job allows it.
 Among candidates within SINGLE_GPU_TIE of the cheapest, the one with the fewest GPUs wins.
 """
 
@@ -27,7 +35,16 @@ from orchestrator.sizing.memory import MemoryEstimate, checkpoint_bytes, estimat
 from orchestrator.sizing.shapes import ModelShape, resolve_shape
 from orchestrator.sizing.throughput import Workload, accelerator, estimate_time, scaled, workload
 from orchestrator.sizing.tracing import TraceConfirmation
-from trainer.checkpoints.interval import CHECKPOINT_GBPS, CheckpointCost, auto_interval, fixed_interval_s
+from orchestrator.spot.egress import Store, store_of
+from orchestrator.spot.egress import price as price_movement
+from orchestrator.spot.hazards import Hazard, HazardTable, load_table
+from trainer.checkpoints.interval import (
+    CHECKPOINT_GBPS,
+    UPLOADS_PER_INTERVAL,
+    CheckpointCost,
+    auto_interval,
+    fixed_interval_s,
+)
 from trainer.layout import Layout, layout_for
 from trainer.stops.interruptions import mtbf_from_rate
 
@@ -36,25 +53,11 @@ HOST_HEADROOM = 0.10  # fraction of each machine's RAM kept free (the OS, page c
 TRACE_MARGIN = 0.15  # estimated fits this close to usable memory are confirmed by a trace
 SINGLE_GPU_TIE = 0.10  # "about the same cost": fewer GPUs win within this fraction of the cheapest
 
-#: expected spot interruptions per hour: a documented assumption per cloud (not measured here),
-#: doubled for the scarce high-end accelerators whose spot pools are reclaimed most often, and growing
-#: with the GPUs per instance (PER_EXTRA_GPU each): big spot nodes are reclaimed first.
-#: RunPod and Vast are marketplaces whose interruptible pods/instances are outbid by a higher bid, not
-#: reclaimed by the provider: guesses above the big clouds'. Neither catalog quotes a spot price (RunPod:
-#: SECURE pods, spot == price; Vast: 0.00), so with the bundled snapshot their offers are on-demand only
-#: and these rates are unused; on-demand is never modelled as interrupted (nor host failures, anywhere).
-INTERRUPTIONS_PER_HOUR = {
-    "aws": 0.05,
-    "gcp": 0.08,
-    "azure": 0.06,
-    "runpod": 0.10,
-    "vast": 0.20,
-    "lambda": 0.0,
-    "kubernetes": 0.0,
-}
-SCARCE = {"h100", "h100-mega", "h200", "b200", "b300", "a100-80gb", "gh200"}
-SCARCE_FACTOR = 2.0
-PER_EXTRA_GPU = 0.25
+#: a plan pinned where spot is obtainable less than this share of the time says so
+SPOT_UNLIKELY = 0.5
+#: bytes of a data set per token it holds (UTF-8 text with JSON around it), for the pulls of data sets
+#: whose size only `data.tokens` gives
+DATA_BYTES_PER_TOKEN = 4.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,17 @@ class Candidate:
     offload: str = "none"
     host_gib: float = 0.0  # host RAM the job needs per machine (memory estimate's host_gib)
     host_memory_gib: float | None = None  # what the offer's machine has (None: unknown in the catalog)
+    interruption_source: str = ""  # where the rate comes from (the hazard table's level and evidence)
+    interruption_low_per_hour: float = 0.0  # 5% and 95% of the rate's posterior
+    interruption_high_per_hour: float = 0.0
+    spot_availability: float | None = None  # share of time some allowed zone has spot (None: not measured)
+    spot_wait_s: float = 0.0  # expected wait for spot capacity at each (re)launch
+    fallback_share: float = 0.0  # share of the work expected on demand for want of spot capacity
+    egress_usd: float | None = None  # data movement (None: not priced; see the notes)
+    storage_usd: float | None = None  # the kept checkpoints over the run
+    #: why the interval is not the model's choice (stretched to what the uploads allow) or the market
+    #: is not the one asked for (on-demand expected cheaper); empty when neither
+    adjustments: list[str] = field(default_factory=list)
 
     @property
     def layout_text(self) -> str:
@@ -194,11 +208,29 @@ class Plan:
 
 
 # ---- cost pieces -------------------------------------------------------------------------------------
-def interruption_rate(offer: Offer, nodes: int = 1) -> float:
-    """Expected interruptions per hour of a job on `nodes` instances of `offer` (any one ends the attempt)."""
-    base = INTERRUPTIONS_PER_HOUR.get(offer.cloud, 0.10)
-    scarce = SCARCE_FACTOR if offer.accelerator.lower() in SCARCE else 1.0
-    return nodes * base * scarce * (1.0 + PER_EXTRA_GPU * (offer.count - 1))
+def ordered_regions(offer: Offer, regions: tuple[str, ...]) -> tuple[str, ...]:
+    """The regions in the order a launch tries them: cheapest spot first (SkyPilot's failover)."""
+
+    def key(region: str) -> float:
+        prices = offer.region_prices.get(region)
+        return (prices[1] or prices[0] or 0.0) if prices else 0.0
+
+    return tuple(sorted(regions, key=key))
+
+
+def hazard_of(
+    offer: Offer, nodes: int = 1, regions: tuple[str, ...] | None = None, table: HazardTable | None = None
+) -> Hazard:
+    """The hazard (orchestrator/spot/hazards.py) of a job on `nodes` instances of `offer` in `regions`."""
+    table = table or load_table()
+    where = ordered_regions(offer, regions if regions is not None else offer.regions)
+    return table.for_offer(offer.cloud, offer.instance_type, offer.accelerator, offer.count, where, nodes)
+
+
+def interruption_rate(offer: Offer, nodes: int = 1, table: HazardTable | None = None) -> float:
+    """Expected interruptions per hour of a job on `nodes` instances of `offer` (any one ends the attempt;
+    the nodes' interruptions are correlated: orchestrator/spot/hazards.py)."""
+    return hazard_of(offer, nodes, table=table).rate_per_hour
 
 
 def billed_hours(hours: float, segments: float, rule: Billing) -> float:
@@ -207,15 +239,32 @@ def billed_hours(hours: float, segments: float, rule: Billing) -> float:
     return max(hours + rounding, segments * rule.minimum_s / 3600.0)
 
 
-def checkpoint_interval(spec: Any, step_s: float, cost: CheckpointCost, rate: float) -> float:
-    """Seconds between checkpoints: `checkpoint.every` steps or seconds, or for auto the trainer's
-    interval (trainer.checkpoints.interval.auto_interval) at this offer's interruption rate (the rate
-    the task passes to the trainer)."""
+def checkpoint_interval(
+    spec: Any, step_s: float, cost: CheckpointCost, rate: float, save_usd_s: float = 0.0
+) -> tuple[float, str | None]:
+    """(seconds between checkpoints, why they are not what was asked, or None): `checkpoint.every` steps
+    or seconds, or for auto the trainer's interval (trainer.checkpoints.interval.auto_interval) at this
+    offer's interruption rate (the rate the task passes to the trainer), where a save also costs
+    `save_usd_s` seconds of the offer's price in transfer. Never shorter than the uploads allow: at most
+    one upload is in flight, so the trainer skips a save due during one."""
     steps, seconds = spec.checkpoint.every_steps(), spec.checkpoint.every_seconds()
     fixed = fixed_interval_s(steps, seconds, step_s)
+    floor = UPLOADS_PER_INTERVAL * cost.upload_s
     if fixed is not None:
-        return max(1.0, fixed)
-    return auto_interval(cost, mtbf_from_rate(rate)).seconds
+        if fixed < cost.upload_s:
+            return floor, (
+                f"checkpoint.every {fixed:.0f}s is shorter than one upload ({cost.upload_s:.0f}s): the trainer "
+                f"skips saves due during an upload, so saves come every {floor:.0f}s"
+            )
+        return max(1.0, fixed), None
+    priced = CheckpointCost(cost.blocking_s + save_usd_s, cost.upload_s)
+    chosen = auto_interval(priced, mtbf_from_rate(rate))
+    if chosen.seconds > chosen.ceiling_s:
+        return chosen.seconds, (
+            f"checkpoint interval stretched to {chosen.seconds:.0f}s (over the {chosen.ceiling_s:.0f}s cap): "
+            f"{UPLOADS_PER_INTERVAL:g} uploads of {cost.upload_s:.0f}s each must fit in it"
+        )
+    return chosen.seconds, None
 
 
 def spot_hours(
@@ -256,6 +305,8 @@ class _Job:
     #: the estimates with CPU offload the planner tried for offers that fit only with it
     offload_estimates: dict[int, MemoryEstimate] = field(default_factory=dict)
     unfit: Any = None  # orchestrator/replan.py Unfit: what a run of this job that did not fit measured
+    hazards: HazardTable | None = None  # interruption rates and capacity (orchestrator/spot/hazards.py)
+    store: Store = field(default_factory=lambda: Store(None, None, "local"))
 
     def memory_for(self, n: int, offload: str | None = None) -> MemoryEstimate:
         if offload is not None and offload != self.spec.train.offload:
@@ -293,6 +344,7 @@ def make_plan(
     trace: bool = False,
     history: History | None = None,
     unfit: Any = None,
+    hazards: HazardTable | None = None,
 ) -> Plan:
     """Rank every offer of the catalog for `spec` by expected cost; explain every rejection. With `trace`,
         offers whose estimated fit is close (within TRACE_MARGIN of usable memory) are judged by a trace of
@@ -303,6 +355,8 @@ def make_plan(
     catalog = catalog or load_catalog(offline=offline)
     job = _job(spec, shape or resolve_shape(spec.model, online=online_shapes))
     job.history = history if history is not None else load_history()
+    job.hazards = hazards if hazards is not None else load_table()
+    job.store = store_of(spec)
     job.unfit = unfit.with_catalog(catalog.offers) if unfit is not None else None  # a re-plan
     job.memory_for(1)
     if trace:
@@ -409,9 +463,7 @@ def _judge(job: _Job, offer: Offer) -> Candidate:
     spot = spot * nodes if spot is not None else None
     is_spot, price = _check_price(job, offer, od, spot)
     scale = _time_scale(job, offer)
-    cand = _candidate(
-        job.spec, job.shape, offer, layout, mem, job.work, acc, is_spot, price, od, spot, regions, scale
-    )
+    cand = _candidate(job, offer, layout, mem, acc, is_spot, price, od, spot, regions, scale)
     if cand is None:
         raise _Rejected("preemption: interrupted too often to make progress")
     if fit in ("traced", "measured"):
@@ -585,12 +637,10 @@ def _check_price(job: _Job, offer: Offer, od: float | None, spot: float | None) 
 
 
 def _candidate(
-    spec: Any,
-    shape: ModelShape,
+    job: _Job,
     offer: Offer,
     layout: Layout,
     mem: MemoryEstimate,
-    work: Workload,
     acc: Any,
     is_spot: bool,
     price: float,
@@ -599,6 +649,7 @@ def _candidate(
     regions: tuple[str, ...],
     scale: float = 1.0,
 ) -> Candidate | None:
+    spec, shape, work = job.spec, job.shape, job.work
     ranks = layout.ranks
     settings = settings_from_spec(spec, ranks, mem.offload)
     link = offer.interconnect if layout.nodes == 1 else "network"  # FSDP across nodes: not NVLink
@@ -613,30 +664,72 @@ def _candidate(
     model_bytes = shape.params * 2.0
     startup_s = PROVISION_S + model_bytes / (DOWNLOAD_GBPS * 1e9)  # billed once on any instance
     restart_s = startup_s + ckpt_bytes / (CHECKPOINT_GBPS * 1e9)
-    rate = interruption_rate(offer, layout.nodes)
+    hazard = hazard_of(offer, layout.nodes, regions, job.hazards)
+    rate = hazard.rate_per_hour
     step_s = layout.accum * t.step_s_per_microbatch
-    interval = checkpoint_interval(spec, step_s, ckpt, rate)
     rule = BILLING.get(offer.cloud, DEFAULT_BILLING)
+    save_gb, pull_gb = ckpt_bytes / 1e9, (work.tokens_per_epoch or 0) * DATA_BYTES_PER_TOKEN / 1e9
+    shares = dict(hazard.region_share) or ({regions[0]: 1.0} if regions else {})
+    adjustments: list[str] = []
 
-    def cost_on(spot_price: bool, hourly: float | None) -> tuple[float, float, float] | None:
+    def movement(wall: float, interval: float, interruptions: float) -> Any:
+        saves = hours * 3600.0 / interval + 1.0  # the periodic saves and the final one
+        return price_movement(
+            job.store, offer.cloud, shares, save_gb=save_gb, saves=saves, pull_gb=pull_gb,
+            launches=1.0 + interruptions, restores=interruptions, keep=spec.checkpoint.keep, hours=wall,
+        )  # fmt: skip
+
+    def cost_on(spot_price: bool, hourly: float | None) -> tuple[float, float, float, float, Any] | None:
+        """(cost, wall hours, interruptions, interval, data movement) on one market."""
         if hourly is None:
             return None
+        per_save = movement(1.0, 1.0, 0.0).per_save_usd
+        interval, why = checkpoint_interval(spec, step_s, ckpt, rate if spot_price else 0.0,
+                                            per_save * 3600.0 / hourly)  # fmt: skip
+        if why and why not in adjustments:
+            adjustments.append(why)
         startup_h = startup_s / 3600.0
         if not spot_price or rate <= 0:
-            return hourly * billed_hours(hours + startup_h, 1, rule), hours + startup_h, 0.0
+            wall = hours + startup_h
+            moved = movement(wall, interval, 0.0)
+            extra = (moved.egress_usd or 0.0) + (moved.storage_usd or 0.0)
+            return hourly * billed_hours(wall, 1, rule) + extra, wall, 0.0, interval, moved
         wall = spot_hours(hours, rate, interval, ckpt.blocking_s, restart_s, ckpt.upload_s)
         if wall is None:
             return None
         wall += startup_h
         interruptions = rate * wall
-        return hourly * billed_hours(wall, 1 + interruptions, rule), wall, interruptions
+        moved = movement(wall, interval, interruptions)
+        extra = (moved.egress_usd or 0.0) + (moved.storage_usd or 0.0)
+        return (
+            hourly * billed_hours(wall, 1 + interruptions, rule) + extra,
+            wall,
+            interruptions,
+            interval,
+            moved,
+        )
 
     on_spot = cost_on(True, spot)
     on_demand = cost_on(False, od)
+    fallback_share = 0.0
+    if on_spot is not None and hazard.no_capacity > 0:
+        on_spot, fallback_share = _with_capacity(on_spot, on_demand, hazard, job.fallback)
+    if (
+        is_spot
+        and on_spot is not None
+        and on_demand is not None
+        and job.fallback
+        and on_demand[0] < on_spot[0]
+    ):
+        adjustments.append(
+            f"market: on-demand is expected cheaper than spot here (${on_demand[0]:.2f} vs ${on_spot[0]:.2f} "
+            f"at {rate:.2f} interruptions/h), so resources.fallback: on-demand runs it on demand"
+        )
+        is_spot, price = False, od
     paid = on_spot if is_spot else on_demand
     if paid is None:
         return None
-    cost, wall, interruptions = paid
+    cost, wall, interruptions, interval, moved = paid
     return Candidate(
         cloud=offer.cloud,
         instance_type=offer.instance_type,
@@ -658,7 +751,7 @@ def _candidate(
         checkpoint_blocking_s=ckpt.blocking_s,
         startup_s=startup_s,
         restart_overhead_s=restart_s,
-        interruption_rate_per_hour=rate,
+        interruption_rate_per_hour=rate if is_spot else 0.0,
         expected_interruptions=interruptions,
         peak_gib_per_gpu=mem.peak_gib_per_gpu,
         regions=list(regions),
@@ -666,4 +759,30 @@ def _candidate(
         time_scale=scale,
         nodes=layout.nodes,
         layout=layout,
+        interruption_source=hazard.source if is_spot else "on-demand: not interrupted",
+        interruption_low_per_hour=hazard.low_per_hour if is_spot else 0.0,
+        interruption_high_per_hour=hazard.high_per_hour if is_spot else 0.0,
+        spot_availability=hazard.availability,
+        spot_wait_s=hazard.wait_s,
+        fallback_share=fallback_share if is_spot else 0.0,
+        egress_usd=moved.egress_usd,
+        storage_usd=moved.storage_usd,
+        adjustments=adjustments,
     )
+
+
+def _with_capacity(
+    on_spot: tuple[float, float, float, float, Any],
+    on_demand: tuple[float, float, float, float, Any] | None,
+    hazard: Hazard,
+    fallback: bool,
+) -> tuple[tuple[float, float, float, float, Any], float]:
+    """Spot's (cost, hours, ...) when at each (re)launch no zone has spot with chance q: with a fallback,
+    that share of the work runs on demand; without, each launch waits `wait_s` (unbilled) for capacity."""
+    cost, wall, interruptions, interval, moved = on_spot
+    q = hazard.no_capacity
+    if fallback and on_demand is not None:
+        od_cost, od_wall = on_demand[0], on_demand[1]
+        return ((1 - q) * cost + q * od_cost, (1 - q) * wall + q * od_wall, (1 - q) * interruptions,
+                interval, moved), q  # fmt: skip
+    return (cost, wall + (1.0 + interruptions) * hazard.wait_s / 3600.0, interruptions, interval, moved), 0.0

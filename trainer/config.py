@@ -241,6 +241,8 @@ class CheckpointSpec(_Strict):
     keep: int = Field(3, ge=1, le=1000)
     #: fsspec storage options (e.g. {endpoint_url: ...}); never put secrets here, use the environment
     storage_options: dict[str, Any] = Field(default_factory=dict)
+    #: the bucket's region (e.g. us-east-1): the planner prices checkpoint and data transfer from it
+    region: str | None = Field(None, min_length=1, pattern=r"^[a-z0-9-]+$")
 
     @field_validator("every")
     @classmethod

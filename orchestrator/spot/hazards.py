@@ -249,9 +249,12 @@ class Hazard:
     no_capacity: float  # chance that no allowed zone has spot at a (re)launch
     wait_s: float  # expected wait for capacity at a (re)launch
     zones: tuple[str, ...] = ()
+    #: share of the job's spot time in each region (where it lands, how long it stays)
+    region_share: tuple[tuple[str, float], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
+        out["region_share"] = {r: round(v, 4) for r, v in self.region_share}
         for key, value in out.items():
             if isinstance(value, float):
                 out[key] = round(value, 5)
@@ -449,6 +452,10 @@ class HazardTable:
             return reach / stay if stay else 0.0
 
         mean = blend([z.gamma.mean for z in zones]) * factor
+        stays = [p / max(z.gamma.mean, 1e-9) for p, z in zip(land, zones, strict=True)]
+        shares: dict[str, float] = {}
+        for z, stay in zip(zones, stays, strict=True):
+            shares[z.region] = shares.get(z.region, 0.0) + stay / sum(stays)
         low = blend([z.gamma.quantile(0.05) for z in zones]) * factor
         high = blend([z.gamma.quantile(0.95) for z in zones]) * factor
         # capacity: each region as a whole (measured jointly where the table has it), regions independent
@@ -480,6 +487,7 @@ class HazardTable:
             no_capacity=none_up if known else 0.0,
             wait_s=wait,
             zones=tuple(z.name for z in zones),
+            region_share=tuple(shares.items()),
         )
 
     def _region_capacity(

@@ -127,7 +127,10 @@ def test_the_planner_offers_only_layouts_the_trainer_accepts() -> None:
     assert plan.chosen is not None and plan.chosen.nodes == 2 and plan.chosen.ranks == 16
     assert plan.chosen.hourly_usd == pytest.approx(2 * 24.0)  # both nodes are paid for
     h100 = next(o for o in offers.offers if o.instance_type == "h100.x8")
-    assert plan.chosen.interruption_rate_per_hour == pytest.approx(2 * interruption_rate(h100))
+    # both nodes can be interrupted, but together more often than apart (orchestrator/spot/hazards.py)
+    one = interruption_rate(h100)
+    assert plan.chosen.interruption_rate_per_hour == pytest.approx(interruption_rate(h100, 2))
+    assert one < plan.chosen.interruption_rate_per_hour < 2 * one
     for cand in plan.candidates:
         check(full, cand.ranks, cand.count)  # the trainer's own check accepts every candidate
     layout = plan.to_json()["chosen"]["layout"]

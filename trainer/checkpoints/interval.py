@@ -19,7 +19,9 @@ CHECKPOINT_GBPS. The trainer measures both as it runs.
 
 The interval (`auto_interval`): Young (1974), sqrt(2 * C * M), the interval that minimises lost work plus
 checkpoint overhead, M the mean time between interruptions that lose work; clamped to
-[max(MIN_INTERVAL_S, 2 uploads), MAX_INTERVAL_S], the same clamps for planner, trainer and guard. In the
+[max(MIN_INTERVAL_S, 2 uploads), MAX_INTERVAL_S], the same clamps for planner, trainer and guard; when
+2 uploads take longer than MAX_INTERVAL_S the floor wins (the interval is stretched: a save cannot come
+while the previous one is still uploading, and one that never finishes protects nothing). In the
 trainer (`AutoInterval`) both are re-estimated as the run goes:
 
 - C: an exponential average of the measured blocking times of this attempt's checkpoints (FIRST_COST_S
@@ -108,7 +110,7 @@ def auto_interval(
     raw = young_interval(cost.blocking_s, effective)
     floor = max(MIN_INTERVAL_S if min_s is None else min_s, UPLOADS_PER_INTERVAL * cost.upload_s)
     ceiling = MAX_INTERVAL_S if max_s is None else max_s
-    return Interval(min(ceiling, max(floor, raw)), raw, effective, floor, ceiling)
+    return Interval(max(floor, min(ceiling, raw)), raw, effective, floor, ceiling)
 
 
 def fixed_interval_s(
