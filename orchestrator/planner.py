@@ -239,7 +239,12 @@ def billed_hours(hours: float, segments: float, rule: Billing) -> float:
     return max(hours + rounding, segments * rule.minimum_s / 3600.0)
 
 
-def checkpoint_interval(
+def checkpoint_interval(spec: Any, step_s: float, cost: CheckpointCost, rate: float) -> float:
+    """Seconds between checkpoints (`interval_and_why` without the why)."""
+    return interval_and_why(spec, step_s, cost, rate)[0]
+
+
+def interval_and_why(
     spec: Any, step_s: float, cost: CheckpointCost, rate: float, save_usd_s: float = 0.0
 ) -> tuple[float, str | None]:
     """(seconds between checkpoints, why they are not what was asked, or None): `checkpoint.every` steps
@@ -684,7 +689,7 @@ def _candidate(
         if hourly is None:
             return None
         per_save = movement(1.0, 1.0, 0.0).per_save_usd
-        interval, why = checkpoint_interval(spec, step_s, ckpt, rate if spot_price else 0.0,
+        interval, why = interval_and_why(spec, step_s, ckpt, rate if spot_price else 0.0,
                                             per_save * 3600.0 / hourly)  # fmt: skip
         if why and why not in adjustments:
             adjustments.append(why)

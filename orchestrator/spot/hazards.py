@@ -582,3 +582,56 @@ def add_evidence(new: list[Evidence], home: Path | None = None) -> int:
     if fresh:
         save_user(kept + fresh, home)
     return len(fresh)
+
+
+# ---- the user's own attempts -------------------------------------------------------------------------
+def evidence_from_run(
+    job_id: str, spec: dict[str, Any], attempts: dict[int, dict[str, Any]], epochs: dict[int, dict[str, Any]]
+) -> list[Evidence]:
+    """One Evidence per spot attempt of a run that says where it ran: its alive hours, and whether it
+    ended interrupted (a notice, or gone without an end while a later attempt followed) or censored
+    (finished, stopped, or the newest attempt without an end: nobody knows yet). Where: the attempt's
+    SkyPilot cluster info (attempts/<n>.json); what: the GPU the attempt measured, else the job's
+    resources; the market from its price record."""
+    from orchestrator.history import catalog_gpu
+    from trainer.ledger import by_attempt
+    from trainer.stops.budget import alive_s
+    from trainer.stops.interruptions import NOT_INTERRUPTIONS
+
+    res = spec.get("resources") or {}
+    out = []
+    records = by_attempt(epochs)
+    newest = max(records) if records else 0
+    for n, record in sorted(records.items()):
+        info = (attempts.get(n) or {}).get("cluster_info") or {}
+        cloud, region = str(info.get("cloud") or "").lower(), info.get("region")
+        if record.get("market") != "spot" or not cloud or not region:
+            continue
+        nodes = int(info.get("num_nodes") or res.get("nodes") or 1)
+        measured = record.get("measured") or {}
+        acc = catalog_gpu(measured.get("gpu_name")) or next(iter(res.get("accelerators") or []), None)
+        world = measured.get("world_size")
+        count = int(world) // nodes if world else int(res.get("gpus") or 0)
+        hours = alive_s(record) / 3600.0
+        if not acc or not count or hours <= 0:
+            continue
+        ended = record.get("ended")
+        interrupted = ended not in NOT_INTERRUPTIONS and (ended is not None or n < newest)
+        out.append(Evidence(
+            cloud=cloud, instance_type="", region=str(region), zone=info.get("zone"), nodes=nodes,
+            hours=hours, interruptions=int(interrupted), source=f"attempt {job_id}/{n}", accelerator=acc,
+            count=count,
+        ))  # fmt: skip
+    return out
+
+
+def learn_from_store(job_id: str, spec: dict[str, Any], store: Any, home: Path | None = None) -> int:
+    """Keep the spot attempts of a run as evidence (orchestrator/history.py calls it as a job ends)."""
+    from trainer.runstore.attempts import ATTEMPTS
+
+    attempts: dict[int, dict[str, Any]] = {}
+    for name in store.listdir(ATTEMPTS):
+        stem = name.removesuffix(".json")
+        if stem.isdigit():
+            attempts[int(stem)] = store.read_json_or_none(f"{ATTEMPTS}/{name}") or {}
+    return add_evidence(evidence_from_run(job_id, spec, attempts, store.epoch_records()), home)

@@ -1,0 +1,177 @@
+"""The spot hazard model: traces measured, the bundled prior, evidence moving the posterior, nodes
+correlated, fallbacks that say so, `ftorch hazards` and `ftorch hazards import`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+from orchestrator.spot.hazards import (
+    Evidence,
+    HazardTable,
+    bundled,
+    correlation_factor,
+    evidence_from_run,
+    load_table,
+    measure,
+)
+
+SHARED = REPO.parent / "shared" / "data" / "spot-traces"
+
+
+def ftorch(home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FTORCH_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True, cwd=REPO, env=env,
+        timeout=120,
+    )  # fmt: skip
+
+
+def trace(path: Path, counts: list[int], gap: float = 600.0) -> Path:
+    path.write_text(json.dumps({"metadata": {"gap_seconds": gap}, "data": counts}))
+    return path
+
+
+def test_a_trace_is_measured_as_hours_held_interruptions_and_capacity() -> None:
+    # up 3 ticks, down 2, up 1, down 1, up 3 at 600 s a tick; 2 nodes needed in the second case
+    stats = measure([1, 1, 1, 0, 0, 1, 0, 1, 1, 1], 600.0)
+    assert (stats.hours, stats.interruptions) == (7 * 600 / 3600, 2)
+    assert stats.availability == pytest.approx(0.7) and stats.mean_down_s == pytest.approx(900.0)
+    two = measure([2, 2, 1, 2, 3, 1], 600.0, nodes=2)  # 2 -> 1 loses a node of the job; 3 -> 1 too
+    assert (two.hours, two.interruptions) == (4 * 600 / 3600, 2)
+
+
+def test_the_bundled_prior_is_built_from_the_shared_traces_with_provenance() -> None:
+    payload = bundled()
+    files = {f["path"]: f["sha256"] for f in payload["provenance"]["files"]}
+    assert len(payload["measured"]) == 9 and len(files) == 9
+    if SHARED.is_dir():  # the file each rate came from, byte for byte
+        for rel, digest in files.items():
+            assert hashlib.sha256((SHARED / rel).read_bytes()).hexdigest() == digest
+    table = HazardTable.from_json(payload)
+    for row in payload["measured"]:
+        (zone,) = [
+            z for z in table.zones_of("aws", "p3.2xlarge", "V100", 1, row["region"]) if z.name == row["zone"]
+        ]
+        measured = row["interruptions"] / row["hours"]
+        assert zone.gamma.mean == pytest.approx(measured, rel=0.02)  # hundreds of hours: the data speak
+        assert zone.gamma.quantile(0.05) < measured < zone.gamma.quantile(0.95)
+    rates = sorted(r["interruptions"] / r["hours"] for r in payload["measured"])
+    assert rates[-1] / rates[0] > 10  # the zones differ more than any one constant could say
+
+
+def test_importing_a_trace_moves_the_rate_toward_it_by_the_posterior_weight(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    before = load_table(home).zones_of("aws", "p3.2xlarge", "V100", 1, "eu-west-1")
+    assert [z.level for z in before] == ["cloud"]  # never measured there: borrowed, and said
+    prior = before[0].gamma
+    # 60 days held, 10 interruptions: 10 / 1440 h, far below the pool's mean
+    counts = ([1] * 143 + [0]) * 10 + [1] * (8640 - 1440)
+    path = trace(tmp_path / "team.json", counts)
+    out = ftorch(home, "hazards", "import", str(path), "--cloud", "aws", "--instance-type", "p3.2xlarge",
+                 "--zone", "eu-west-1a", "--json")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)["imported"]
+    hours, events = row["hours"], row["interruptions"]
+    assert events == 10 and hours == pytest.approx((8640 - 10) * 600 / 3600)
+    (after,) = load_table(home).zones_of("aws", "p3.2xlarge", "V100", 1, "eu-west-1")
+    weight = hours / (prior.beta + hours)
+    assert after.level == "zone" and after.name == "eu-west-1a"
+    assert after.gamma.mean == pytest.approx(weight * events / hours + (1 - weight) * prior.mean)
+    assert events / hours < after.gamma.mean < prior.mean
+    # a second import of the same file adds nothing
+    again = ftorch(home, "hazards", "import", str(path), "--cloud", "aws", "--instance-type", "p3.2xlarge",
+                   "--zone", "eu-west-1a", "--json")  # fmt: skip
+    assert json.loads(again.stdout)["added"] == 0
+    shown = ftorch(home, "hazards", "--json")
+    assert any(r["zone"] == "eu-west-1a" for r in json.loads(shown.stdout)["rows"])
+
+
+def test_recorded_attempts_move_the_rate_by_the_posterior_weight(tmp_path: Path) -> None:
+    spec = {"resources": {"nodes": 1, "gpus": 1, "accelerators": ["V100"]}}
+    where = {"cloud": "AWS", "region": "us-west-2", "zone": "us-west-2b", "num_nodes": 1}
+    attempts = {n: {"cluster_info": where} for n in (1, 2, 3)}
+    epochs = {
+        1: {"attempt": 1, "market": "spot", "started_at": 0.0, "ended_at": 36000.0, "ended": "notice"},
+        2: {"attempt": 2, "market": "spot", "started_at": 40000.0, "alive_at": 76000.0},  # gone: no end
+        3: {"attempt": 3, "market": "spot", "started_at": 80000.0, "ended_at": 116000.0, "ended": "finished"},
+        4: {"attempt": 4, "market": "on-demand", "started_at": 120000.0, "ended_at": 130000.0},
+    }
+    found = evidence_from_run("j1", spec, attempts, epochs)
+    assert [(e.hours, e.interruptions) for e in found] == [(10.0, 1), (10.0, 1), (10.0, 0)]
+    prior = HazardTable.from_json(bundled())
+    before = next(
+        z for z in prior.zones_of("aws", "p3.2xlarge", "V100", 1, "us-west-2") if z.name == "us-west-2b"
+    )
+    mine = HazardTable.from_json(bundled(), found)
+    after = next(
+        z for z in mine.zones_of("aws", "p3.2xlarge", "V100", 1, "us-west-2") if z.name == "us-west-2b"
+    )
+    weight = 30.0 / (before.gamma.beta + 30.0)
+    assert after.gamma.mean == pytest.approx(weight * 2 / 30 + (1 - weight) * before.gamma.mean)
+    assert after.gamma.mean < before.gamma.mean  # 0.067/h observed under the zone's 0.095/h
+
+
+def test_nodes_are_correlated_not_independent() -> None:
+    table = load_table(Path("/nonexistent-home"))
+    one = table.for_offer("aws", "p5.48xlarge", "H100", 8, ["us-east-1"], nodes=1)
+    four = table.for_offer("aws", "p5.48xlarge", "H100", 8, ["us-east-1"], nodes=4)
+    assert four.rate_per_hour == pytest.approx(one.rate_per_hour * correlation_factor(4, table.rho))
+    assert one.rate_per_hour < four.rate_per_hour < 2 * one.rate_per_hour  # not 4x: they go together
+    assert "nodes" in four.source
+
+
+def test_what_was_never_measured_borrows_with_wider_uncertainty_and_says_so() -> None:
+    table = load_table(Path("/nonexistent-home"))
+    measured = table.for_offer("aws", "p3.2xlarge", "V100", 1, ["us-west-2"])
+    same_cloud = table.for_offer("aws", "p5.48xlarge", "H100", 8, ["us-west-2"])
+    other_cloud = table.for_offer("gcp", "a3-highgpu-8g", "H100", 8, ["us-central1"])
+    assert (measured.level, same_cloud.level, other_cloud.level) == ("zone", "class", "borrowed")
+    assert "no measurement" in same_cloud.source and "nothing measured on gcp" in other_cloud.source
+
+    def width(h):  # relative width of the 90% interval
+        return (h.high_per_hour - h.low_per_hour) / h.rate_per_hour
+
+    assert width(measured) < width(same_cloud) < width(other_cloud)
+    assert measured.availability is not None and same_cloud.availability is None
+
+
+def test_capacity_where_the_job_is_pinned() -> None:
+    table = load_table(Path("/nonexistent-home"))
+    east = table.for_offer("aws", "p3.2xlarge", "V100", 1, ["us-east-1"])
+    west = table.for_offer("aws", "p3.2xlarge", "V100", 1, ["us-west-2"])
+    both = table.for_offer("aws", "p3.2xlarge", "V100", 1, ["us-west-2", "us-east-1"])
+    payload = {(r["region"]): r for r in bundled()["regions"]}
+    assert east.availability == pytest.approx(payload["us-east-1"]["availability"])  # measured jointly
+    assert east.wait_s > west.wait_s > both.wait_s > 0
+    assert dict(both.region_share)["us-west-2"] > 0.9  # tried first, and it stays there longer
+
+
+def test_a_bad_trace_is_refused_in_one_line_and_nothing_is_kept(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    good = trace(tmp_path / "good.json", [1, 1, 0, 1])
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"data": [1, 0]}')
+    out = ftorch(home, "hazards", "import", str(good), str(bad), "--cloud", "aws", "--instance-type",
+                 "p3.2xlarge", "--zone", "us-east-1a")  # fmt: skip
+    assert (
+        out.returncode == 2
+        and out.stderr.strip().count("\n") == 0
+        and "bad.json is not a trace" in out.stderr
+    )
+    assert not (home / "hazards.json").exists()
+    wrong = ftorch(home, "hazards", "import", str(good), "--cloud", "aws", "--instance-type", "p9.huge",
+                   "--zone", "us-east-1a")  # fmt: skip
+    assert wrong.returncode == 2 and "--instance-type" in wrong.stderr
+
+
+def test_evidence_round_trips() -> None:
+    e = Evidence("aws", "p3.2xlarge", "us-east-1", "us-east-1a", 1, 2.0, 1, "x", "V100", 1, 0.5, 60.0)
+    assert Evidence.from_json(e.to_json()) == e
