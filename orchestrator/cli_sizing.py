@@ -25,7 +25,7 @@ def _console() -> Any:
 
     # the plan table has 13 columns (layout and traced/estimated fit included): under 140 columns rich
     # would cut every cell to a few letters, so a narrow terminal wraps whole lines instead
-    return Console(highlight=False, soft_wrap=False, width=max(140, _width()))
+    return Console(highlight=False, soft_wrap=False, width=max(170, _width()))
 
 
 def _width() -> int:
@@ -59,6 +59,7 @@ def estimate_cmd(
     spec = _load(job_file, set_)
     shape = resolve_shape(spec.model, online=online)
     est = estimate_memory(spec, gpus, shape=shape)
+    est, offloaded = _offload_as_plan_does(spec, shape, est)
     traced, why = None, None
     if trace:
         from orchestrator.sizing.tracing import trace_job
@@ -70,6 +71,8 @@ def estimate_cmd(
         payload = est.to_json()
         payload["shape"] = shape.summary()
         payload["measured"] = measured
+        payload["offload_by_planner"] = offloaded
+        payload["next_gpus_that_fit"] = _next_gpus_that_fit(spec, shape, est.n_gpus)
         if trace:
             payload["trace"] = traced
             if why:
@@ -80,6 +83,12 @@ def estimate_cmd(
 
     con = _console()
     con.print(estimate_view(spec, shape, est, traced, why))
+    if offloaded:
+        con.print(
+            f"offload: train.offload is auto and the job fits no common GPU on {est.n_gpus} GPU(s) without it, "
+            "so this is the estimate with CPU offload (train.offload: params), as `ftorch plan` would run it",
+            markup=False,
+        )
     if measured:
         con.print(
             f"measured: {measured['peak_gib_per_gpu']:.1f} GiB per GPU by job {measured['job_id']} "
@@ -92,13 +101,62 @@ def estimate_cmd(
     peak = max(traced["total_gib"], load_gib) if traced else est.peak_gib_per_gpu
     fits = [g for g in COMMON_GPU_SIZES_GIB if peak <= g * (1 - HEADROOM)]
     loading = peak <= load_gib
+    more = _next_gpus_that_fit(spec, shape, est.n_gpus)
+    hint = f"; try --gpus {more}" if more else f"; not even on {MAX_GPUS_TRIED} GPUs"
     con.print(
         f"fits GPUs of {fits[0]:g} GiB or more (with {HEADROOM:.0%} headroom)"
         + (", set by loading the model" if loading else "")
         if fits
         else f"fits none of the common GPU sizes on {est.n_gpus} GPU(s)"
-        + ("; set by loading the model" if loading else "; try --gpus 8")
+        + ("; set by loading the model" if loading else hint)
     )
+    if spec.train.offload == "auto" and not offloaded:
+        from orchestrator.sizing.memory import estimate, settings_from_spec
+
+        off = estimate(shape, settings_from_spec(spec, est.n_gpus, "params"))
+        smaller = [g for g in COMMON_GPU_SIZES_GIB if off.peak_gib_per_gpu <= g * (1 - HEADROOM)]
+        if smaller and (not fits or smaller[0] < fits[0]):
+            con.print(
+                f"with CPU offload (train.offload auto: `ftorch plan` turns it on for GPUs too small without "
+                f"it): {off.peak_gib_per_gpu:.1f} GiB per GPU, fits GPUs of {smaller[0]:g} GiB or more, "
+                f"{off.host_gib:.0f} GiB host RAM per machine",
+                markup=False,
+            )
+
+
+MAX_GPUS_TRIED = 64
+
+
+def _fits_common(est: Any) -> bool:
+    from orchestrator.planner import HEADROOM
+
+    return est.peak_gib_per_gpu <= max(COMMON_GPU_SIZES_GIB) * (1 - HEADROOM)
+
+
+def _offload_as_plan_does(spec: Any, shape: Any, est: Any) -> tuple[Any, bool]:
+    """The estimate with CPU offload when train.offload is auto and the job fits no common GPU without
+    it but does with it (the planner's rule: orchestrator/planner.py `_check_fit`); (estimate, offloaded)."""
+    from orchestrator.sizing.memory import estimate, settings_from_spec
+
+    if spec.train.offload != "auto" or _fits_common(est):
+        return est, False
+    offloaded = estimate(shape, settings_from_spec(spec, est.n_gpus, "params"))
+    return (offloaded, True) if _fits_common(offloaded) else (est, False)
+
+
+def _next_gpus_that_fit(spec: Any, shape: Any, n_gpus: int) -> int | None:
+    """The smallest GPU count above `n_gpus` (powers of two up to MAX_GPUS_TRIED) on which the job fits
+    the largest common GPU (with offload when train.offload is auto, as the planner does)."""
+    from orchestrator.sizing.memory import estimate, settings_from_spec
+
+    n = 1
+    while n <= MAX_GPUS_TRIED:
+        if n > n_gpus:
+            est, _ = _offload_as_plan_does(spec, shape, estimate(shape, settings_from_spec(spec, n)))
+            if _fits_common(est):
+                return n
+        n *= 2
+    return None
 
 
 def plan_cmd(
@@ -148,7 +206,8 @@ def plan_cmd(
         shown.append(plan.chosen)
     con.print(plan_table(plan, shown))
     for note in plan.notes:
-        if note.startswith(("memory: ", "tier: ")):
+        if note.startswith(("memory: ", "tier: ", "interruptions: ", "capacity: ", "egress: ", "checkpoint",
+                            "market: ", "nodes: ")):  # fmt: skip
             con.print(note, markup=False)
     if len(plan.candidates) > len(shown):
         con.print(f"... {len(plan.candidates) - len(shown)} more adequate offers (--top to show them)")

@@ -381,6 +381,8 @@ def make_plan(
         notes.append(offload_note(chosen))
     if chosen is not None and (tier := tier_note(chosen, candidates)):
         notes.append(tier)
+    if chosen is not None:
+        notes += cost_notes(job, chosen, catalog)
     return Plan(
         chosen=chosen,
         candidates=candidates,
@@ -403,6 +405,66 @@ def offload_note(chosen: Candidate) -> str:
         f"state in host RAM: {chosen.host_gib:.1f} GiB needed per machine, {host} there; the optimizer steps "
         f"on the CPU, priced in the hours)"
     )
+
+
+def cost_notes(job: _Job, chosen: Candidate, catalog: Catalog) -> list[str]:
+    """What the chosen candidate's cost rests on and what it had to give: the interruption rate and its
+    source, capacity where it is pinned, data movement, a stretched interval or a changed market, and
+    more nodes predicted slower than one."""
+    out = []
+    if chosen.spot:
+        out.append(
+            f"interruptions: {chosen.interruption_rate_per_hour:.3f}/h for {chosen.nodes} node(s) "
+            f"(90%: {chosen.interruption_low_per_hour:.3f}-{chosen.interruption_high_per_hour:.3f}), "
+            f"{chosen.expected_interruptions:.1f} expected over {chosen.expected_hours:.1f} h; "
+            f"{chosen.interruption_source}"
+        )
+        avail = chosen.spot_availability
+        if avail is not None and avail < SPOT_UNLIKELY:
+            where = ", ".join(chosen.regions[:4])
+            then = (
+                f"{chosen.fallback_share:.0%} of the work expected on demand"
+                if chosen.fallback_share
+                else f"each launch waits {chosen.spot_wait_s / 60:.0f} min on average"
+            )
+            out.append(f"capacity: spot is obtainable only {avail:.0%} of the time in {where}; {then}")
+    if chosen.egress_usd is None and job.store.how == "unknown":
+        out.append(
+            f"egress: not priced: the run store's region is unknown offline ({job.spec.checkpoint.uri}); "
+            "set checkpoint.region to the bucket's region to price checkpoint and data transfer"
+        )
+    elif chosen.egress_usd:
+        out.append(
+            f"egress: ${chosen.egress_usd:.2f} moving checkpoints and data between {chosen.regions[0]} and "
+            f"the run store ({job.store.cloud} {job.store.region}), storage ${chosen.storage_usd or 0:.2f}"
+        )
+    out += chosen.adjustments
+    one = _one_node(job, catalog, chosen) if chosen.nodes > 1 else None
+    if one is not None and one.est_hours < chosen.est_hours:
+        out.append(
+            f"nodes: {chosen.nodes} nodes are predicted slower than 1 ({chosen.est_hours:.1f} h vs "
+            f"{one.est_hours:.1f} h of training on one {chosen.instance_type}: FSDP across nodes runs "
+            "over the network); resources.nodes: 1 would be faster"
+        )
+    return out
+
+
+def _one_node(job: _Job, catalog: Catalog, chosen: Candidate) -> Candidate | None:
+    """The chosen offer judged for the same job on one node (None when it cannot run there)."""
+    offer = next(
+        (o for o in catalog.offers if (o.cloud, o.instance_type) == (chosen.cloud, chosen.instance_type)),
+        None,
+    )
+    if offer is None:
+        return None
+    single = job.spec.model_copy(deep=True)
+    single.resources.nodes = 1
+    trial = _job(single, job.shape)
+    trial.history, trial.hazards, trial.store = job.history, job.hazards, job.store
+    try:
+        return _judge(trial, offer)
+    except _Rejected:
+        return None
 
 
 def tier_note(chosen: Candidate, candidates: list[Candidate]) -> str | None:

@@ -550,10 +550,17 @@ def estimate_view(spec: Any, shape: Any, est: Any, trace: dict[str, Any] | None,
     return Group(*head, parts, peaks, *tail)
 
 
+DATA_SHOWN = 0.01  # the plan table's `data $` column shows when moving data is this share of a cost
+
+
 def plan_table(plan: Any, shown: list[Any]) -> Table:
-    """Candidates by expected cost; `fit` says whether the fit was traced or estimated."""
+    """Candidates by expected cost; `fit` says whether the fit was traced or estimated; `hours` is compute,
+    `wall h` what is billed and waited (interruptions, restarts, capacity); `data $` (egress and storage
+    of checkpoints) shows when it is at least DATA_SHOWN of some shown candidate's cost."""
     table = Table(title="candidates, by expected cost")
-    for col, justify in [
+    moved = [(c.egress_usd or 0.0) + (c.storage_usd or 0.0) for c in shown]
+    show_data = any(m >= DATA_SHOWN * c.expected_cost_usd for m, c in zip(moved, shown, strict=True))
+    columns = [
         ("", "left"),
         ("cloud", "left"),
         ("instance", "left"),
@@ -564,13 +571,17 @@ def plan_table(plan: Any, shown: list[Any]) -> Table:
         ("fit", "left"),
         ("$/h", "right"),
         ("hours", "right"),
+        ("wall h", "right"),
+        ("interr.", "right"),
         ("expected", "right"),
         ("on spot", "right"),
         ("on demand", "right"),
-    ]:
+    ] + ([("data $", "right")] if show_data else [])
+    for col, justify in columns:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for cand in shown:
+    for cand, data in zip(shown, moved, strict=True):
         chosen = cand is plan.chosen
+        extra = [usd(data) if cand.egress_usd is not None else f"{usd(data)}+?"] if show_data else []
         table.add_row(
             "►" if chosen else "",
             cand.cloud,
@@ -583,9 +594,12 @@ def plan_table(plan: Any, shown: list[Any]) -> Table:
             cand.fit,
             f"{cand.hourly_usd:.2f} {'spot' if cand.spot else 'od'}",
             f"{cand.est_hours:.1f}",
+            f"{cand.expected_hours:.1f}",
+            f"{cand.expected_interruptions:.1f}" if cand.spot else "-",
             usd(cand.expected_cost_usd),
             usd(cand.expected_cost_spot_usd),
             usd(cand.expected_cost_ondemand_usd),
+            *extra,
             style="bold green" if chosen else None,
         )
     return table
