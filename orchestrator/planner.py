@@ -53,7 +53,9 @@ HOST_HEADROOM = 0.10  # fraction of each machine's RAM kept free (the OS, page c
 TRACE_MARGIN = 0.15  # estimated fits this close to usable memory are confirmed by a trace
 SINGLE_GPU_TIE = 0.10  # "about the same cost": fewer GPUs win within this fraction of the cheapest
 
-#: a plan pinned where spot is obtainable less than this share of the time says so
+#: a plan where spot is obtainable less than this share of the time says so; under SPOT_UNLIKELY it
+#: says spot is unlikely to be had
+SPOT_SHORT = 0.9
 SPOT_UNLIKELY = 0.5
 #: bytes of a data set per token it holds (UTF-8 text with JSON around it), for the pulls of data sets
 #: whose size only `data.tokens` gives
@@ -420,14 +422,15 @@ def cost_notes(job: _Job, chosen: Candidate, catalog: Catalog) -> list[str]:
             f"{chosen.interruption_source}"
         )
         avail = chosen.spot_availability
-        if avail is not None and avail < SPOT_UNLIKELY:
+        if avail is not None and avail < SPOT_SHORT:
             where = ", ".join(chosen.regions[:4])
             then = (
                 f"{chosen.fallback_share:.0%} of the work expected on demand"
                 if chosen.fallback_share
                 else f"each launch waits {chosen.spot_wait_s / 60:.0f} min on average"
             )
-            out.append(f"capacity: spot is obtainable only {avail:.0%} of the time in {where}; {then}")
+            unlikely = " (spot is unlikely to be had there)" if avail < SPOT_UNLIKELY else ""
+            out.append(f"capacity: spot is obtainable only {avail:.0%} of the time in {where}{unlikely}; {then}")
     if chosen.egress_usd is None and job.store.how == "unknown":
         out.append(
             f"egress: not priced: the run store's region is unknown offline ({job.spec.checkpoint.uri}); "
