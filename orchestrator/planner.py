@@ -26,6 +26,7 @@ Among candidates within SINGLE_GPU_TIE of the cheapest, the one with the fewest 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -430,7 +431,9 @@ def cost_notes(job: _Job, chosen: Candidate, catalog: Catalog) -> list[str]:
                 else f"each launch waits {chosen.spot_wait_s / 60:.0f} min on average"
             )
             unlikely = " (spot is unlikely to be had there)" if avail < SPOT_UNLIKELY else ""
-            out.append(f"capacity: spot is obtainable only {avail:.0%} of the time in {where}{unlikely}; {then}")
+            out.append(
+                f"capacity: spot is obtainable only {avail:.0%} of the time in {where}{unlikely}; {then}"
+            )
     if chosen.egress_usd is None and job.store.how == "unknown":
         out.append(
             f"egress: not priced: the run store's region is unknown offline ({job.spec.checkpoint.uri}); "
@@ -782,7 +785,7 @@ def _candidate(
     on_spot = cost_on(True, spot)
     on_demand = cost_on(False, od)
     fallback_share = 0.0
-    if on_spot is not None and hazard.no_capacity > 0:
+    if on_spot is not None and (hazard.no_capacity > 0 or hazard.relaunch_no_capacity > 0):
         on_spot, fallback_share = _with_capacity(on_spot, on_demand, hazard, job.fallback)
     if (
         is_spot
@@ -847,12 +850,23 @@ def _with_capacity(
     hazard: Hazard,
     fallback: bool,
 ) -> tuple[tuple[float, float, float, float, Any], float]:
-    """Spot's (cost, hours, ...) when at each (re)launch no zone has spot with chance q: with a fallback,
-    that share of the work runs on demand; without, each launch waits `wait_s` (unbilled) for capacity."""
+    """Spot's (cost, hours, ...) when at each (re)launch no allowed zone has spot with chance q.
+
+    With a fallback the job goes on demand then, and stays (nothing interrupts it there): the spot
+    phase ends at the first launch that finds no spot. The first launch finds none with chance q0 (the
+    share of time without spot), a relaunch with q1 (measured right after interruptions: spot is lost
+    together, so q1 > q0); with I interruptions expected over the whole job on spot, failed relaunches
+    come as a Poisson process of q1 x I over the work, so spot does a share
+    (1 - q0) x (1 - exp(-q1 I)) / (q1 I) of it and on-demand the rest (`fallback_share`). Without one,
+    each launch waits `wait_s` (unbilled, in the hours)."""
     cost, wall, interruptions, interval, moved = on_spot
     q = hazard.no_capacity
     if fallback and on_demand is not None:
+        qi = hazard.relaunch_no_capacity * interruptions
+        on_spot_share = (1.0 - q) * ((1.0 - math.exp(-qi)) / qi if qi > 1e-12 else 1.0)
+        f = 1.0 - on_spot_share
         od_cost, od_wall = on_demand[0], on_demand[1]
-        return ((1 - q) * cost + q * od_cost, (1 - q) * wall + q * od_wall, (1 - q) * interruptions,
-                interval, moved), q  # fmt: skip
+        blended = ((1 - f) * cost + f * od_cost, (1 - f) * wall + f * od_wall, (1 - f) * interruptions,
+                   interval, moved)  # fmt: skip
+        return blended, f
     return (cost, wall + (1.0 + interruptions) * hazard.wait_s / 3600.0, interruptions, interval, moved), 0.0

@@ -81,7 +81,7 @@ def read_all(source: Path) -> tuple[list[Evidence], list[dict[str, str]]]:
 def regions(source: Path, rows: list[Evidence]) -> list[dict[str, object]]:
     """Capacity of each region as a whole (some zone of it obtainable), measured on the traces' common
     clock: zones of one region are short of spot together, so this is not their product."""
-    from orchestrator.spot.hazards import region_capacity
+    from orchestrator.spot.hazards import no_capacity_after_loss, region_capacity
 
     groups: dict[tuple[str, str, str, int], list[Evidence]] = {}
     for e in rows:
@@ -92,7 +92,33 @@ def regions(source: Path, rows: list[Evidence]) -> list[dict[str, object]]:
         stats = region_capacity([c for _, c in traces], traces[0][0], nodes)
         out.append({"cloud": cloud, "instance_type": itype, "region": region, "nodes": nodes,
                     "zones": sorted(e.zone or "" for e in members), "availability": round(stats.availability, 5),
-                    "mean_down_s": round(stats.mean_down_s, 1)})  # fmt: skip
+                    "mean_down_s": round(stats.mean_down_s, 1),
+                    "no_capacity_after_interruption": round(no_capacity_after_loss([c for _, c in traces], nodes), 5)})  # fmt: skip
+    return out
+
+
+def failovers(source: Path, rows: list[Evidence]) -> list[dict[str, object]]:
+    """A job failing over between the zones of each ordered sequence of measured regions (every order
+    the planner may try them in: it tries the cheapest first)."""
+    from itertools import permutations
+
+    from orchestrator.spot.hazards import failover
+
+    out = []
+    groups: dict[tuple[str, str, int], dict[str, list[Evidence]]] = {}
+    for e in rows:
+        groups.setdefault((e.cloud, e.instance_type, e.nodes), {}).setdefault(e.region or "", []).append(e)
+    for (cloud, itype, nodes), by_region in sorted(groups.items()):
+        names = sorted(by_region)
+        for k in range(1, len(names) + 1):
+            for order in permutations(names, k):
+                members = [e for r in order for e in sorted(by_region[r], key=lambda e: e.zone or "")]
+                traces = [read_trace(source / e.source.removeprefix("spot-traces "))[1] for e in members]
+                stats = failover(
+                    traces, read_trace(source / members[0].source.removeprefix("spot-traces "))[0], nodes
+                )
+                out.append({"cloud": cloud, "instance_type": itype, "nodes": nodes, "regions": list(order),
+                            "hours": round(stats.hours, 4), "interruptions": stats.interruptions})  # fmt: skip
     return out
 
 
@@ -131,6 +157,7 @@ def build(source: Path) -> dict[str, object]:
         },
         "correlation": correlation(rows),
         "regions": regions(source, rows),
+        "failover": failovers(source, rows),
         "measured": [e.to_json() for e in rows],
     }
 

@@ -96,6 +96,38 @@ def region_capacity(traces: Sequence[Sequence[float]], gap_s: float, nodes: int 
     return measure(best, gap_s, nodes)
 
 
+def no_capacity_after_loss(traces: Sequence[Sequence[float]], nodes: int = 1) -> float:
+    """The share of interruptions in any of these zones at whose tick no zone has `nodes` obtainable:
+    spot is lost together, so a relaunch finds none far more often than a random moment does."""
+    length = min(len(t) for t in traces)
+    ups = np.stack([np.asarray(t[:length], dtype=np.float64) >= nodes for t in traces])
+    any_up = ups.any(axis=0)
+    lost = [np.flatnonzero(up[:-1] & ~up[1:]) + 1 for up in ups]
+    ticks = np.concatenate(lost) if lost else np.array([], dtype=int)
+    return float(np.mean(~any_up[ticks])) if ticks.size else float(np.mean(~any_up))
+
+
+def failover(traces: Sequence[Sequence[float]], gap_s: float, nodes: int = 1) -> TraceStats:
+    """A job that takes the first zone with capacity, in the order given, and stays there until it is
+    interrupted (SkyPilot's failover): its hours held and interruptions over these zones. Zones lose
+    spot together, so this is measured, not composed from the zones one by one."""
+    length = min(len(t) for t in traces)
+    ups = np.stack([np.asarray(t[:length], dtype=np.float64) >= nodes for t in traces])
+    first = np.where(ups.any(axis=0), np.argmax(ups, axis=0), -1).tolist()
+    rows = ups.tolist()
+    cur, held, lost = -1, 0, 0
+    for tick in range(length):
+        if cur >= 0 and not rows[cur][tick]:
+            lost, cur = lost + 1, -1
+        if cur < 0:
+            cur = first[tick]
+        held += cur >= 0
+    any_up = ups.any(axis=0)
+    downs = _runs(~any_up)
+    return TraceStats(held * gap_s / 3600.0, lost, float(any_up.mean()),
+                      float(np.mean(downs)) * gap_s if downs else 0.0, float(gap_s), length)  # fmt: skip
+
+
 def _runs(mask: np.ndarray) -> list[int]:
     """Lengths of the runs of True in `mask`."""
     padded = np.concatenate(([False], mask, [False])).astype(np.int8)
@@ -248,6 +280,8 @@ class Hazard:
     availability: float | None  # share of time some allowed zone has spot (None: not measured)
     no_capacity: float  # chance that no allowed zone has spot at a (re)launch
     wait_s: float  # expected wait for capacity at a (re)launch
+    #: chance that no allowed zone has spot right after an interruption (losses come together)
+    relaunch_no_capacity: float = 0.0
     zones: tuple[str, ...] = ()
     #: share of the job's spot time in each region (where it lands, how long it stays)
     region_share: tuple[tuple[str, float], ...] = ()
@@ -288,8 +322,12 @@ class HazardTable:
     correlation_source: str
     provenance: dict[str, Any] = field(default_factory=dict)
     user: list[Evidence] = field(default_factory=list)
-    #: (cloud, instance type, region, nodes) -> (availability, mean_down_s) of the region as a whole
-    capacity: dict[tuple[str, str, str, int], tuple[float, float]] = field(default_factory=dict)
+    #: (cloud, instance type, region, nodes) -> (availability, mean_down_s, no capacity right after an
+    #: interruption) of the region as a whole
+    capacity: dict[tuple[str, str, str, int], tuple[float, float, float]] = field(default_factory=dict)
+    #: (cloud, instance type, regions in the order tried, nodes) -> (hours held, interruptions) of a job
+    #: failing over between their zones (`failover`)
+    failovers: dict[tuple[str, str, tuple[str, ...], int], tuple[float, int]] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, payload: dict[str, Any], user: Iterable[Evidence] = ()) -> HazardTable:
@@ -304,8 +342,16 @@ class HazardTable:
                 (r["cloud"], r["instance_type"], r["region"], int(r["nodes"])): (
                     float(r["availability"]),
                     float(r["mean_down_s"]),
+                    float(r.get("no_capacity_after_interruption", 1.0 - float(r["availability"]))),
                 )
                 for r in payload.get("regions", [])
+            },  # fmt: skip
+            failovers={
+                (r["cloud"], r["instance_type"], tuple(r["regions"]), int(r["nodes"])): (
+                    float(r["hours"]),
+                    int(r["interruptions"]),
+                )
+                for r in payload.get("failover", [])
             },  # fmt: skip
         )
 
@@ -452,26 +498,37 @@ class HazardTable:
             return reach / stay if stay else 0.0
 
         mean = blend([z.gamma.mean for z in zones]) * factor
+        low = blend([z.gamma.quantile(0.05) for z in zones]) * factor
+        high = blend([z.gamma.quantile(0.95) for z in zones]) * factor
+        measured_failover = self._failover(cloud, instance_type, accelerator, count, regions)
+        if measured_failover is not None:
+            g, failover_source = measured_failover
+            mean, low, high = g.mean * factor, g.quantile(0.05) * factor, g.quantile(0.95) * factor
         stays = [p / max(z.gamma.mean, 1e-9) for p, z in zip(land, zones, strict=True)]
         shares: dict[str, float] = {}
         for z, stay in zip(zones, stays, strict=True):
             shares[z.region] = shares.get(z.region, 0.0) + stay / sum(stays)
-        low = blend([z.gamma.quantile(0.05) for z in zones]) * factor
-        high = blend([z.gamma.quantile(0.95) for z in zones]) * factor
         # capacity: each region as a whole (measured jointly where the table has it), regions independent
-        known, none_up, exits = False, 1.0, 0.0
+        known, none_up, exits, caps = False, 1.0, 0.0, {}
         for region in regions or ("",):
             cap = self._region_capacity(
                 cloud, instance_type, region, [z for z in zones if z.region == region]
             )
             if cap is not None:
-                known = True
+                known, caps[region] = True, cap
                 none_up *= 1.0 - cap[0]
                 exits += 1.0 / cap[1] if cap[1] else 0.0
+        # after an interruption in region r: r's own chance of none right then, the others' at random
+        after = sum(
+            share * caps[r][2] * math.prod(1.0 - c[0] for o, c in caps.items() if o != r)
+            for r, share in shares.items()
+            if r in caps
+        )
         wait = none_up / exits if known and exits and none_up > 0 else 0.0
         top = max(zones, key=lambda z: (land[zones.index(z)], z.hours))
-        level = top.level
-        source = top.source
+        level, source = top.level, top.source
+        if measured_failover is not None:
+            level, source = "failover", failover_source
         if nodes > 1:
             source += f"; {nodes} nodes x{factor:.2f} ({self.correlation_source})"
         return Hazard(
@@ -485,16 +542,41 @@ class HazardTable:
             interruptions=sum(z.interruptions for z in zones),
             availability=(1.0 - none_up) if known else None,
             no_capacity=none_up if known else 0.0,
+            relaunch_no_capacity=after if known else 0.0,
             wait_s=wait,
             zones=tuple(z.name for z in zones),
             region_share=tuple(shares.items()),
         )
 
+    def _failover(
+        self, cloud: str, instance_type: str, accelerator: str, count: int, regions: Sequence[str]
+    ) -> tuple[Gamma, str] | None:
+        """The posterior of a job failing over between the zones of `regions` (in that order) when the
+        table measured exactly that (every allowed region measured, in this order); the user's
+        evidence in those regions on top. None when not measured."""
+        measured = tuple(r for r in regions if (cloud, instance_type, (r,), 1) in self.failovers)
+        if not measured or len(measured) != len(regions):  # a region never measured: composed instead
+            return None
+        found = self.failovers.get((cloud, instance_type, measured, 1))
+        if found is None:
+            return None
+        mine = [e for e in self.measured if self._matches(e, cloud, instance_type, accelerator, count)]
+        pool = self._pool(mine)
+        assert pool is not None
+        user = [e for e in self.user if self._matches(e, cloud, instance_type, accelerator, count)
+                and e.region in measured]  # fmt: skip
+        hours = found[0] + sum(self._node_hours(e) for e in user)
+        events = found[1] + sum(e.interruptions for e in user)
+        what = f"measured failover over the zones of {', '.join(measured)}: {found[0]:,.0f} h, {found[1]} interruptions"
+        if user:
+            what += f", and {len(user)} record(s) of yours"
+        return pool.update(hours, events), what
+
     def _region_capacity(
         self, cloud: str, instance_type: str, region: str, zones: list[_Zone]
-    ) -> tuple[float, float] | None:
-        """(availability, mean spell without spot in s) of a region: measured jointly, else from its zones
-        taken as independent, else None (not measured)."""
+    ) -> tuple[float, float, float] | None:
+        """(availability, mean spell without spot in s, no capacity right after an interruption) of a
+        region: measured jointly, else from its zones taken as independent, else None (not measured)."""
         for key in ((cloud, instance_type, region, 1),):
             if key in self.capacity:
                 return self.capacity[key]
@@ -503,7 +585,7 @@ class HazardTable:
             return None
         none_up = math.prod(1.0 - (z.availability or 0.0) for z in known)
         exits = sum(1.0 / z.mean_down_s for z in known if z.mean_down_s)
-        return 1.0 - none_up, (1.0 / exits if exits else 0.0)
+        return 1.0 - none_up, (1.0 / exits if exits else 0.0), none_up
 
     def rows(self) -> list[dict[str, Any]]:
         """Every key the table knows, for `ftorch hazards`: one row per (cloud, instance, region, zone)."""

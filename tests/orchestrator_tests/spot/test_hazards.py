@@ -133,7 +133,7 @@ def test_what_was_never_measured_borrows_with_wider_uncertainty_and_says_so() ->
     measured = table.for_offer("aws", "p3.2xlarge", "V100", 1, ["us-west-2"])
     same_cloud = table.for_offer("aws", "p5.48xlarge", "H100", 8, ["us-west-2"])
     other_cloud = table.for_offer("gcp", "a3-highgpu-8g", "H100", 8, ["us-central1"])
-    assert (measured.level, same_cloud.level, other_cloud.level) == ("zone", "class", "borrowed")
+    assert (measured.level, same_cloud.level, other_cloud.level) == ("failover", "class", "borrowed")
     assert "no measurement" in same_cloud.source and "nothing measured on gcp" in other_cloud.source
 
     def width(h):  # relative width of the 90% interval
@@ -175,3 +175,14 @@ def test_a_bad_trace_is_refused_in_one_line_and_nothing_is_kept(tmp_path: Path) 
 def test_evidence_round_trips() -> None:
     e = Evidence("aws", "p3.2xlarge", "us-east-1", "us-east-1a", 1, 2.0, 1, "x", "V100", 1, 0.5, 60.0)
     assert Evidence.from_json(e.to_json()) == e
+
+
+def test_failover_is_measured_over_the_zones_together() -> None:
+    from orchestrator.spot.hazards import failover, no_capacity_after_loss
+
+    a, b = [1, 1, 0, 0, 1, 1], [0, 1, 1, 0, 0, 1]
+    stats = failover([a, b], 3600.0)
+    # A, A, lost -> B, lost (none up), A, A
+    assert (stats.hours, stats.interruptions) == (5.0, 2) and stats.availability == pytest.approx(5 / 6)
+    # of the two losses (A at tick 2, B at tick 3) one found no zone up
+    assert no_capacity_after_loss([a, b]) == pytest.approx(0.5)

@@ -1,0 +1,138 @@
+"""The planner's expected cost against the simulator's on the shared spot traces (docs/benchmarks.md).
+
+    .venv/bin/python bench/planner_vs_simulator.py [--starts 40]
+
+For three jobs (examples/llama3-8b-lora.yaml, llama3-8b-full.yaml, llama3-70b-qlora.yaml, each on
+AWS with `fallback: on-demand`), the planner's chosen AWS offer is put in the traces' regions, with the
+hazard of the traces relabelled to it (the traces are p3.2xlarge's: "what if this instance had that
+hazard"), and the plan's expected cost (GPU hours; storage and egress are left out, the simulator has
+neither) is set against the mean cost of the simulator replaying the traces (policy spot-fallback: spot
+while it can be had, on demand for good from the first launch that finds none, as SkyPilot does with
+an on-demand fallback) from `--starts` start offsets. The job's numbers (compute hours, prices,
+checkpoint interval, restart overhead) are the plan's, so the ratio measures the hazard and capacity
+model, not the time model.
+
+Two checks: `in-sample` (hazards fitted on the whole traces, simulated on the whole traces) and
+`held-out` (fitted on the first half of the 45 days, simulated on the second half: traces the model
+never saw).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.catalog import Catalog, Offer  # noqa: E402
+from orchestrator.history import History  # noqa: E402
+from orchestrator.planner import make_plan  # noqa: E402
+from orchestrator.spec import load_job  # noqa: E402
+from orchestrator.spot.hazards import (  # noqa: E402
+    Evidence,
+    HazardTable,
+    bundled,
+    failover,
+    measure,
+    no_capacity_after_loss,
+    region_capacity,
+)
+from orchestrator.spot.policy import make_policy  # noqa: E402
+from orchestrator.spot.simulator import JobNumbers, simulate, start_ticks  # noqa: E402
+from orchestrator.spot.traces import Zones, load_zones  # noqa: E402
+
+TRACES = ROOT.parent / "shared/data/spot-traces/availability/1-node/aws-02-15-2023"
+JOBS = ("llama3-8b-lora.yaml", "llama3-8b-full.yaml", "llama3-70b-qlora.yaml")
+SETS = {"us-east-1": ("us-east-1",), "us-east-2": ("us-east-2",), "us-west-2": ("us-west-2",),
+        "all 3 regions": ("us-east-1", "us-east-2", "us-west-2")}  # fmt: skip
+
+
+def table_for(zones: Zones, itype: str, acc: str, count: int) -> HazardTable:
+    """A hazard table measured on `zones`, labelled as the instance `itype`."""
+    rows, regions = [], {}
+    for name, up in zip(zones.names, zones.up, strict=True):
+        zone = name.split("_")[0]
+        s = measure(up.astype(float), zones.gap_s)
+        rows.append(Evidence("aws", itype, zone[:-1], zone, 1, s.hours, s.interruptions, f"trace {zone}", acc,
+                             count, s.availability, s.mean_down_s))  # fmt: skip
+        regions.setdefault(zone[:-1], []).append(up.astype(float))
+    rho = float(bundled()["correlation"]["rho"])
+    table = HazardTable(rows, rho, "bundled")
+    from itertools import permutations
+
+    for k in range(1, len(regions) + 1):
+        for order in permutations(sorted(regions), k):
+            stats = failover([t for r in order for t in regions[r]], zones.gap_s)
+            table.failovers[("aws", itype, order, 1)] = (stats.hours, stats.interruptions)
+    for region, traces in regions.items():
+        cap = region_capacity(traces, zones.gap_s)
+        table.capacity[("aws", itype, region, 1)] = (cap.availability, cap.mean_down_s,
+                                                     no_capacity_after_loss(traces))  # fmt: skip
+    return table
+
+
+def subset(zones: Zones, regions: tuple[str, ...], lo: int, hi: int) -> Zones:
+    keep = [i for i, n in enumerate(zones.names) if n.split("_")[0][:-1] in regions]
+    return Zones([zones.names[i] for i in keep], zones.gap_s, zones.up[keep, lo:hi])
+
+
+def compare(
+    job_file: str, zones: Zones, fit: tuple[int, int], test: tuple[int, int], starts: int
+) -> list[str]:
+    spec = load_job(ROOT / "examples" / job_file, ["resources.clouds=[aws]", "resources.fallback=on-demand",
+                                                   "resources.spot=true"], check_support=False)  # fmt: skip
+    base = make_plan(spec, history=History())
+    c = base.chosen
+    assert c is not None and c.cloud == "aws", job_file
+    lines = []
+    for label, regions in SETS.items():
+        fitted = table_for(subset(zones, regions, *fit), c.instance_type, c.accelerator, c.count)
+        od, spot = c.ondemand_hourly_usd / c.nodes, c.spot_hourly_usd / c.nodes
+        offer = Offer("aws", c.instance_type, c.accelerator, c.count, c.gpu_memory_gib, od, spot, c.interconnect,
+                      regions, None, c.host_memory_gib, region_prices={r: (od, spot) for r in regions})  # fmt: skip
+        pinned = spec.model_copy(deep=True)
+        pinned.checkpoint.region = regions[0]
+        plan = make_plan(pinned, catalog=Catalog((offer,), "bench"), history=History(), hazards=fitted)
+        p = plan.candidates[0]
+        predicted = p.expected_cost_usd - (p.storage_usd or 0.0) - (p.egress_usd or 0.0)
+        job = JobNumbers(p.est_hours * 3600.0, p.spot_hourly_usd or 0.0, p.ondemand_hourly_usd or 0.0,
+                         p.checkpoint_interval_s, p.restart_overhead_s)  # fmt: skip
+        replay = subset(zones, regions, *test)
+        ticks = start_ticks(replay, starts, job.ondemand_only_s() * 3)
+        results = [simulate(make_policy("spot-fallback"), job, replay, t) for t in ticks]
+        simulated = sum(r.cost_usd for r in results) / len(results)
+        preempt = sum(r.preemptions for r in results) / len(results)
+        od_share = sum(r.ondemand_s for r in results) / max(
+            1e-9, sum(r.ondemand_s + r.spot_s for r in results)
+        )
+        lines.append(
+            f"| {job_file.removesuffix('.yaml')} | {c.instance_type} | {label} | {p.est_hours:.1f} | "
+            f"{p.interruption_rate_per_hour:.2f} | {p.expected_interruptions:.1f} / {preempt:.1f} | "
+            f"{p.fallback_share:.0%} / {od_share:.0%} | ${predicted:,.2f} | ${simulated:,.2f} | "
+            f"{predicted / simulated:.2f} |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--starts", type=int, default=40)
+    args = parser.parse_args()
+    zones = load_zones([str(TRACES)])
+    n, mid = zones.n_ticks, zones.n_ticks // 2
+    head = (
+        "| job | instance | zones | compute h | rate/h | interruptions plan / sim | on demand plan / sim | "
+        "plan $ | simulated $ | plan / sim |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    for title, fit, test in (("in-sample (fitted and replayed on all 45 days)", (0, n), (0, n)),
+                             ("held-out (fitted on days 1-22, replayed on days 23-45)", (0, mid), (mid, n))):  # fmt: skip
+        print(f"\n{title}\n\n{head}")
+        for job_file in JOBS:
+            for line in compare(job_file, zones, fit, test, args.starts):
+                print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
