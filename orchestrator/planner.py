@@ -824,7 +824,7 @@ def _candidate(
         checkpoint_blocking_s=ckpt.blocking_s,
         startup_s=startup_s,
         restart_overhead_s=restart_s,
-        interruption_rate_per_hour=rate if is_spot else 0.0,
+        interruption_rate_per_hour=rate if is_spot else 0.0,  # the job's nodes, on the market it runs on
         expected_interruptions=interruptions,
         peak_gib_per_gpu=mem.peak_gib_per_gpu,
         regions=list(regions),
@@ -832,9 +832,10 @@ def _candidate(
         time_scale=scale,
         nodes=layout.nodes,
         layout=layout,
-        interruption_source=hazard.source if is_spot else "on-demand: not interrupted",
-        interruption_low_per_hour=hazard.low_per_hour if is_spot else 0.0,
-        interruption_high_per_hour=hazard.high_per_hour if is_spot else 0.0,
+        interruption_source=hazard.source
+        + ("" if is_spot else " (this plan runs it on demand: not interrupted)"),
+        interruption_low_per_hour=hazard.low_per_hour,
+        interruption_high_per_hour=hazard.high_per_hour,
         spot_availability=hazard.availability,
         spot_wait_s=hazard.wait_s,
         fallback_share=fallback_share if is_spot else 0.0,
