@@ -168,3 +168,18 @@ def test_estimate_applies_offload_auto_and_names_the_next_gpu_count_that_fits() 
     assert eight["peak_gib_per_gpu"] <= 180 * 0.9  # the count named does fit
     auto = estimate("--gpus", "8")
     assert "with CPU offload" in auto.stdout  # what plan would run on smaller GPUs
+
+
+@pytest.mark.skipif(
+    not (REPO.parent / "shared/data/spot-traces").is_dir(), reason="the shared traces are not here"
+)
+def test_the_plans_cost_matches_the_simulators_on_the_traces() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    from planner_vs_simulator import TRACES, compare
+
+    from orchestrator.spot.traces import load_zones
+
+    zones = load_zones([str(TRACES)])
+    rows = compare("llama3-70b-qlora.yaml", zones, (0, zones.n_ticks), (0, zones.n_ticks), 40)
+    ratios = [float(row.rstrip(" |").rsplit("|", 1)[1]) for row in rows]
+    assert len(ratios) == 4 and all(0.8 <= r <= 1.25 for r in ratios), rows
