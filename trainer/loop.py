@@ -461,7 +461,8 @@ def fit(a: Attempt) -> int | None:
             a.flag.set(stop.reason)
         if eval_every and a.state.step % eval_every == 0 and a.state.step < a.steps:
             a.observers.eval(a.state.step, _quiet_evaluate(a.model, a.dataset, a.device, a.spec))
-        if a.state.step < a.steps and a.checkpoints.due(a.state.step, time.time()):
+        saved = a.checkpoints.last_step == a.state.step  # a rollback checkpointed this step already
+        if a.state.step < a.steps and not saved and a.checkpoints.due(a.state.step, time.time()):
             a.observers.checkpoint_start(a.state.step)
             saving = time.time()
             a.checkpoints.save(a.model, a.optimizer, a.scheduler, a.state)
