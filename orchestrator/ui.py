@@ -33,6 +33,7 @@ STATE_STYLE = {
     "FAILED": "bold red",
     "CANCELLED": "magenta",
     "STOPPED": "blue",
+    "UNHEALTHY": "bold red",
 }
 #: finished jobs that ended longer ago than this collapse into one line (`--all` shows them)
 RECENT_S = 24 * 3600.0

@@ -158,6 +158,20 @@ def is_healthy(meta: dict[str, Any]) -> bool:
     return meta.get("healthy", True) is not False
 
 
+def unhealthy_reason(store: Any, attempt: int | None) -> str:
+    """`unhealthy: <why>; newest healthy checkpoint: step N` from the attempt's epoch record."""
+    try:
+        records = store.epoch_records()
+    except Exception:  # noqa: BLE001 - advisory: the exit code alone still says unhealthy
+        records = {}
+    for _n, record in sorted(records.items(), reverse=True):
+        if record.get("ended") == "unhealthy" and (attempt is None or record.get("attempt") == attempt):
+            healthy = record.get("healthy_step")
+            kept = f"newest healthy checkpoint: step {healthy}" if healthy else "no healthy checkpoint"
+            return f"{record.get('stop_detail') or 'unhealthy'}; {kept}"
+    return "unhealthy (the trainer's health checks ended the run)"
+
+
 def _word(value: float | None) -> str:
     if value is None:
         return "missing"

@@ -50,6 +50,7 @@ from orchestrator.spot.policy import Mode
 from orchestrator.states import AttemptEnd, JobState, Outcome
 from trainer import exitcodes
 from trainer.config import JobSpec
+from trainer.health import unhealthy_reason
 from trainer.runstore.store import RunStore
 from trainer.stops.budget import BudgetGuard, budget_stop_of, spend_usd
 from trainer.stops.interruptions import request_stop
@@ -162,6 +163,10 @@ class Supervisor:
                 return 0
             if outcome is Outcome.FAILED:
                 self.end(JobState.FAILED, end.detail)
+                return 1
+            if outcome is Outcome.UNHEALTHY:  # the health checks ended it (trainer/health.py): no restart
+                self.registry.event(self.job_id, "unhealthy", end.reason)
+                self.end(JobState.UNHEALTHY, end.reason)
                 return 1
             if outcome is Outcome.FENCED:  # never restarted: that would fence the attempt that owns it
                 owner = self.registry.get(self.job_id)
@@ -323,6 +328,8 @@ class Supervisor:
         memory = self.out_of_memory(code)  # trainer/oom.py: a smaller layout, or a re-plan
         if memory is not None:
             return memory
+        if code == exitcodes.UNHEALTHY:  # never restarted; the epoch record says why
+            return AttemptEnd(Outcome.UNHEALTHY, unhealthy_reason(self.store, self.attempt_n))
         if code == exitcodes.BAD_CONFIG:
             return AttemptEnd.of(Outcome.FAILED, f"the trainer refused the job: {last}")
         if code == exitcodes.STORE_UNAVAILABLE:
