@@ -76,6 +76,9 @@ class Outcome(_Word):
     ADAPTED = "adapted"
     #: the health checks ended the run (exit 86, trainer/health.py): never restarted
     UNHEALTHY = "unhealthy"
+    #: no step within the stall timeout (trainer/stops/watchdog.py): the trainer's watchdog ended it
+    #: (exit 87) or the supervisor killed it for a stale heartbeat; restarted once per progress
+    STALLED = "stalled"
 
     @classmethod
     def of_reason(cls, reason: str | None) -> Outcome | None:

@@ -75,6 +75,8 @@ def state_text(row: dict[str, Any]) -> Text:
     label = row["state"]
     if row.get("stop_reason") == "budget":
         label += "·budget"
+    if row.get("stalled_s") is not None:  # a heartbeat older than the trainer's stall timeout
+        return Text(f"STALLED (heartbeat {duration(row['stalled_s'])} old)", style="bold yellow")
     return Text(label, style=STATE_STYLE.get(row["state"], ""))
 
 

@@ -193,6 +193,9 @@ class HealthSpec(_Strict):
     rise_factor: float = Field(2.0, gt=1.0)
     rise_window: int = Field(100, ge=2, le=100_000)
     rise_patience: int = Field(5, ge=1)
+    #: seconds without a step (or an eval or checkpoint phase) before the trainer counts as stalled;
+    #: null: max(300 s, 5x the p95 step after warm-up), eval and checkpoint max(that, 5x their last)
+    stall_timeout_s: float | None = Field(None, gt=0)
 
 
 # ---- end training health ----

@@ -29,3 +29,7 @@ DOES_NOT_FIT = 89
 #: not cure. Never restarted (not in SkyPilot's recover_on_exit_codes; the local supervisor ends the job
 #: UNHEALTHY); the epoch record says why, and the newest healthy checkpoint is kept
 UNHEALTHY = 86
+#: the trainer's watchdog (trainer/stops/watchdog.py): no step within the stall timeout (a hung collective,
+#: a dead mount); the launcher restarts it once from the newest checkpoint; two stalls without progress
+#: between them end the run UNHEALTHY
+STALLED = 87

@@ -172,6 +172,18 @@ def unhealthy_reason(store: Any, attempt: int | None) -> str:
     return "unhealthy (the trainer's health checks ended the run)"
 
 
+def stall_reason(store: Any, attempt: int | None) -> str:
+    """The watchdog's `stalled: ...` line from the attempt's epoch record (trainer/stops/watchdog.py)."""
+    try:
+        records = store.epoch_records()
+    except Exception:  # noqa: BLE001 - advisory
+        records = {}
+    for _n, record in sorted(records.items(), reverse=True):
+        if record.get("ended") == "stalled" and (attempt is None or record.get("attempt") == attempt):
+            return str(record.get("stop_detail") or "stalled")
+    return "stalled (the trainer's watchdog ended it)"
+
+
 def _word(value: float | None) -> str:
     if value is None:
         return "missing"

@@ -47,6 +47,7 @@ from trainer.stops.preemption import PreemptionFlag, install_signal_handlers
 from trainer.stops.sources import BudgetStop, SpotProbeStop
 from trainer.stops.spot_probe import SpotProbe
 from trainer.stops.stop_request import start_stop_watcher
+from trainer.stops.watchdog import Watchdog, exit_now
 from trainer.trackers import Trackers
 
 
@@ -222,6 +223,7 @@ class Attempt:
     observers: Observers = field(default_factory=Observers)
     stop_sources: list[StopSource] = field(default_factory=list)
     health: HealthGuard | None = None  # train.health (trainer/health_guard.py), made by `fit`
+    watchdog: Watchdog | None = None  # stalls (trainer/stops/watchdog.py), started by `fit`
 
 
 def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = None) -> int:
@@ -429,8 +431,11 @@ def fit(a: Attempt) -> int | None:
         a.stop_sources.append(a.health)  # its UNHEALTHY stop carries its own exit code
     a.observers.extend(recorders.standard(a, log_every))
     a.stop_sources.extend(_stop_sources(a))
+    a.watchdog = _start_watchdog(a)
+    a.observers.insert(0, recorders.WatchdogObserver(a.watchdog, a.reporter))
     while a.state.step < a.steps:
         if a.par.any(a.flag.is_set()):  # all ranks stop at the same step
+            a.watchdog.beat("checkpoint")  # the final save is timed as a checkpoint, not as a step
             code = _stop_on_notice(a)
             a.observers.stop(a.state.step, a.flag.reason)  # the budget stop, or a preemption notice
             return code
@@ -460,6 +465,7 @@ def fit(a: Attempt) -> int | None:
                 return stop.code
             a.flag.set(stop.reason)
         if eval_every and a.state.step % eval_every == 0 and a.state.step < a.steps:
+            a.watchdog.beat("eval")
             a.observers.eval(a.state.step, _quiet_evaluate(a.model, a.dataset, a.device, a.spec))
         saved = a.checkpoints.last_step == a.state.step  # a rollback checkpointed this step already
         if a.state.step < a.steps and not saved and a.checkpoints.due(a.state.step, time.time()):
@@ -468,6 +474,25 @@ def fit(a: Attempt) -> int | None:
             a.checkpoints.save(a.model, a.optimizer, a.scheduler, a.state)
             a.observers.checkpoint(a.state.step, time.time() - saving)
     return None
+
+
+def _start_watchdog(a: Attempt) -> Watchdog:
+    """The stall watchdog (trainer/stops/watchdog.py): a step that does not come in time ends the process
+    with exitcodes.STALLED, recorded first (the training thread is stuck: nothing else can run)."""
+
+    def on_stall(phase: str, waited: float) -> None:
+        detail = (
+            f"stalled: no progress for {waited:.0f} s in {phase.replace('_', ' ')} after step {a.state.step}"
+        )
+        log(
+            f"{detail} (watchdog; timeout {a.watchdog.timeout(phase):.0f} s): exiting with code {exitcodes.STALLED}"
+        )
+        a.store.update_epoch_record(
+            ended="stalled", stop_detail=detail, step=a.state.step, ended_at=time.time()
+        )
+        exit_now(exitcodes.STALLED)
+
+    return Watchdog(a.spec.train.health.stall_timeout_s, on_stall).start()
 
 
 def _stop_sources(a: Attempt) -> list[StopSource]:
@@ -541,6 +566,8 @@ def _stop_on_notice(a: Attempt) -> int:
 def finish(a: Attempt) -> int:
     """The last checkpoint, the held-out evaluation, the output and its records."""
     state, output_uri = a.state, a.resolved["output_uri"]
+    if a.watchdog is not None:  # the last checkpoint, eval and output are bounded by the launcher's view
+        a.watchdog.close()
     if a.checkpoints.last_step != state.step:
         a.checkpoints.save(a.model, a.optimizer, a.scheduler, state, wait=True)
     a.checkpoints.wait()

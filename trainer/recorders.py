@@ -100,6 +100,31 @@ class NotifierObserver(Observer):
             self.notifier.stopped(step, self.flag.reason)
 
 
+class WatchdogObserver(Observer):
+    """The stall watchdog's heartbeat (trainer/stops/watchdog.py); its timeout goes into progress.json
+    so the launcher watching the heartbeat from outside uses the same figure."""
+
+    def __init__(self, watchdog: Any, reporter: Any) -> None:
+        self.watchdog, self.reporter = watchdog, reporter
+
+    def on_step(self, record: StepRecord) -> None:
+        self.watchdog.beat("step")
+        if record.step % 20 == 1 or "stall_timeout_s" not in self.reporter.extra:
+            self.reporter.extra["stall_timeout_s"] = round(self.watchdog.timeout("step"), 1)
+
+    def on_eval(self, step: int, result: dict[str, float]) -> None:
+        self.watchdog.beat("step")
+
+    def on_checkpoint_start(self, step: int) -> None:
+        self.watchdog.beat("checkpoint")
+
+    def on_checkpoint(self, step: int, blocking_s: float) -> None:
+        self.watchdog.beat("step")
+
+    def on_stop(self, step: int, reason: str | None) -> None:
+        self.watchdog.close()
+
+
 def standard(a: Any, log_every: int) -> list[Observer]:
     """Every attempt's recorders, in the order the loop called them before observers existed."""
     return [
