@@ -21,7 +21,7 @@ from orchestrator.registry import TERMINAL, Registry
 POLL_S = 1.0
 LOG_LINES = 6
 #: what `launch --follow` and `resume --follow` exit with, per end state (documented in the README)
-FOLLOW_EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 3, "CANCELLED": 4, "STOPPED": 5}
+FOLLOW_EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 3, "CANCELLED": 4, "STOPPED": 5, "UNHEALTHY": 6}
 
 
 def _write(line: str) -> None:

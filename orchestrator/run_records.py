@@ -12,7 +12,7 @@ from orchestrator.records import Job
 from orchestrator.states import Outcome
 
 #: epoch record `ended` (and `stop_reason`) -> the attempt's outcome
-_ENDED = {"finished": Outcome.SUCCEEDED, "notice": Outcome.PREEMPTED}
+_ENDED = {"finished": Outcome.SUCCEEDED, "notice": Outcome.PREEMPTED, "unhealthy": Outcome.UNHEALTHY}
 _STOPPED = {"cancel": Outcome.CANCELLED, "budget": Outcome.BUDGET, "policy switch": Outcome.SWITCH,
             "supervisor lost": Outcome.LOST, "out of memory": Outcome.ADAPTED,
             "does not fit": Outcome.FAILED}  # fmt: skip
@@ -40,7 +40,9 @@ def attempts_from_store(store: Any) -> list[dict[str, Any]]:
             entry["end_reason"] = f"stopped ({record.get('stop_reason')})"
         elif ended in _ENDED:
             entry["outcome"] = _ENDED[ended]
-            entry["end_reason"] = "succeeded" if ended == "finished" else "preempted (with notice)"
+            entry["end_reason"] = {"finished": "succeeded", "notice": "preempted (with notice)"}.get(
+                ended, str(record.get("stop_detail") or ended)
+            )
     ordered = [by_attempt[n] for n in sorted(by_attempt)]
     for entry, following in zip(ordered, [*ordered[1:], None], strict=False):  # [] for a run never started
         entry["ended_at"] = following["started_at"] if following else None

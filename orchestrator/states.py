@@ -36,15 +36,20 @@ class JobState(_Word):
     CANCELLED = "CANCELLED"
     #: stopped by the budget guard (the next checkpoint interval would pass resources.budget_usd)
     STOPPED = "STOPPED"
+    #: the health checks ended the run (trainer/health.py): non-finite losses or spikes that rollbacks
+    #: did not cure; never restarted; the reason says what and the newest healthy checkpoint is kept
+    UNHEALTHY = "UNHEALTHY"
 
     @property
     def terminal(self) -> bool:
         return self in TERMINAL
 
 
-TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.STOPPED})
+TERMINAL = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.STOPPED, JobState.UNHEALTHY}
+)
 #: in the order `resume` names them
-RESUMABLE = (JobState.FAILED, JobState.CANCELLED, JobState.STOPPED)
+RESUMABLE = (JobState.FAILED, JobState.CANCELLED, JobState.STOPPED, JobState.UNHEALTHY)
 ACTIVE = frozenset(set(JobState) - TERMINAL)
 
 
@@ -69,6 +74,11 @@ class Outcome(_Word):
     #: out of memory: the trainer recorded a smaller micro-batch per GPU (same effective batch) and the
     #: next attempt resumes with it; no crash counted (trainer/oom.py)
     ADAPTED = "adapted"
+    #: the health checks ended the run (exit 86, trainer/health.py): never restarted
+    UNHEALTHY = "unhealthy"
+    #: no step within the stall timeout (trainer/stops/watchdog.py): the trainer's watchdog ended it
+    #: (exit 87) or the supervisor killed it for a stale heartbeat; restarted once per progress
+    STALLED = "stalled"
 
     @classmethod
     def of_reason(cls, reason: str | None) -> Outcome | None:

@@ -18,6 +18,7 @@ from orchestrator.registry import ACTIVE, Attempt, Job, JobState, Outcome, Regis
 from orchestrator.replan import replanned_lines
 from orchestrator.run_records import attempts_from_store
 from trainer import oom
+from trainer.stops.watchdog import stale
 
 CACHE_KIND = "final_progress"
 PROGRESS_FILE = "progress.json"
@@ -136,6 +137,8 @@ def summarize(job: Job, attempts: list[Attempt], progress: dict[str, Any], now: 
         "state": state,
         "reason": job.reason,
         "stop_reason": stop_reason(job),
+        # the trainer's heartbeat (progress.json) is older than its stall timeout (trainer/stops/watchdog.py)
+        "stalled_s": stale(progress, now) if state is JobState.RUNNING else None,
         "step": step,
         "total_steps": total,
         "fraction_done": (step / total) if total else None,

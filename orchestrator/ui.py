@@ -33,6 +33,7 @@ STATE_STYLE = {
     "FAILED": "bold red",
     "CANCELLED": "magenta",
     "STOPPED": "blue",
+    "UNHEALTHY": "bold red",
 }
 #: finished jobs that ended longer ago than this collapse into one line (`--all` shows them)
 RECENT_S = 24 * 3600.0
@@ -74,6 +75,8 @@ def state_text(row: dict[str, Any]) -> Text:
     label = row["state"]
     if row.get("stop_reason") == "budget":
         label += "·budget"
+    if row.get("stalled_s") is not None:  # a heartbeat older than the trainer's stall timeout
+        return Text(f"STALLED (heartbeat {duration(row['stalled_s'])} old)", style="bold yellow")
     return Text(label, style=STATE_STYLE.get(row["state"], ""))
 
 

@@ -172,6 +172,35 @@ class DataSpec(_Strict):
         return (self.eval_path or self.path, self.eval_split or ("train" if self.eval_path else self.split))
 
 
+# ---- training health (trainer/health.py, docs/health.md) ----
+class HealthSpec(_Strict):
+    """train.health: non-finite steps skipped, rollback to the newest healthy checkpoint, an UNHEALTHY end."""
+
+    #: the checks are on unless turned off here
+    enabled: bool = True
+    #: non-finite loss or gradient-norm steps skipped in a row before a rollback (Megatron-LM: 0, fatal)
+    max_skips_in_a_row: int = Field(3, ge=0, le=1000)
+    #: rollbacks to the newest healthy checkpoint before the run ends UNHEALTHY (NVIDIA's resiliency
+    #: extension: 3 restarts without progress)
+    max_rollbacks: int = Field(2, ge=0, le=100)
+    #: a loss above this many times the largest seen is a spike: rollback (Megatron-LM's 10x)
+    spike_factor: float = Field(10.0, gt=1.0)
+    #: the first steps are not judged for spikes (NVIDIA's resiliency extension: the first 5 iterations
+    #: are not monitored); their losses still count towards the largest seen
+    warmup_steps: int = Field(5, ge=0)
+    #: a sustained rise warns: rise_patience steps in a row above rise_factor x the mean of the last
+    #: rise_window steps (LLM Foundry's KillLossSpike: 2x the 100-step mean, patience 4)
+    rise_factor: float = Field(2.0, gt=1.0)
+    rise_window: int = Field(100, ge=2, le=100_000)
+    rise_patience: int = Field(5, ge=1)
+    #: seconds without a step (or an eval or checkpoint phase) before the trainer counts as stalled;
+    #: null: max(300 s, 5x the p95 step after warm-up), eval and checkpoint max(that, 5x their last)
+    stall_timeout_s: float | None = Field(None, gt=0)
+
+
+# ---- end training health ----
+
+
 class TrainSpec(_Strict):
     micro_batch_size: int = Field(1, ge=1, le=65536)
     grad_accum: int = Field(1, ge=1, le=65536)
@@ -203,6 +232,8 @@ class TrainSpec(_Strict):
     #: the job only with offload and is the cheapest: it says so and the cloud task runs with params.
     #: The math is the same either way: a run resumes with or without it
     offload: Literal["auto", "none", "params"] = "auto"
+    #: the health checks (trainer/health.py, docs/health.md)
+    health: HealthSpec = Field(default_factory=HealthSpec)
 
     # ---- optimizer step in backward (trainer/optim_in_backward.py) ----
     #: step each parameter's optimizer in its gradient hook, so the whole gradient is never held (one GPU,
@@ -362,9 +393,12 @@ class NotifySpec(_Strict):
     command: str | None = None
     #: resumed: the trainer's "resumed after N preemptions" (trainer/notify.py)
     #: replanned: a resume moved a job that did not fit to a GPU with more memory (orchestrator/replan.py)
-    on: list[Literal["succeeded", "failed", "budget", "preempted", "cancelled", "resumed", "replanned"]] = (
-        Field(default_factory=lambda: ["succeeded", "failed", "budget"])
-    )
+    #: unhealthy: the health checks ended the run (trainer/health.py)
+    on: list[
+        Literal[
+            "succeeded", "failed", "budget", "preempted", "cancelled", "resumed", "replanned", "unhealthy"
+        ]
+    ] = Field(default_factory=lambda: ["succeeded", "failed", "budget", "unhealthy"])
 
     @model_validator(mode="before")
     @classmethod

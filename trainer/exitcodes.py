@@ -25,3 +25,11 @@ OOM_ADAPT = 88
 #: out of memory with the smallest layout (1 example per GPU, gradient checkpointing on): the measured
 #: peak is in spec.json `does_not_fit`; never retried on the same machine, the job needs a re-plan
 DOES_NOT_FIT = 89
+#: the health checks (trainer/health.py) ended the run: non-finite losses or spikes that rollbacks did
+#: not cure. Never restarted (not in SkyPilot's recover_on_exit_codes; the local supervisor ends the job
+#: UNHEALTHY); the epoch record says why, and the newest healthy checkpoint is kept
+UNHEALTHY = 86
+#: the trainer's watchdog (trainer/stops/watchdog.py): no step within the stall timeout (a hung collective,
+#: a dead mount); the launcher restarts it once from the newest checkpoint; two stalls without progress
+#: between them end the run UNHEALTHY
+STALLED = 87

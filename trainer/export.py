@@ -27,7 +27,7 @@ from trainer.checkpoints.checkpoint import WEIGHTS
 from trainer.config import JobSpec
 from trainer.model import base_dtype, hide_bitsandbytes, load_tokenizer, lora_config, trainable_parameters
 from trainer.runstore.storage import Storage, StoreError, preflight
-from trainer.runstore.store import CorruptCheckpoint, RunStore, output_store
+from trainer.runstore.store import CorruptCheckpoint, RunStore, is_healthy, output_store
 
 #: written last into every export folder: what a later export may replace there
 MARKER = ".ftorch-export.json"
@@ -71,8 +71,11 @@ def pick_checkpoint(store: RunStore, step: int | None) -> Any:
     complete = store.complete_checkpoints()
     if not complete:
         raise ExportError("JOB: the run has no complete checkpoint yet")
-    if step is None:
-        return complete[-1]
+    if step is None:  # the newest healthy one (trainer/health.py): an unhealthy run's good weights
+        healthy = [c for c in complete if is_healthy(c)]
+        if not healthy:
+            raise ExportError("JOB: the run has no healthy checkpoint (train.health); --step picks one")
+        return healthy[-1]
     for info in complete:
         if info.step == step:
             return info

@@ -6,14 +6,19 @@ points of the checkpoint for those steps, or raises at the end of step 8 in atte
 SIGKILL once step N is reported (its metrics row and tracker values handed over, nothing flushed);
 `store-full@N` makes the run store answer ENOSPC after the first file of checkpoint N; `oom-above@K`
 raises torch.cuda.OutOfMemoryError in every step whose micro-batch per rank exceeds K examples (the only
-way to cause one on a CPU; `:A` limits it to attempt A as usual). Unset (always,
-outside tests), this costs one set lookup.
+way to cause one on a CPU; `:A` limits it to attempt A as usual). The health faults (trainer/health.py):
+`nan@K` turns a trainable weight to NaN before step K (so every loss is NaN from step K until a rollback
+restores the weights: a fault that happens once and stays), `spike@K` multiplies step K's loss by 1000
+(a bad batch), `nan-grad-rank1@K` makes one gradient non-finite on rank 1 only at step K, `hang@K`
+blocks step K (a hung collective or a dead mount). Unset (always, outside tests), this costs one set
+lookup.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 
 class InjectedFault(RuntimeError):
@@ -72,3 +77,42 @@ def maybe_oom(micro_batch: int) -> None:
         raise torch.cuda.OutOfMemoryError(
             f"injected fault oom-above@{limit}: micro-batch of {micro_batch} examples per rank"
         )
+
+
+def _first_trainable(model: Any) -> Any:
+    return next(p for p in model.parameters() if p.requires_grad)
+
+
+def _local(tensor: Any) -> Any:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor's shard (FSDP)
+
+
+def maybe_poison(model: Any, step: int) -> None:
+    """`nan@K`: a trainable weight becomes NaN before step K (a fault that stays until a rollback)."""
+    if _POINTS and _armed("nan", step):
+        import torch
+
+        with torch.no_grad():
+            _local(_first_trainable(model)).fill_(float("nan"))
+
+
+def spike(step: int) -> float:
+    """`spike@K`: the factor step K's loss is multiplied by (1000), else 1."""
+    return 1000.0 if _POINTS and _armed("spike", step) else 1.0
+
+
+def maybe_nan_grad(model: Any, step: int) -> None:
+    """`nan-grad-rank<R>@K`: one gradient of rank R becomes non-finite at step K (after backward)."""
+    if _POINTS and _armed(f"nan-grad-rank{os.environ.get('RANK', '0')}", step):
+        grad = _first_trainable(model).grad
+        if grad is not None:
+            _local(grad).view(-1)[0] = float("inf")
+
+
+def maybe_hang(step: int) -> None:
+    """`hang@K`: step K blocks (a hung collective, a dead mount) until the process is killed."""
+    if _POINTS and _armed("hang", step):
+        import time
+
+        while True:
+            time.sleep(3600)

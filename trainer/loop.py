@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from trainer import exitcodes, ledger, oom, resume_check
+from trainer import exitcodes, ledger, oom, recorders, resume_check
 from trainer.checkpoints import fingerprint
 from trainer.checkpoints.checkpoint import TrainerState
 from trainer.checkpoints.checkpointer import Checkpointer
@@ -25,7 +25,9 @@ from trainer.data.packing import example_count, uses_flat_batches
 from trainer.data.packing_check import verify as verify_packing
 from trainer.distributed import Parallel
 from trainer.distributed import setup as setup_parallel
-from trainer.faults import maybe_crash, maybe_die, maybe_oom
+from trainer.faults import maybe_crash, maybe_hang, maybe_nan_grad, maybe_oom, maybe_poison, spike
+from trainer.health import STEP
+from trainer.health_guard import HealthGuard
 from trainer.layout import Layout
 from trainer.layout import total_steps as steps_for
 from trainer.loss import evaluate_batch, shifted_labels
@@ -33,6 +35,8 @@ from trainer.measure import Measurer
 from trainer.memory import allocator
 from trainer.model import autocast_dtype, count_parameters, load_tokenizer, pick_device
 from trainer.notify import TrainerNotifier
+from trainer.observers import Observers, StepRecord, StopSource, poll_all
+from trainer.recorders import fmt_eval as _fmt_eval
 from trainer.runstore.progress import ProgressReporter, log
 from trainer.runstore.store import RunStore, check_output, output_store
 from trainer.step import accumulate, make_scaler, restore_scaler, save_scaler, update
@@ -40,8 +44,10 @@ from trainer.stops import budget
 from trainer.stops.interruptions import SUPERVISOR_LOST, how_it_ended, process_started_at
 from trainer.stops.notices import start_watcher
 from trainer.stops.preemption import PreemptionFlag, install_signal_handlers
+from trainer.stops.sources import BudgetStop, SpotProbeStop
 from trainer.stops.spot_probe import SpotProbe
 from trainer.stops.stop_request import start_stop_watcher
+from trainer.stops.watchdog import Watchdog, exit_now
 from trainer.trackers import Trackers
 
 
@@ -213,6 +219,11 @@ class Attempt:
     #: what this attempt measures (trainer/measure.py): recorded at each checkpoint and at its end
     measurer: Measurer = field(default_factory=Measurer)
     budget: budget.BudgetWatch | None = None  # rank 0's budget stop (trainer/stops/budget.py)
+    #: the recorders called at the loop's named points, and what can end the attempt (trainer/observers.py)
+    observers: Observers = field(default_factory=Observers)
+    stop_sources: list[StopSource] = field(default_factory=list)
+    health: HealthGuard | None = None  # train.health (trainer/health_guard.py), made by `fit`
+    watchdog: Watchdog | None = None  # stalls (trainer/stops/watchdog.py), started by `fit`
 
 
 def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = None) -> int:
@@ -409,17 +420,24 @@ def _open_reporting(
 
 # ---- fit -----------------------------------------------------------------------------------------
 def fit(a: Attempt) -> int | None:
-    """Train to the last step, checkpointing when due; the exit code if a notice stopped it, else None."""
+    """Train to the last step, checkpointing when due; the exit code if a stop source or a notice
+    ended it, else None. Recorders are `a.observers`, what can end the attempt `a.stop_sources`
+    (trainer/observers.py)."""
     a.model.train()
     log_every = a.spec.train.log_every or max(1, a.steps // 100)
     eval_every = a.spec.train.eval_every if a.dataset.held_out else None
-    # spot return (issue 19): records where this attempt landed; on demand, may probe back to spot
-    spot_probe = SpotProbe.open(a.store, a.spec, a.resolved, a.number, log) if a.par.is_main else None
+    if a.spec.train.health.enabled:
+        a.health = HealthGuard(a)
+        a.stop_sources.append(a.health)  # its UNHEALTHY stop carries its own exit code
+    a.observers.extend(recorders.standard(a, log_every))
+    a.stop_sources.extend(_stop_sources(a))
+    a.watchdog = _start_watchdog(a)
+    a.observers.insert(0, recorders.WatchdogObserver(a.watchdog, a.reporter))
     while a.state.step < a.steps:
         if a.par.any(a.flag.is_set()):  # all ranks stop at the same step
+            a.watchdog.beat("checkpoint")  # the final save is timed as a checkpoint, not as a step
             code = _stop_on_notice(a)
-            a.notifier.stopped(a.state.step, a.flag.reason)  # the budget stop, or a preemption notice
-            a.trackers.close()  # after the checkpoint: W&B's finish may take a while
+            a.observers.stop(a.state.step, a.flag.reason)  # the budget stop, or a preemption notice
             return code
         try:  # out of memory: every rank agrees, a smaller micro-batch is recorded (trainer/oom.py)
             tokens_before = a.state.tokens_seen
@@ -432,28 +450,61 @@ def fit(a: Attempt) -> int | None:
         if a.par.any(out_of_memory is not None):
             a.measurer.record(a.store, a.checkpoints.writer)
             return oom.on_oom(a, out_of_memory, log)
-        a.measurer.step(a.state.tokens_seen - tokens_before)
-        _report_step(a, step_loss, lr, grad_norm, log_every)
-        if a.budget is not None and a.state.step < a.steps:  # the budget stop (trainer/stops/budget.py)
-            over = a.budget.over(a.state.step, a.checkpoints.last_time)
-            if over:
-                budget.stop_now(a.store, a.flag, over, log)
-        if spot_probe and spot_probe.due(a.state.step, a.steps, a.reporter.steps_per_s()):
-            a.flag.set(spot_probe.reason)  # checkpoint, exit 75: SkyPilot re-walks `ordered` from spot
+        maybe_crash("crash", a.state.step)
+        skipped = a.health is not None and a.health.verdict.action != STEP
+        record = StepRecord(
+            a.state.step, step_loss, lr, grad_norm, a.state.tokens_seen - tokens_before, a.state.tokens_seen,
+            skipped,
+        )  # fmt: skip
+        a.observers.step(record)
+        if a.health is not None:
+            a.health.after()  # a rollback happens here; an UNHEALTHY end through the stop sources
+        for stop in poll_all(a.stop_sources, a.state.step):
+            if stop.code is not None:  # ends the attempt now, without a checkpoint
+                a.observers.stop(a.state.step, stop.reason)
+                return stop.code
+            a.flag.set(stop.reason)
         if eval_every and a.state.step % eval_every == 0 and a.state.step < a.steps:
-            result = _quiet_evaluate(a.model, a.dataset, a.device, a.spec)
-            log(f"step {a.state.step}/{a.steps} held-out {_fmt_eval(result)}")
-            a.reporter.eval_loss(a.state.step, result["loss"])
-            a.trackers.scalar("eval/loss", result["loss"], a.state.step)
-        if a.state.step < a.steps and a.checkpoints.due(a.state.step, time.time()):
-            a.reporter.set_state("checkpointing")
+            a.watchdog.beat("eval")
+            a.observers.eval(a.state.step, _quiet_evaluate(a.model, a.dataset, a.device, a.spec))
+        saved = a.checkpoints.last_step == a.state.step  # a rollback checkpointed this step already
+        if a.state.step < a.steps and not saved and a.checkpoints.due(a.state.step, time.time()):
+            a.observers.checkpoint_start(a.state.step)
             saving = time.time()
             a.checkpoints.save(a.model, a.optimizer, a.scheduler, a.state)
-            a.measurer.checkpoint(time.time() - saving, a.checkpoints.writer)
-            a.measurer.record(a.store)  # what this attempt measured so far survives a kill
-            a.reporter.last_checkpoint(a.checkpoints.durable_step)
-            a.reporter.set_state("running")
+            a.observers.checkpoint(a.state.step, time.time() - saving)
     return None
+
+
+def _start_watchdog(a: Attempt) -> Watchdog:
+    """The stall watchdog (trainer/stops/watchdog.py): a step that does not come in time ends the process
+    with exitcodes.STALLED, recorded first (the training thread is stuck: nothing else can run)."""
+
+    def on_stall(phase: str, waited: float) -> None:
+        detail = (
+            f"stalled: no progress for {waited:.0f} s in {phase.replace('_', ' ')} after step {a.state.step}"
+        )
+        log(
+            f"{detail} (watchdog; timeout {a.watchdog.timeout(phase):.0f} s): exiting with code {exitcodes.STALLED}"
+        )
+        a.store.update_epoch_record(
+            ended="stalled", stop_detail=detail, step=a.state.step, ended_at=time.time()
+        )
+        exit_now(exitcodes.STALLED)
+
+    return Watchdog(a.spec.train.health.stall_timeout_s, on_stall).start()
+
+
+def _stop_sources(a: Attempt) -> list[StopSource]:
+    """What can end this attempt besides the flag's own threads: the budget, the spot probe (rank 0)."""
+    sources: list[StopSource] = []
+    if a.budget is not None:  # the budget stop (trainer/stops/budget.py)
+        sources.append(BudgetStop(a.budget, a.store, a.flag, a.checkpoints, a.steps, log))
+    # spot return (issue 19): records where this attempt landed; on demand, may probe back to spot
+    probe = SpotProbe.open(a.store, a.spec, a.resolved, a.number, log) if a.par.is_main else None
+    if probe is not None:
+        sources.append(SpotProbeStop(probe, a.steps, a.reporter))
+    return sources
 
 
 def _train_step(a: Attempt) -> tuple[float, float, float]:
@@ -462,32 +513,24 @@ def _train_step(a: Attempt) -> tuple[float, float, float]:
     # the job's effective batch on this many ranks (trainer/layout.py): global micro-batches
     micro = a.layout.step_micro_batches(a.dataset, state.micro_batches)
     maybe_oom(a.layout.micro_batch)  # FTORCH_FAULTS=oom-above@K (tests)
+    maybe_poison(a.model, state.step + 1)  # FTORCH_FAULTS=nan@K (tests)
+    maybe_hang(state.step + 1)  # FTORCH_FAULTS=hang@K (tests)
     step_loss, seen = accumulate(
         a.model, micro, spec=a.spec, device=a.device, pad_id=a.dataset.pad_id, local=a.par.local,
         world=a.par.world, scaler=a.scaler, tokens=a.par.tokens,
     )  # fmt: skip
     state.tokens_seen += seen
-    step_loss = a.par.mean(step_loss)
-    grad_norm = update(a.model, a.optimizer, a.spec.train.max_grad_norm, a.scaler)
+    step_loss = a.par.mean(step_loss) * spike(state.step + 1)  # FTORCH_FAULTS=spike@K (tests)
+    maybe_nan_grad(a.model, state.step + 1)  # FTORCH_FAULTS=nan-grad-rank1@K (tests)
+    # the health checks (trainer/health_guard.py) may skip the optimizer step (a non-finite loss or norm)
+    go = a.health.go_for(state.step + 1, step_loss) if a.health is not None else None
+    grad_norm = update(a.model, a.optimizer, a.spec.train.max_grad_norm, a.scaler, go)
     save_scaler(a.scaler, state.extra)
     a.scheduler.step()
     a.optimizer.zero_grad(set_to_none=True)
     state.step += 1
     state.micro_batches += a.spec.train.grad_accum  # the data position, in the job's micro-batches
     return step_loss, a.scheduler.get_last_lr()[0], grad_norm
-
-
-def _report_step(a: Attempt, step_loss: float, lr: float, grad_norm: float, log_every: int) -> None:
-    step = a.state.step
-    maybe_crash("crash", step)
-    a.reporter.step(step, step_loss, lr, a.state.tokens_seen, grad_norm)
-    tokens_per_s = a.reporter.tokens_per_s()
-    a.trackers.step(
-        step, {"loss": step_loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s or None}
-    )
-    maybe_die("kill", step)  # tests: SIGKILL once the step is reported (FTORCH_FAULTS=kill@N)
-    if step % log_every == 0 or step == a.steps:
-        log(f"step {step}/{a.steps} loss {step_loss:.4f} lr {lr:.2e} tok/s {a.reporter.tokens_per_s():,.0f}")
 
 
 def _stop_on_notice(a: Attempt) -> int:
@@ -523,6 +566,8 @@ def _stop_on_notice(a: Attempt) -> int:
 def finish(a: Attempt) -> int:
     """The last checkpoint, the held-out evaluation, the output and its records."""
     state, output_uri = a.state, a.resolved["output_uri"]
+    if a.watchdog is not None:  # the last checkpoint, eval and output are bounded by the launcher's view
+        a.watchdog.close()
     if a.checkpoints.last_step != state.step:
         a.checkpoints.save(a.model, a.optimizer, a.scheduler, state, wait=True)
     a.checkpoints.wait()
@@ -544,10 +589,3 @@ def finish(a: Attempt) -> int:
     log(f"done: {a.steps} steps; output at {output_uri}")
     a.notifier.succeeded(state.step, getattr(a.reporter, "loss", None))
     return exitcodes.OK
-
-
-def _fmt_eval(result: dict[str, float]) -> str:
-    return (
-        f"loss {result['loss']:.4f}, exact match {result['exact_match']:.0%} "
-        f"on {int(result['examples'])} examples"
-    )

@@ -7,11 +7,11 @@ a pure function of the summary, so the card can be rewritten without torch. No t
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from trainer.config import JobSpec
+from trainer.runstore import finite_json
 
 SUMMARY = "training_summary.json"
 WITH_INPUT = "\n(when the example has an input:)\n"
@@ -248,7 +248,7 @@ def _trainer_ledger(store: Any, records: dict[int, dict[str, Any]], tokens: int 
 
 def write(output: Any, summary: dict[str, Any]) -> None:
     """Both files into `output` (a RunStore on the output folder)."""
-    output.write_bytes(SUMMARY, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
+    output.write_bytes(SUMMARY, (finite_json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
     output.write_bytes(CARD, render_card(summary).encode())
 
 

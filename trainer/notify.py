@@ -227,5 +227,13 @@ class TrainerNotifier:
             "the job restarts from it",
         )
 
+    def unhealthy(self, step: int, reason: str, healthy_step: int | None) -> bool | None:
+        """The health checks ended the run (trainer/health.py): no launcher restarts it."""
+        kept = f"newest healthy checkpoint: step {healthy_step}" if healthy_step else "no healthy checkpoint"
+        return self.send(
+            "unhealthy", state="UNHEALTHY", step=step, last_checkpoint_step=healthy_step,
+            reason=f"unhealthy: {reason}; {kept}",
+        )  # fmt: skip
+
     def succeeded(self, step: int, loss: float | None = None) -> bool | None:
         return self.send("succeeded", state="SUCCEEDED", step=step, last_checkpoint_step=step, loss=loss)

@@ -79,20 +79,31 @@ def update(
     optimizer: torch.optim.Optimizer,
     max_grad_norm: float | None,
     scaler: torch.amp.GradScaler | None = None,
+    go: Callable[[float | None], bool] | None = None,
 ) -> float | None:
     """Clip (after unscaling) and step; with a scaler the step is skipped when gradients overflowed.
-    Returns the gradient norm before clipping (None without clipping)."""
+    `go(grad_norm)` (the health checks) may skip the step: False leaves the weights and optimizer state
+    as they were. Returns the gradient norm before clipping (None without clipping or health checks)."""
     if in_backward(optimizer):  # train.optimizer_in_backward: the hooks stepped; no whole gradient to clip
         optimizer.step()  # steps nothing (keeps the LR scheduler's order check quiet)
+        if go is not None:
+            go(None)  # the loss is still judged; the weights have stepped already
         return None
     if scaler is not None:
         scaler.unscale_(optimizer)
     grad_norm = None
-    if max_grad_norm:
-        norm = torch.nn.utils.clip_grad_norm_(
-            [p for p in model.parameters() if p.requires_grad], max_grad_norm
+    params = [p for p in model.parameters() if p.requires_grad]
+    if max_grad_norm or go is not None:  # the health checks need the norm even without clipping
+        norm = (
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            if max_grad_norm
+            else torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         )
         grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # DTensor: FSDP
+    if go is not None and not go(grad_norm):
+        if scaler is not None:
+            scaler.update()  # its own bookkeeping (unscale_ was called); the step itself is skipped
+        return grad_norm
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()

@@ -53,6 +53,8 @@ class ProgressTail:
         #: the step the trainer resumed from (progress.json in the store can lag after a kill)
         self.resumed: int | None = None
         self.state: str | None = None
+        #: the newest snapshot (its `updated_at` is the heartbeat, `stall_timeout_s` the trainer's timeout)
+        self.progress: dict[str, Any] = {}
 
     def poll(self) -> int | None:
         """The newest step of this attempt, or None before its first step."""
@@ -64,6 +66,7 @@ class ProgressTail:
         if progress is None:
             return self.step
         self.state = progress.get("state")
+        self.progress = progress
         if progress.get("start_step") is not None:
             self.resumed = progress["start_step"]
         if progress.get("first_step_at") is not None and progress.get("step") is not None:

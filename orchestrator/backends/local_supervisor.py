@@ -50,9 +50,12 @@ from orchestrator.spot.policy import Mode
 from orchestrator.states import AttemptEnd, JobState, Outcome
 from trainer import exitcodes
 from trainer.config import JobSpec
+from trainer.health import stall_reason, unhealthy_reason
 from trainer.runstore.store import RunStore
 from trainer.stops.budget import BudgetGuard, budget_stop_of, spend_usd
 from trainer.stops.interruptions import request_stop
+from trainer.stops.watchdog import KEY as STALL_KEY
+from trainer.stops.watchdog import stale
 
 POLL_S = 0.05
 
@@ -76,6 +79,7 @@ class Supervisor:
             rng=random.Random((self.spec.local.chaos.seed if self.spec.local.chaos else 0) + len(fired)),
         )
         self.crashes = 0
+        self.stalled_at: int | None = None  # the newest checkpoint step at the last stall
         self.start_step = 0  # the current attempt's start (the newest checkpoint when it began)
         self.proc: subprocess.Popen[bytes] | None = None
         self.budget_stop: str | None = None
@@ -163,6 +167,10 @@ class Supervisor:
             if outcome is Outcome.FAILED:
                 self.end(JobState.FAILED, end.detail)
                 return 1
+            if outcome is Outcome.UNHEALTHY:  # the health checks ended it (trainer/health.py): no restart
+                self.registry.event(self.job_id, "unhealthy", end.reason)
+                self.end(JobState.UNHEALTHY, end.reason)
+                return 1
             if outcome is Outcome.FENCED:  # never restarted: that would fence the attempt that owns it
                 owner = self.registry.get(self.job_id)
                 if owner.supervisor_pid != os.getpid() and procs.alive(
@@ -174,6 +182,9 @@ class Supervisor:
                     return 0
                 self.end(JobState.FAILED, end.reason)
                 return 1
+            if outcome is Outcome.STALLED:
+                self.registry.set_state(self.job_id, JobState.RECOVERING, end.reason)
+                continue
             if outcome is Outcome.PREEMPTED:
                 self.preemptions += 1
                 self.mode = Mode.NONE
@@ -244,11 +255,41 @@ class Supervisor:
             switch = self.follow_policy(now, step)
             if switch is not None:
                 return switch
+            stalled = self._kill_if_stalled(step, progress_tail, now) if running else None
+            if stalled is not None:
+                return stalled
             due = self.chaos.due(step or 0, now - last) if running else None
             last = now
             if due is not None:
                 return self._simulate_preemption(attempt_n, step, *due)
         return None
+
+    def _kill_if_stalled(
+        self, step: int | None, progress_tail: ProgressTail, now: float
+    ) -> AttemptEnd | None:
+        """A frozen trainer runs no watchdog: kill it when its heartbeat (the progress mirror it rewrites
+        every step) is older than its own stall timeout (trainer/stops/watchdog.py)."""
+        age = stale(progress_tail.progress, now)
+        if age is None:
+            return None
+        reason = f"stalled: no heartbeat for {age:.0f} s at step {step} (timeout {progress_tail.progress[STALL_KEY]:.0f} s); killed"
+        self.log(reason)
+        self.registry.event(self.job_id, "stalled", reason)
+        assert self.proc is not None
+        kill_group(self.proc)
+        return AttemptEnd(Outcome.STALLED, reason)
+
+    def stalled(self, end: AttemptEnd) -> AttemptEnd:
+        """Restart a stalled trainer once per progress: two stalls with no new checkpoint between them end
+        the run UNHEALTHY (NVIDIA's resiliency extension: no restarts without progress)."""
+        newest = newest_checkpoint_step(self.store)
+        if self.stalled_at is not None and newest <= self.stalled_at:
+            return AttemptEnd(
+                Outcome.UNHEALTHY,
+                f"unhealthy: stalled twice without progress (checkpoint step {newest}); {end.reason}",
+            )
+        self.stalled_at = newest
+        return end
 
     def _stop_if_cancelled(self, ask_registry: bool) -> bool:
         """On `ftorch cancel` (a signal, or the registry's flag when `ask_registry`): the trainer
@@ -295,6 +336,8 @@ class Supervisor:
             else own_step(end_progress, attempt_n, self.start_step),
         )
         end = self.classify(code, preempted, end_progress, tail)
+        if end.outcome is Outcome.STALLED:
+            end = self.stalled(end)
         self.registry.update_attempt(self.job_id, attempt_n, end_reason=end.reason, outcome=end.outcome)
         self.log(f"attempt {attempt_n} ended: exit code {code}, {end.reason}")
         return end
@@ -323,6 +366,10 @@ class Supervisor:
         memory = self.out_of_memory(code)  # trainer/oom.py: a smaller layout, or a re-plan
         if memory is not None:
             return memory
+        if code == exitcodes.STALLED:  # the trainer's own watchdog; the epoch record says where
+            return AttemptEnd(Outcome.STALLED, stall_reason(self.store, self.attempt_n))
+        if code == exitcodes.UNHEALTHY:  # never restarted; the epoch record says why
+            return AttemptEnd(Outcome.UNHEALTHY, unhealthy_reason(self.store, self.attempt_n))
         if code == exitcodes.BAD_CONFIG:
             return AttemptEnd.of(Outcome.FAILED, f"the trainer refused the job: {last}")
         if code == exitcodes.STORE_UNAVAILABLE:

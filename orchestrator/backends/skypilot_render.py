@@ -112,7 +112,8 @@ def job_recovery(spec: JobSpec) -> dict[str, Any]:
         "strategy": spec.resources.recovery,
         "max_restarts_on_errors": spec.resources.max_restarts_on_errors,
         # 75: preempted with a checkpoint; 88: out of memory, the layout adapted (trainer/oom.py): both resume
-        # from the store. 89 (does not fit even at the smallest layout) is not retried: it ends FAILED
+        # from the store. 89 (does not fit even at the smallest layout) is not retried: it ends FAILED;
+        # nor 86 (the health checks ended the run, trainer/health.py): a relaunch would repeat it
         "recover_on_exit_codes": [exitcodes.PREEMPTED, exitcodes.OOM_ADAPT],
     }
 

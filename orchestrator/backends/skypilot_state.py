@@ -101,6 +101,9 @@ def apply_record(registry: Registry, job: Job, record: Mapping[str, Any] | None)
         reason = f"SkyPilot {sky_status}" + (
             f": {record['failure_reason']}" if record.get("failure_reason") else ""
         )
+    sick = unhealthy_stop(job) if STATES.get(sky_status) is JobState.FAILED else None
+    if sick is not None:  # exit 86 (not in recover_on_exit_codes): the trainer's health checks ended it
+        new_state, reason = JobState.UNHEALTHY, sick
     if new_state != job.state or (reason and reason != job.reason):
         registry.set_state(job.job_id, new_state, reason)
     return registry.get(job.job_id)
@@ -203,6 +206,20 @@ def budget_stop(job: Job) -> str | None:
     if newest.get("stop_reason") != "budget" or _progress(job).get("state") == "finished":
         return None
     return str(newest.get("stop_detail") or "budget: the trainer stopped at resources.budget_usd")
+
+
+def unhealthy_stop(job: Job) -> str | None:
+    """Why the health checks ended the run, when its newest attempt says so (trainer/health.py)."""
+    try:
+        records = job.run_store().epoch_records()
+    except Exception:  # noqa: BLE001 - unreadable: FAILED stays what SkyPilot said
+        return None
+    newest = records[max(records)] if records else {}
+    if newest.get("ended") != "unhealthy":
+        return None
+    from trainer.health import unhealthy_reason
+
+    return unhealthy_reason(job.run_store(), newest.get("attempt"))
 
 
 def _progress(job: Job) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from trainer.checkpoints.checkpoint import (
     snapshot,
 )
 from trainer.faults import maybe_crash
+from trainer.health import manifest_meta as health_meta
 from trainer.runstore.progress import debug
 from trainer.runstore.storage import StoreUnavailable
 from trainer.runstore.store import Fenced, RunStore, checkpoint_name
@@ -95,13 +96,14 @@ class AsyncCheckpointer:
         self.wait()
         started = time.perf_counter()
         snap = snapshot(model, optimizer, scheduler, state)
+        meta = {**self.meta, **health_meta(state.extra)}  # this state's: whether it is healthy
         result = SaveResult(step=state.step, blocking_s=time.perf_counter() - started, nbytes=snap.nbytes)
         if not self.asynchronous or wait:
-            self._upload(snap, result)
+            self._upload(snap, result, meta)
             self.poll()
             return result
         self._thread = threading.Thread(
-            target=self._upload, args=(snap, result), daemon=True, name="ckpt-upload"
+            target=self._upload, args=(snap, result, meta), daemon=True, name="ckpt-upload"
         )
         self._thread.start()
         return result
@@ -114,13 +116,13 @@ class AsyncCheckpointer:
         self.poll()
 
     # ---- the upload thread ---------------------------------------------------------------------
-    def _upload(self, snap: Snapshot, result: SaveResult) -> None:
+    def _upload(self, snap: Snapshot, result: SaveResult, meta: dict[str, Any]) -> None:
         started = time.perf_counter()
         name = checkpoint_name(snap.step)
         try:
             blobs = self._stage(snap)
             maybe_crash("upload-crash", snap.step)
-            self.store.commit_checkpoint(snap.step, blobs, meta=self.meta)
+            self.store.commit_checkpoint(snap.step, blobs, meta=meta)
             result.upload_s = time.perf_counter() - started
             self.durable_step = snap.step
             self.failing_since = None

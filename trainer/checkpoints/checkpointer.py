@@ -45,7 +45,14 @@ from trainer.config import JobSpec
 from trainer.distributed import Parallel, Sharded
 from trainer.runstore.progress import debug, log
 from trainer.runstore.storage import StoreUnavailable
-from trainer.runstore.store import CheckpointInfo, CheckpointListing, Fenced, RunStore, checkpoint_name
+from trainer.runstore.store import (
+    CheckpointInfo,
+    CheckpointListing,
+    Fenced,
+    RunStore,
+    checkpoint_name,
+    healthy_listing,
+)
 
 
 def manifest_meta(spec: JobSpec, attempt: int) -> dict[str, Any]:
@@ -110,11 +117,12 @@ class Checkpointer:
     def load_newest(self, model: Any, optimizer: Any, scheduler: Any) -> TrainerState | None:
         """Load the newest checkpoint this world can read into model, optimizer and scheduler; None if
         there is none. Damaged, incomplete and unloadable ones are skipped (logged)."""
+        listing = healthy_listing(self.listing, log)  # train.health: an unhealthy one is never resumed
         if isinstance(self.par, Sharded):  # sharded (DCP) or single-process ones, resharded onto these ranks
             args = (self.store, self.spec, self.par, model, optimizer, scheduler)
-            loaded = load_newest_sharded(*args, on_skip=_skipped, listing=self.listing)
+            loaded = load_newest_sharded(*args, on_skip=_skipped, listing=listing)
         else:
-            found = self.store.newest_valid_checkpoint(_skipped, decode_or_corrupt, listing=self.listing)
+            found = self.store.newest_valid_checkpoint(_skipped, decode_or_corrupt, listing=listing)
             loaded = found and (found[0], restore(found[1], model, optimizer, scheduler))
         if not loaded:
             return None
@@ -123,6 +131,20 @@ class Checkpointer:
         self.writer.durable_step = state.step if state.step > 0 else None
         self.last_time = time.time()
         return state
+
+    def load_newest_healthy(self, model: Any, optimizer: Any, scheduler: Any) -> TrainerState | None:
+        """A rollback (trainer/health_guard.py): the store listed again, the newest healthy checkpoint
+        loaded (the upload in flight first); None when there is none."""
+        self.wait()
+        self._listing = self.par.share(self.store.list_checkpoints() if self.par.is_main else None)
+        return self.load_newest(model, optimizer, scheduler)
+
+    def newest_healthy_step(self) -> int | None:
+        """The step of the newest complete healthy checkpoint in the store (rank 0; None on the others)."""
+        if not self.par.is_main:
+            return None
+        healthy = healthy_listing(self.store.list_checkpoints()).newest
+        return healthy.step if healthy is not None else None
 
     def clean_up(self) -> None:
         """Rank 0 at the start: remove what earlier attempts left half-written; keep `checkpoint.keep`."""

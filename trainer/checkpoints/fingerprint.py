@@ -39,7 +39,7 @@ FREE = (
     "name", "data.tokens", "data.eval_path", "data.eval_split", "data.num_proc",
     "train.micro_batch_size", "train.grad_accum",  # free while their product, the effective batch, is kept
     "train.gradient_checkpointing", "train.attn_implementation", "train.log_every", "train.report_to",
-    "train.eval_every", "train.offload", "checkpoint", "output", "resources", "local", "notify",
+    "train.eval_every", "train.offload", "train.health", "checkpoint", "output", "resources", "local", "notify",
 )  # fmt: skip
 #: spec.json's list of changes `ftorch resume --allow-change` allowed
 ALLOWED_KEY = "allowed_changes"

@@ -43,6 +43,7 @@ from trainer.checkpoints.checkpoint import (
 from trainer.checkpoints.rng import RngState
 from trainer.config import JobSpec
 from trainer.distributed import Sharded, seed_rank
+from trainer.health import manifest_meta as health_meta
 from trainer.runstore.progress import debug, log
 from trainer.runstore.store import (
     CheckpointInfo,
@@ -151,7 +152,7 @@ class ShardedWriter:
                 blobs[rank_file(rank)] = json.dumps(rng).encode()
         model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(self.spec))
         writer = FsspecWriter(self.store.uri(folder), **self.store.storage_options)
-        meta = {**self.meta, "kind": KIND, "world_size": self.par.world}
+        meta = {**self.meta, "kind": KIND, "world_size": self.par.world, **health_meta(state.extra)}
         payload = {"model": model_sd, "optim": optim_sd}
         if self.async_saves and not wait:
             staging = _plain_staging()

@@ -7,12 +7,12 @@ progress is advisory, checkpoints are what matter.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from typing import Any
 
+from trainer.runstore import finite_json
 from trainer.runstore.store import RunStore
 
 PROGRESS_EVERY_S = float(os.environ.get("FTORCH_PROGRESS_EVERY_S", "2"))
@@ -147,7 +147,7 @@ class ProgressReporter:
         tmp = f"{self.mirror}.tmp"
         try:
             with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
-                json.dump(snapshot or self.snapshot(), handle)
+                handle.write(finite_json.dumps(snapshot or self.snapshot()))  # NaN/inf: null + flag
             os.replace(tmp, self.mirror)
         except OSError as exc:  # advisory, like the store's copy
             log(f"progress mirror write failed ({exc.__class__.__name__}: {exc})")

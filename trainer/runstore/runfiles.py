@@ -50,7 +50,10 @@ def _is(value: Any, kind: str) -> bool:
         return isinstance(value, (int, float)) and value == value  # not NaN
     if kind == _STR:
         return isinstance(value, str)
-    return isinstance(value, dict) and all(_is(v, _NUM) for v in value.values())
+    # an evaluation: numbers, or null for one that was not finite (trainer/runstore/finite_json.py)
+    return isinstance(value, dict) and all(
+        v is None or _is(v, _NUM) or k == "nonfinite" for k, v in value.items()
+    )
 
 
 def progress_problem(data: Any) -> str | None:

@@ -28,6 +28,8 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from trainer.runstore import finite_json
+
 T = TypeVar("T")
 
 
@@ -214,7 +216,8 @@ class Storage:
         return self._call(self.fs.exists, self.path(rel))
 
     def write_json(self, rel: str, payload: Any, atomic: bool = True) -> None:
-        self.write_bytes(rel, json.dumps(payload, indent=1, sort_keys=True).encode(), atomic=atomic)
+        body = finite_json.dumps(payload, indent=1, sort_keys=True)  # NaN/inf as null with a flag
+        self.write_bytes(rel, body.encode(), atomic=atomic)
 
     def read_json(self, rel: str) -> Any:
         return json.loads(self.read_bytes(rel))

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from trainer.faults import maybe_die, maybe_disk_full
+from trainer.runstore import finite_json
 from trainer.runstore.runfiles import checked_progress
 from trainer.runstore.storage import LinkRefused, Storage, StoreError, sha256_bytes
 
@@ -114,6 +115,24 @@ class CheckpointListing:
         """A folder this start deleted."""
         self.names = [n for n in self.names if n != name]
         self.manifests.pop(name, None)
+
+
+def is_healthy(info: CheckpointInfo) -> bool:
+    """The manifest's `healthy` (trainer/health.py); checkpoints written before it existed are healthy."""
+    return info.meta.get("healthy", True) is not False
+
+
+def healthy_listing(
+    listing: CheckpointListing, log: Callable[[str], None] | None = None
+) -> CheckpointListing:
+    """The listing without its unhealthy checkpoints (what a resume, a rollback and an export may read)."""
+    sick = [n for n in listing.names if n in listing.manifests and not is_healthy(listing.manifests[n])]
+    if sick and log is not None:
+        log(f"not resuming from unhealthy checkpoint(s): {', '.join(sick)}")
+    names = [n for n in listing.names if n not in sick]
+    return CheckpointListing(
+        names, {n: i for n, i in listing.manifests.items() if n not in sick}, listing.links
+    )
 
 
 T = TypeVar("T")
@@ -382,6 +401,10 @@ class RunStore(Storage):
         complete = listing.complete
         complete_names = [c.path.rsplit("/", 1)[-1] for c in complete]
         doomed = complete_names[:-keep] if keep > 0 else complete_names
+        healthy = [c for c in complete if is_healthy(c)]
+        if healthy:  # checkpoint.keep never deletes the newest healthy checkpoint (trainer/health.py)
+            newest_healthy = healthy[-1].path.rsplit("/", 1)[-1]
+            doomed = [n for n in doomed if n != newest_healthy]
         newest_complete = complete[-1].step if complete else None
         leftovers = [
             n
@@ -416,7 +439,7 @@ class RunStore(Storage):
 
     def write_metrics_part(self, attempt: int, part: int, rows: Iterable[dict[str, Any]]) -> None:
         self.check_fence()
-        body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+        body = "".join(finite_json.dumps(r, sort_keys=True) + "\n" for r in rows)
         self.write_bytes(f"{METRICS}/{attempt:04d}-{part:04d}.jsonl", body.encode(), atomic=False)
 
     def read_metrics(self) -> list[dict[str, Any]]:

@@ -1,0 +1,107 @@
+"""Stalls (train.health.stall_timeout_s): a step that does not come within the stall timeout. No torch.
+
+The rule, shared by the trainer's watchdog thread and the launchers that watch its heartbeat (the local
+supervisor, the SkyPilot run script): `stall_timeout(step_times)` is max(300 s, 5x the p95 step after
+warm-up) (SageMaker HyperPod: a step line within 300 s; NVIDIA's resiliency extension: observed time x 5),
+or the job's `train.health.stall_timeout_s`. Eval and checkpoint phases get max(that, 5x their own last
+duration). The trainer writes the figure into progress.json (`stall_timeout_s`), so whoever watches the
+heartbeat (progress.json's `updated_at`, rewritten every step) uses the trainer's own.
+
+Inside (`Watchdog`): a thread that ends the process with exitcodes.STALLED when the loop has not beaten
+in time; it records the stall in the epoch record first. Outside: a frozen process runs no thread, so
+the launcher kills a trainer whose heartbeat is older than the timeout (`stale`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+FLOOR_S = 300.0
+FACTOR = 5.0
+WARMUP_STEPS = 5  # NVIDIA's resiliency extension leaves the first 5 iterations out
+KEY = "stall_timeout_s"
+
+
+def stall_timeout(step_times: Sequence[float], given: float | None = None) -> float:
+    """The stall timeout: `given` (the job's), else max(300 s, 5x the p95 of the steps after warm-up)."""
+    if given is not None:
+        return float(given)
+    after = sorted(step_times[WARMUP_STEPS:])
+    if not after:
+        return FLOOR_S
+    p95 = after[min(len(after) - 1, int(0.95 * len(after)))]
+    return max(FLOOR_S, FACTOR * p95)
+
+
+def stale(progress: dict[str, Any], now: float, age_s: float | None = None) -> float | None:
+    """The heartbeat's age when it is older than the progress's own stall timeout, else None."""
+    timeout = progress.get(KEY)
+    updated = age_s if age_s is not None else now - float(progress.get("updated_at") or now)
+    if timeout is None or progress.get("state") not in ("running", "checkpointing", "evaluating"):
+        return None
+    return updated if updated > float(timeout) else None
+
+
+class Watchdog:
+    """The trainer's own watchdog thread: `beat(phase)` after each step and around eval and checkpoints."""
+
+    def __init__(
+        self,
+        given: float | None,
+        on_stall: Callable[[str, float], None],
+        clock: Callable[[], float] = time.monotonic,
+        check_every_s: float = 1.0,
+    ) -> None:
+        self.given, self.on_stall, self.clock, self.check_every_s = given, on_stall, clock, check_every_s
+        self.step_times: list[float] = []
+        self.phase_s: dict[str, float] = {}
+        self.phase = "first_step"
+        self.since = clock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="ftorch-watchdog")
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def timeout(self, phase: str | None = None) -> float:
+        base = stall_timeout(self.step_times, self.given)
+        phase = phase or self.phase
+        last = self.phase_s.get(phase)
+        if phase in ("eval", "checkpoint", "first_step"):
+            return (
+                max(base, FACTOR * last)
+                if last is not None
+                else (base if self.given else max(base, 3 * FLOOR_S))
+            )
+        return base
+
+    def beat(self, phase: str = "step") -> None:
+        """The loop is alive; `phase` is what it does next (step, eval, checkpoint)."""
+        now = self.clock()
+        spent = now - self.since
+        if self.phase == "step":
+            self.step_times.append(spent)
+        elif self.phase in ("eval", "checkpoint"):
+            self.phase_s[self.phase] = spent
+        self.phase, self.since = phase, now
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.check_every_s):
+            waited = self.clock() - self.since
+            limit = self.timeout()
+            if waited > limit:
+                self.on_stall(self.phase, waited)
+                return
+
+
+def exit_now(code: int) -> None:
+    """Leave at once from the watchdog thread (the training thread is stuck: no cleanup can run)."""
+    os._exit(code)
