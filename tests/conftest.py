@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers import build_tiny_model
+from leaks import describe, mark_session, self_ending, stop_all, survivors
 from s3server import FaultProxy, SeaweedS3, s3_env, weed_binary
 
 
@@ -22,6 +23,19 @@ def ftorch_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "ftorch-home"
     monkeypatch.setenv("FTORCH_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_left() -> Iterator[None]:
+    """Every process the session started is gone at its end (each xdist worker checks its own): what is
+    left is stopped, and the run fails naming it. Set up first, so torn down after every other fixture."""
+    token = mark_session()
+    yield
+    left = survivors(token)
+    names = [describe(p) for p in left if not self_ending(p)]
+    stop_all(left)
+    if names:
+        pytest.fail(f"{len(names)} process(es) the tests started were still running: " + "; ".join(names))
 
 
 # ---- a real S3-compatible server (SeaweedFS) for the store tests; see tests/s3server.py ----------

@@ -17,7 +17,7 @@ from helpers import REPO, job_dict
 from http_fakes import Hook
 
 from orchestrator import jobs, planner
-from orchestrator.backends import skypilot_sdk
+from orchestrator.backends import skypilot_controller, skypilot_sdk
 from orchestrator.backends import skypilot_state as sky_state
 from orchestrator.errors import UserError
 from orchestrator.registry import JobState, Registry
@@ -98,8 +98,12 @@ def test_a_job_that_did_not_fit_on_an_l4_is_replanned_to_a_larger_gpu_and_says_s
     monkeypatch.setattr(skypilot_sdk, "enabled_clouds", lambda: ["gcp"])
     monkeypatch.setattr(skypilot_sdk, "submit", submit)
     monkeypatch.setattr(skypilot_sdk, "queue", lambda *_a, **_k: [{"job_id": 8, "status": "PENDING"}])
+    # the relaunched job's controller (a detached process that would outlive the test) is only recorded
+    controllers: list[str] = []
+    monkeypatch.setattr(skypilot_controller, "spawn", lambda _reg, j: controllers.append(j.job_id) or 1)
 
     jobs.resume("q-1", [])
+    assert controllers == ["q-1"]  # the relaunch starts the job's controller
 
     # the plan refused the L4 and every GPU with no more memory, with the measured peak as the reason
     refused = {r.accelerator: r.reason for r in plans[0].rejected if r.reason.startswith("memory: measured")}

@@ -1,0 +1,47 @@
+"""The suite's own leak check (tests/leaks.py): a process a test started and left is found even when it
+detached itself (new session, reparented to init), named, and stopped; an unrelated process is not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+from leaks import MARKER, describe, stop_all, survivors
+
+
+def _detached_sleeper(env: dict[str, str]) -> int:
+    """A `sleep` that outlives the shell that started it (double fork, own session): its pid."""
+    code = (
+        "import subprocess; "
+        "p = subprocess.Popen(['sleep', '120'], start_new_session=True, "
+        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
+
+
+def test_a_detached_process_the_session_started_is_found_named_and_stopped() -> None:
+    token = uuid.uuid4().hex
+    marked = _detached_sleeper({**os.environ, MARKER: token})
+    other = _detached_sleeper({k: v for k, v in os.environ.items() if k != MARKER})
+    try:
+        assert psutil.Process(marked).ppid() != os.getpid()  # reparented: not a child of this process
+        found = survivors(token)
+        assert [p.pid for p in found] == [marked]  # type: ignore[attr-defined]
+        assert describe(found[0]) == f"pid {marked}: sleep 120"
+        stop_all(found, grace=2.0)
+        deadline = time.time() + 5
+        while psutil.pid_exists(marked) and psutil.Process(marked).status() != psutil.STATUS_ZOMBIE:
+            assert time.time() < deadline, "the leaked process was not stopped"
+            time.sleep(0.05)
+        assert survivors(token) == []
+    finally:
+        for pid in (marked, other):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
