@@ -77,9 +77,13 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
         preflight(run_uri, spec.checkpoint.storage_options)
     except StoreError as exc:
         raise UserError(f"checkpoint.uri: the run store is not writable: {exc}") from None
+    from orchestrator import runenv
+
+    lock, lock_info = runenv.lock_for_launch(spec, backend.remote)  # the run's environment (env/lock.txt)
     prepared = backend.prepare(spec, job_id, run_uri)  # e.g. plan, render, clouds, secrets
     store = RunStore(run_uri, spec.checkpoint.storage_options, retry_seconds=20)
     try:
+        runenv.write_lock(store, lock, lock_info)
         store.write_spec(_resolved_spec(spec, job_id, output_uri))
     except (OSError, StoreError) as exc:
         raise UserError(
@@ -181,6 +185,8 @@ def resume(job_ref: str, overrides: list[str], allow_change: bool = False) -> st
     spec = validate_job(data)
     store = job.run_store()
     step, changes = changes_since_checkpoint(job, store, spec.model_dump(mode="json"))
+    step, env_changes = _version_changes(job, store, step)
+    changes = [*changes, *env_changes]
     if changes and not allow_change:
         raise UserError(changes[0].line())
     from orchestrator import procs
@@ -266,6 +272,23 @@ def changes_since_checkpoint(
     if not recorded:
         recorded = fingerprint.record(job.spec, None)
     return step, fingerprint.changes(recorded, new, step)
+
+
+def _version_changes(job: Job, store: RunStore, step: int | None) -> tuple[int | None, list[Change]]:
+    """The library versions that differ between the newest checkpoint and the next attempt (the run's
+    lock for a cloud run, this machine's for a local one; orchestrator/runenv.py)."""
+    from orchestrator import runenv
+    from trainer.envlock import newest_versions
+
+    try:
+        newest = newest_versions(store)
+        found = runenv.version_changes(store, backend_for(job.backend).remote, newest)
+    except Exception as exc:  # noqa: BLE001 - unreadable now: the trainer checks at start
+        sys.stderr.write(
+            f"warning: cannot compare library versions in {job.run_uri} ({exc.__class__.__name__})\n"
+        )
+        return step, []
+    return (newest[0] if newest and step is None else step), found
 
 
 def _allowance(step: int, changes: list[Change], overrides: list[str]) -> dict[str, Any]:
