@@ -188,25 +188,28 @@ def read_lock(store: Any) -> tuple[str | None, dict[str, Any]]:
     return text, info if isinstance(info, dict) else {}
 
 
-def next_versions(store: Any, remote: bool) -> dict[str, str | None] | None:
-    """The versions the next attempt will run with: the run's lock for a cloud run (None when it has
-    none: an image, an older run), the installed ones here for a local run."""
+def next_versions(store: Any, remote: bool, lock: str | None = None) -> dict[str, str | None] | None:
+    """The versions the next attempt will run with: the run's lock for a cloud run (`lock`: the one a
+    `resume --relock` is about to write; None when it has none: an image, an older run), the installed
+    ones here for a local run."""
     from trainer.envlock import RECORDED, installed, parse
 
     if not remote:
         return installed()
-    text, _info = read_lock(store)
+    text = lock if lock is not None else read_lock(store)[0]
     if text is None:
         return None
     pins = parse(text)
     return {name: pins[name].version if name in pins else None for name in RECORDED}
 
 
-def version_changes(store: Any, remote: bool, newest: tuple[int, dict[str, Any]] | None) -> list[Any]:
+def version_changes(
+    store: Any, remote: bool, newest: tuple[int, dict[str, Any]] | None, lock: str | None = None
+) -> list[Any]:
     """The COMPARED versions that differ between the newest checkpoint and the next attempt."""
     from trainer.envlock import compared_changes
 
-    now = next_versions(store, remote) if newest else None
+    now = next_versions(store, remote, lock) if newest else None
     if not newest or now is None:
         return []
     return compared_changes(newest[1], now, newest[0])
