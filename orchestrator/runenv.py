@@ -97,12 +97,12 @@ def lock_source(spec: Any, environ: Mapping[str, str] | None = None) -> str:
     return f"file:{os.path.abspath(path)}" if path else f"shipped:{DEFAULT_TARGET}"
 
 
-def _requirements(name: str) -> list[str]:
-    """The installed distribution's unconditional requirements (markers evaluated here, no extras)."""
+def _unconditional(requires: list[str] | None) -> list[str]:
+    """The names of requirements that apply here with no extra (markers evaluated on this machine)."""
     from packaging.requirements import Requirement
 
     found = []
-    for text in metadata.requires(name) or []:
+    for text in requires or []:
         req = Requirement(text)
         if req.marker is None or req.marker.evaluate({"extra": ""}):
             found.append(req.name)
@@ -111,30 +111,42 @@ def _requirements(name: str) -> list[str]:
 
 def local_lock() -> str:
     """The versions installed here of ftorch's requirements (every extra that is installed) and theirs."""
-    from packaging.requirements import Requirement
-
-    from trainer.envlock import normalise, version_of
-
-    seen: dict[str, str] = {}
-    todo = [Requirement(t).name for t in metadata.requires("ftorch") or []]
-    while todo:
-        name = normalise(todo.pop())
-        version = version_of(name)
-        if name in seen or version is None or name == "ftorch":
-            continue
-        seen[name] = version
-        todo += _requirements(name)
     import sys
 
+    from packaging.requirements import Requirement
+
+    from trainer.envlock import normalise
+
+    dists: dict[str, Any] = {}
+    for dist in metadata.distributions():  # one pass over the path; the first of a name wins, as for import
+        # the folder's name says the distribution's (parsing every METADATA would take seconds)
+        name = getattr(dist, "_normalized_name", None) or dist.metadata["Name"] or ""
+        dists.setdefault(normalise(name), dist)
+    seen: dict[str, str] = {}
+    todo = [Requirement(t).name for t in (dists["ftorch"].requires if "ftorch" in dists else None) or []]
+    while todo:
+        name = normalise(todo.pop())
+        if name in seen or name not in dists or name == "ftorch":
+            continue
+        meta = dists[name].metadata  # parsed once
+        seen[name] = meta["Version"]
+        todo += _unconditional(meta.get_all("Requires-Dist"))
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     lines = ["# ftorch environment: the versions installed here", "# target: local", f"# python: {python}"]
     return "\n".join([*lines, *(f"{n}=={v}" for n, v in sorted(seen.items()))]) + "\n"
 
 
-def ftorch_identity(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The ftorch that runs: its version and the sha256 of what a task installs (wheel, or source tree)."""
+def ftorch_identity(remote: bool, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ftorch that runs: its version and the sha256 of what a task installs (the shipped wheel, or
+    the source tree); for a local run, of the source tree or the installed package's RECORD."""
     from orchestrator import __version__, ship
 
+    if not remote:
+        root = ship.source_root()
+        if root is not None:
+            return {"version": __version__, "source_sha256": tree_digest(root)}
+        record = metadata.distribution("ftorch").read_text("RECORD") or ""
+        return {"version": __version__, "record_sha256": hashlib.sha256(record.encode()).hexdigest()}
     install = ship.install_for_task([], environ)
     if install.file_mounts:
         (wheel,) = install.file_mounts.values()
@@ -164,7 +176,7 @@ def lock_for_launch(spec: Any, remote: bool) -> tuple[str | None, dict[str, Any]
         text, source = task_lock(spec), lock_source(spec)
     else:
         text, source = local_lock(), "installed"
-    info: dict[str, Any] = {"source": source, "written_at": time.time(), "ftorch": ftorch_identity()}
+    info: dict[str, Any] = {"source": source, "written_at": time.time(), "ftorch": ftorch_identity(remote)}
     if text is not None:
         info.update(sha256=hashlib.sha256(text.encode()).hexdigest(), target=header(text).get("target"))
     if spec.resources.image_id:
