@@ -162,6 +162,14 @@ def resume(
             " the change is recorded and shown by status",
         ),
     ] = False,
+    relock: Annotated[
+        bool,
+        typer.Option(
+            "--relock",
+            help="replace the run's environment lock with the one this ftorch ships (new library "
+            "versions: needs --allow-change once the run has checkpoints; docs/environment.md)",
+        ),
+    ] = False,
 ) -> None:
     """Continue a stopped, failed or cancelled run from its newest checkpoint."""
     from orchestrator import adopt, jobs
@@ -171,7 +179,7 @@ def resume(
         said, job = adopt.attach_for_resume(job)
         typer.echo(said)
     seen = follow_mod.mark(job) if follow else None  # --follow prints only what this resume adds
-    typer.echo(jobs.resume(job, list(set_ or []), allow_change=allow_change))
+    typer.echo(jobs.resume(job, list(set_ or []), allow_change=allow_change, relock=relock))
     if follow:
         raise typer.Exit(follow_mod.follow(job, since=seen))
 
@@ -213,13 +221,14 @@ def attach(
 
 def _register_optional_commands() -> None:
     """Commands that live in their own modules (sizing and planning; simulation)."""
-    from orchestrator import cli_hazards, cli_jobfile, cli_outputs, cli_simulate, cli_sizing
+    from orchestrator import cli_env, cli_hazards, cli_jobfile, cli_outputs, cli_simulate, cli_sizing
 
     cli_sizing.register(app)
     cli_simulate.register(app)
     cli_jobfile.register(app)
     cli_outputs.register(app)
     cli_hazards.register(app)
+    cli_env.register(app)
 
 
 _register_optional_commands()

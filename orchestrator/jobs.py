@@ -77,9 +77,13 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
         preflight(run_uri, spec.checkpoint.storage_options)
     except StoreError as exc:
         raise UserError(f"checkpoint.uri: the run store is not writable: {exc}") from None
+    from orchestrator import runenv
+
+    lock, lock_info = runenv.lock_for_launch(spec, backend.remote)  # the run's environment (env/lock.txt)
     prepared = backend.prepare(spec, job_id, run_uri)  # e.g. plan, render, clouds, secrets
     store = RunStore(run_uri, spec.checkpoint.storage_options, retry_seconds=20)
     try:
+        runenv.write_lock(store, lock, lock_info)
         store.write_spec(_resolved_spec(spec, job_id, output_uri))
     except (OSError, StoreError) as exc:
         raise UserError(
@@ -163,10 +167,12 @@ def cancel(job_ref: str, wait_s: float = 90.0) -> str:
     return f"{job.job_id} {job.state} (checkpoints kept in {job.run_uri})"
 
 
-def resume(job_ref: str, overrides: list[str], allow_change: bool = False) -> str:
+def resume(job_ref: str, overrides: list[str], allow_change: bool = False, relock: bool = False) -> str:
     """Continue a job from its newest checkpoint. A --set that changes the math of a job with checkpoints
-    (trainer/checkpoints/fingerprint.py) is refused, nothing written, unless `allow_change`: then it is recorded in
-    spec.json (the trainer accepts it), in the job's events, and shown by `ftorch status`."""
+    (trainer/checkpoints/fingerprint.py), or other library versions (orchestrator/runenv.py), is refused,
+    nothing written, unless `allow_change`: then it is recorded in spec.json (the trainer accepts it), in the
+    job's events, and shown by `ftorch status`. `relock`: the run's lock is replaced by the one a launch
+    would write now (a cloud run moves to the versions this ftorch ships)."""
     registry = Registry()
     job = get_job(job_ref, registry)
     if job.state not in RESUMABLE:
@@ -181,6 +187,13 @@ def resume(job_ref: str, overrides: list[str], allow_change: bool = False) -> st
     spec = validate_job(data)
     store = job.run_store()
     step, changes = changes_since_checkpoint(job, store, spec.model_dump(mode="json"))
+    new_lock = None
+    if relock:
+        from orchestrator import runenv
+
+        new_lock = runenv.lock_for_launch(spec, backend_for(job.backend).remote)
+    step, env_changes = _version_changes(job, store, step, new_lock[0] if new_lock else None)
+    changes = [*changes, *env_changes]
     if changes and not allow_change:
         raise UserError(changes[0].line())
     from orchestrator import procs
@@ -203,6 +216,10 @@ def resume(job_ref: str, overrides: list[str], allow_change: bool = False) -> st
     if allow_change and step is not None:
         allowance = _allowance(step, changes, overrides)
         resolved.setdefault(ALLOWED_KEY, []).append(allowance)
+    if new_lock is not None:
+        from orchestrator import runenv
+
+        runenv.write_lock(store, *new_lock)
     store.write_spec(resolved)
     registry.update(
         job.job_id,
@@ -266,6 +283,25 @@ def changes_since_checkpoint(
     if not recorded:
         recorded = fingerprint.record(job.spec, None)
     return step, fingerprint.changes(recorded, new, step)
+
+
+def _version_changes(
+    job: Job, store: RunStore, step: int | None, lock: str | None = None
+) -> tuple[int | None, list[Change]]:
+    """The library versions that differ between the newest checkpoint and the next attempt (the run's
+    lock for a cloud run, this machine's for a local one; orchestrator/runenv.py)."""
+    from orchestrator import runenv
+    from trainer.envlock import newest_versions
+
+    try:
+        newest = newest_versions(store)
+        found = runenv.version_changes(store, backend_for(job.backend).remote, newest, lock)
+    except Exception as exc:  # noqa: BLE001 - unreadable now: the trainer checks at start
+        sys.stderr.write(
+            f"warning: cannot compare library versions in {job.run_uri} ({exc.__class__.__name__})\n"
+        )
+        return step, []
+    return (newest[0] if newest and step is None else step), found
 
 
 def _allowance(step: int, changes: list[Change], overrides: list[str]) -> dict[str, Any]:

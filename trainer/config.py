@@ -321,7 +321,8 @@ class ResourcesSpec(_Strict):
     #: a duration from launch ('12h') or an ISO clock time with a zone ('2026-12-01T07:00+01:00')
     deadline: str | None = None
     disk_gb: int | None = Field(None, ge=10)
-    #: a VM image, or a container as 'docker:<image>' (SkyPilot's image_id)
+    #: a VM image, or a container pinned by digest as 'docker:<image>@sha256:<digest>' (SkyPilot's image_id;
+    #: it replaces the environment lock: docs/environment.md)
     image_id: str | None = None
     #: environment variable names passed to the cloud job as SkyPilot secrets, read from your environment
     #: at launch, never stored or printed; None = HF_TOKEN and the store's credentials, those that are set

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from trainer import exitcodes, ledger, oom, recorders, resume_check
+from trainer import envlock, exitcodes, ledger, oom, recorders, resume_check
 from trainer.checkpoints import fingerprint
 from trainer.checkpoints.checkpoint import TrainerState
 from trainer.checkpoints.checkpointer import Checkpointer
@@ -257,7 +257,10 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     # checkpoint is refused (exit 2) unless `ftorch resume --allow-change` allowed it; every checkpoint records it
     identity = data_identity(spec.data, spec.checkpoint.storage_options)
     start_check = fingerprint.check_start(store, resolved, identity, log, listing)
-    store.checkpoint_meta = start_check.meta
+    # the library versions (trainer/envlock.py): recorded with the attempt and every checkpoint; a resume
+    # under other versions than the newest checkpoint's is refused (exit 2) unless --allow-change allowed it
+    versions = envlock.check_start(store, resolved, log, listing)
+    store.checkpoint_meta = {**start_check.meta, envlock.META_KEY: versions}
     # FSDP across ranks (torchrun, or a sharded run resumed by one process), or the identity
     par = setup_parallel(
         spec, device, store, resume_sharded=listing is not None and is_sharded(listing.newest)

@@ -48,11 +48,13 @@ def render_job(
     run_uri: str,
     environ: Mapping[str, str] | None = None,
     unfit: Any = None,
+    lock: str | None = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """(plan, task config) for a job; SpecError when the job cannot run on a cloud."""
+    """(plan, task config) for a job; SpecError when the job cannot run on a cloud. `lock`: the run's
+    environment lock from its store (a resume installs what the run started with)."""
     render.require_remote(spec)
     plan = plan_for(spec, unfit)
-    return plan, render.render_task(spec, job_id, run_uri, plan, environ)
+    return plan, render.render_task(spec, job_id, run_uri, plan, environ, lock=lock)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Launch:
     plan: Any
     task: dict[str, Any]
     unfit: Any = None  # a re-plan after "does not fit": every render of this launch refuses those GPUs
+    lock: str | None = None  # the run's environment lock (None: the one the launch writes)
 
 
 def prepare(spec: JobSpec, job_id: str, run_uri: str) -> Launch:
@@ -79,6 +82,16 @@ def _withdraw_stop(job: Job) -> None:
         pass
 
 
+def _run_lock(job: Job) -> str | None:
+    """The run's lock (env/lock.txt), which every attempt installs; None for a run launched before locks."""
+    from orchestrator.runenv import read_lock
+
+    try:
+        return read_lock(job.run_store())[0]
+    except Exception:  # noqa: BLE001 - unreadable now: render the lock a launch writes
+        return None
+
+
 def start(registry: Registry, job: Job, launch: Launch | None = None) -> int:
     """Submit the job as a SkyPilot managed job; returns SkyPilot's job id. Fails as one line.
     Without `launch` (a resume), plans and checks here, as `prepare` does at launch."""
@@ -88,8 +101,9 @@ def start(registry: Registry, job: Job, launch: Launch | None = None) -> int:
         if launch is None:
             replanning = replan.pending(registry, job)  # it ended "does not fit": plan with its peak
             unfit = replanning.unfit if replanning else None
-            plan, rendered = render_job(spec, job.job_id, job.run_uri, unfit=unfit)
-            launch = Launch(plan, checks.usable_task(spec, rendered), unfit)
+            lock = _run_lock(job)
+            plan, rendered = render_job(spec, job.job_id, job.run_uri, unfit=unfit, lock=lock)
+            launch = Launch(plan, checks.usable_task(spec, rendered), unfit, lock)
         tasks = _controller_tasks(registry, job, spec, launch)
         first = tasks.get(Mode.SPOT, launch.task) if len(tasks) > 1 else launch.task
         _withdraw_stop(job)
@@ -119,7 +133,8 @@ def _controller_tasks(
     """The resources lists of the job's controller (saved for it): both kinds for a policy that
     switches, the launch's one list for a job that has a controller for its budget, notifications or
     regions (skypilot_controller.needs_controller); {} when the job needs no controller."""
-    renderer = functools.partial(render_job, unfit=launch.unfit)  # a switch re-renders as the launch did
+    # a switch re-renders as the launch did (the same offers refused, the same lock)
+    renderer = functools.partial(render_job, unfit=launch.unfit, lock=launch.lock)
     tasks = controller.tasks_for(spec, job.job_id, job.run_uri, launch.task, renderer)
     if Mode.ON_DEMAND in tasks and Mode.SPOT in tasks:
         try:

@@ -10,6 +10,8 @@ trainer, alone or under torchrun); rendering fills in what depends on the job:
 - envs: the run's id and store URL (the same across every recovery: ftorch's job id is the run id);
 - the ftorch to install: exactly this one (orchestrator/ship.py: the source tree as workdir, or the
   installed wheel in file_mounts), never a version from a package index;
+- the environment: the run's lock (orchestrator/runenv.py), written by the setup itself so the task
+  shows every pin, installed with --no-deps and checked (trainer/envlock.py); none with an image_id;
 - secrets: names only. Values are read from the user's environment at launch, inside the SDK call,
   and never written to the YAML, the registry, the run store or any output.
 """
@@ -342,15 +344,36 @@ def pip_extras(spec: JobSpec) -> list[str]:
     return extras
 
 
+#: flash-attn has no wheels on PyPI (it builds against the installed torch), so it is outside the lock:
+#: pinned here, installed with --no-deps (its einops is in the lock); change it with the lock
+FLASH_ATTN = "flash-attn==2.8.3.post2"
+
+
 def extra_pip(spec: JobSpec) -> str:
-    """Packages outside ftorch's extras: adlfs for az:// stores; flash-attn, which builds against the
-    installed torch (so without pip's build isolation), for flash_attention_2."""
+    """Packages outside the lock: flash-attn, which builds against the installed torch (so without pip's
+    build isolation), for flash_attention_2. (adlfs, for az:// stores, is in the lock.)"""
     extras = []
-    if scheme(spec.checkpoint.uri) in ("az", "abfs", "abfss"):
-        extras.append("adlfs")
     if spec.train.attn_implementation == "flash_attention_2":
-        extras += ["--no-build-isolation", "flash-attn>=2.6"]
+        extras += ["--no-build-isolation", FLASH_ATTN]
     return " ".join(extras)
+
+
+def lock_setup(lock: str | None) -> tuple[str, dict[str, str]]:
+    """The setup lines that write the run's lock on the instance (the pins shown in the task itself),
+    and the envs that tell the template's setup where it is and which Python it is for; with no lock
+    (a digest-pinned image) nothing is installed but ftorch."""
+    from orchestrator.runenv import REMOTE_LOCK
+    from trainer.envlock import header
+
+    if lock is None:
+        return "", {"FTORCH_LOCK": "", "FTORCH_LOCK_PYTHON": ""}
+    text = lock if lock.endswith("\n") else lock + "\n"
+    lines = (
+        "# ftorch: the run's environment lock (env/lock.txt in the run store), installed below as is\n"
+        'mkdir -p "$(dirname "${FTORCH_LOCK}")"\n'
+        f"cat > \"${{FTORCH_LOCK}}\" <<'FTORCH_LOCK_EOF'\n{text}FTORCH_LOCK_EOF\n"
+    )
+    return lines, {"FTORCH_LOCK": REMOTE_LOCK, "FTORCH_LOCK_PYTHON": header(text).get("python", "")}
 
 
 def render_task(
@@ -359,9 +382,15 @@ def render_task(
     run_uri: str,
     plan: Any,
     environ: Mapping[str, str] | None = None,
+    lock: str | None = None,
 ) -> dict[str, Any]:
-    """The SkyPilot task config (a dict, as in a task YAML) for one ftorch job."""
+    """The SkyPilot task config (a dict, as in a task YAML) for one ftorch job. `lock`: the run's
+    environment lock (env/lock.txt), else the one a launch writes (orchestrator/runenv.py)."""
+    from orchestrator.runenv import check_image, task_lock
+
     require_remote(spec)
+    check_image(spec.resources.image_id)
+    lock = (None if spec.resources.image_id else lock) if lock is not None else task_lock(spec, environ)
     check_notify(spec)
     entries = resource_entries(spec, plan)
     if not entries:
@@ -383,6 +412,8 @@ def render_task(
 
     envs = dict(task.get("envs") or {})
     envs.update(offload_envs(spec, plan, entries))
+    lock_lines, lock_envs = lock_setup(lock)
+    envs.update(lock_envs)
     envs.update(
         FTORCH_RUN_URI=run_uri,
         FTORCH_RUN_ID=job_id,
@@ -412,7 +443,7 @@ def render_task(
     names = secret_names(spec, environ)
     if names:
         rendered["secrets"] = {name: None for name in names}
-    rendered["setup"] = task["setup"]
+    rendered["setup"] = lock_lines + task["setup"]
     rendered["run"] = task["run"]
     if callback:
         rendered["event_callback"] = callback

@@ -5,9 +5,12 @@ What SkyPilot would do on its instances is done here:
 - the task is rendered as `ftorch launch JOB --backend skypilot --dry-run` renders it (the run store and
   the data on the tests' S3 server, the model a Hub id whose files sit in a local Hub cache);
 - the workdir (the source tree, as orchestrator/ship.py ships it) is copied to a folder, and `setup`
-  runs there once against a fresh "instance" environment: pip offline (`PIP_NO_INDEX`, `PIP_NO_DEPS`:
-  the dependencies, torch and the rest, come from the test venv through a path entry, as in
-  test_wheel_install.py; gcsfs, which the instance would download, is not needed here);
+  runs there once against a fresh "instance" environment, pip offline (`PIP_NO_INDEX`): it installs the
+  run's lock (FTORCH_LOCK_FILE: this venv's versions, as the launch writes it into the store; the GPU
+  lock's CUDA wheels cannot be fetched here) with --no-deps, peft and accelerate from a find-links
+  folder of wheels made from the venv's own files, the other pins already on a path entry to the test
+  venv, then checks every pin (trainer/envlock.py); gcsfs, which the instance would download, is not
+  needed here;
 - `run` runs under `bash -c` once per node, with SKYPILOT_NODE_IPS/RANK/NUM_NODES/NUM_GPUS_PER_NODE,
   SKYPILOT_TASK_ID (stable), SKYPILOT_CLUSTER_INFO, the task's envs and the store's
   credentials (its secrets). Two "nodes" are two processes on 127.0.0.1; torchrun's rendezvous goes
@@ -32,6 +35,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,7 @@ from s3runs import s3_final_weights
 from s3server import SeaweedS3, s3_env
 
 from trainer import exitcodes
+from trainer.envlock import parse
 from trainer.runstore.store import RunStore
 
 #: a Hub id, so that the render accepts the model; its files are in the Hub cache made below
@@ -92,9 +97,11 @@ class Instance:
         run_uri = join_uri(spec.checkpoint.uri, run_id)
         result = skypilot.dry_run(spec, run_id, run_uri)
         assert yaml.safe_load(result["task_yaml"]) == result["task"]  # the YAML shown is the task
-        RunStore(run_uri, spec.checkpoint.storage_options).write_spec(
-            _resolved_spec(spec, run_id, join_uri(run_uri, "output"))
-        )
+        from orchestrator import runenv
+
+        store = RunStore(run_uri, spec.checkpoint.storage_options)
+        runenv.write_lock(store, *runenv.lock_for_launch(spec, remote=True))
+        store.write_spec(_resolved_spec(spec, run_id, join_uri(run_uri, "output")))
         task = result["task"]
         task["_template"] = result["template"]
         return task
@@ -194,8 +201,38 @@ def _hub_cache(model: Path, cache: Path) -> None:
     shutil.copytree(model, repo / "snapshots" / commit)
 
 
-def _instance_venv(tmp: Path) -> Path:
-    """A fresh environment: only pip's target; the dependencies from the test venv via a path entry."""
+#: installed by setup from the lock, as wheels in a local find-links folder (made from the test venv's
+#: own files), so hidden from the instance's path entry; every other pin is already there
+FROM_WHEELS = ("peft", "accelerate")
+
+
+def _wheelhouse(tmp: Path) -> tuple[Path, set[str]]:
+    """FROM_WHEELS packed back into wheels (orchestrator/ship.py, as the installed ftorch is shipped),
+    and the top-level names of the test venv's folder they own."""
+    from importlib import metadata
+
+    from orchestrator.ship import INSTALL_ONLY, pack_wheel
+
+    links, owned = tmp / "wheelhouse", set()
+    for name in FROM_WHEELS:
+        dist = metadata.distribution(name)
+        files = {}
+        for item in dist.files or []:
+            rel = item.as_posix()
+            parts = rel.split("/")
+            owned.add(parts[0])
+            if parts[0] == ".." or "__pycache__" in parts or rel.endswith(".pyc"):
+                continue
+            if parts[0].endswith(".dist-info") and parts[-1] in INSTALL_ONLY:
+                continue
+            files[rel] = Path(item.locate()).read_bytes()
+        pack_wheel(dist.metadata["Name"], dist.version, files, links)
+    return links, owned
+
+
+def _instance_venv(tmp: Path, hidden: set[str]) -> Path:
+    """A fresh environment: only pip's target; the dependencies from the test venv via a path entry (a
+    folder of links to its site-packages, less `hidden`: those the setup installs from wheels)."""
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     python = venv / "bin" / "python"
@@ -205,7 +242,12 @@ def _instance_venv(tmp: Path) -> Path:
         text=True,
         check=True,
     ).stdout.strip()
-    Path(purelib, "zz_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    deps = tmp / "test-dependencies"
+    deps.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if entry.name not in hidden:
+            (deps / entry.name).symlink_to(entry)
+    Path(purelib, "zz_test_dependencies.pth").write_text(f"{deps}\n")
     # torch's console script, as pip writes it when it installs torch on the instance
     torchrun = venv / "bin" / "torchrun"
     torchrun.write_text(f"#!{python}\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n")
@@ -237,7 +279,13 @@ def instance(tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedS3) -> 
             shutil.copytree(REPO / name, workdir / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy(REPO / name, workdir / name)
-    venv = _instance_venv(tmp)
+    links, owned = _wheelhouse(tmp)
+    venv = _instance_venv(tmp, owned)
+    from orchestrator.runenv import LOCK_FILE_ENV, local_lock
+
+    # the run's lock: this venv's versions (the instance here has no GPU and no index to reach)
+    lock = tmp / "instance-lock.txt"
+    lock.write_text(local_lock())
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "FTORCH_FAULTS")}
     env.update(s3_env(s3_server.endpoint))  # the task's secrets: the store's credentials
     env.update(
@@ -249,14 +297,17 @@ def instance(tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedS3) -> 
         FTORCH_HOME=str(home),
         FTORCH_NOTICES="0",  # no cloud metadata service here
         FTORCH_PROGRESS_EVERY_S="0.2",
-        # setup's pip, offline: nothing is downloaded; the dependencies are already on the path
+        # setup's pip, offline: nothing is downloaded; the lock's pins are on the path or in the wheelhouse
         PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=str(links),
+        FTORCH_LOCK=str(tmp / "instance-env" / "lock.txt"),  # where setup writes the lock (not /tmp/...)
         PIP_NO_DEPS="1",
         PIP_NO_BUILD_ISOLATION="0",
         PIP_DISABLE_PIP_VERSION_CHECK="1",
     )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FTORCH_HOME", str(home))
+        mp.setenv(LOCK_FILE_ENV, str(lock))  # what `ftorch launch` renders and writes into the store
         for key, value in s3_env(s3_server.endpoint).items():
             mp.setenv(key, value)
         yield Instance(bucket, s3_server.endpoint, venv, workdir, env, data_uri, home)
@@ -272,7 +323,7 @@ def _setup(instance: Instance, task: dict[str, Any]) -> None:
     three templates' setups are one script; a relaunch on new machines installs again, as here)."""
     if task["setup"] in instance.setups:
         return
-    env = {**instance.env, **task["envs"]}
+    env = {**instance.env, **task["envs"], "FTORCH_LOCK": instance.env["FTORCH_LOCK"]}
     done = subprocess.run(
         ["bash", "-c", task["setup"]],
         cwd=instance.workdir,
@@ -283,14 +334,19 @@ def _setup(instance: Instance, task: dict[str, Any]) -> None:
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "ftorch trainer ready" in done.stdout
-    where = subprocess.run(
-        [str(instance.venv / "bin" / "python"), "-c", "import trainer; print(trainer.__file__)"],
-        cwd="/",
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert where.stdout.startswith(str(instance.venv)), where  # installed into the instance's environment
+    # the lock was installed as is, then checked: every pin at its version
+    pins = parse(Path(env["FTORCH_LOCK"]).read_text())
+    assert f"ftorch: environment matches the run's lock ({len(pins)} packages)" in done.stdout
+    assert pins["peft"].version == metadata.version("peft") and "transformers" in pins
+    for module in ("trainer", *FROM_WHEELS):  # installed into the instance's environment (from wheels)
+        where = subprocess.run(
+            [str(instance.venv / "bin" / "python"), "-c", f"import {module}; print({module}.__file__)"],
+            cwd="/",
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert where.stdout.startswith(str(instance.venv)), where
     instance.setups.append(task["setup"])
 
 

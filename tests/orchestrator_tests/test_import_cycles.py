@@ -147,6 +147,7 @@ FLOORS = {
     "orchestrator.sky_names": GROUND,
     "orchestrator.ship": GROUND,
     "orchestrator.hub_check": GROUND,
+    "orchestrator.runenv": GROUND,  # the run's environment lock in the run store
     # sizing: model shapes, memory, time, offers
     "orchestrator.sizing": SIZING,  # shapes, memory, throughput, tracing
     "orchestrator.catalog": SIZING,
@@ -173,6 +174,7 @@ FLOORS = {
     "orchestrator.cli_outputs": CLI,
     "orchestrator.cli_simulate": CLI,
     "orchestrator.cli_sizing": CLI,
+    "orchestrator.cli_env": CLI,
 }
 #: upward arrows still there, (module, target) -> why; remove an entry when its arrow is gone
 KNOWN_UPWARD = {

@@ -1,7 +1,8 @@
 """Attempt numbers for runs whose launcher does not count them (SkyPilot relaunches a task as is).
 
 `python -m trainer.runstore.attempts RUN_URI` prints the attempt number for this machine and records it in the
-run store as `attempts/<n>.json` (when it started, where: SkyPilot's cluster info). The key is this
+run store as `attempts/<n>.json` (when it started, where: SkyPilot's cluster info, with which library
+versions). The key is this
 machine's identity (SkyPilot's node IPs and cluster info, else the host name and boot time), so every
 node of one multi-node attempt gets the same number, and a relaunch gets the next one (on new machines by
 its key; on the same machines because a trainer of the attempt already started: `claim_attempt`).
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trainer.envlock import installed
 from trainer.runstore.store import RunStore
 
 ATTEMPTS = "attempts"
@@ -92,6 +94,7 @@ def claim_attempt(store: RunStore, env: dict[str, str] | None = None) -> int:
         "started_at": time.time(),
         "task_id": env.get("SKYPILOT_TASK_ID"),
         "cluster_info": _json_or_none(env.get("SKYPILOT_CLUSTER_INFO")),
+        "versions": installed(),  # the libraries this placement installed (trainer/envlock.py)
     }
     store.write_json(f"{ATTEMPTS}/{n:04d}.json", record)
     return n

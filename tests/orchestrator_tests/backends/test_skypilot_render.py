@@ -170,15 +170,23 @@ def test_fallback_and_spot_switches(tmp_path: Path) -> None:
     assert {e["infra"] for e in task["resources"]["ordered"]} == {"aws/us-east-1"}
 
 
+#: a container pinned by digest: what resources.image_id must be for a docker image (orchestrator/runenv.py)
+PINNED_IMAGE = "docker:pytorch/pytorch@sha256:" + "ab" * 32
+
+
 def test_recovery_settings_are_wired() -> None:
-    spec = load_job(REPO / "examples/llama3-8b-chat-qlora.yaml", check_support=False)
+    spec = load_job(
+        REPO / "examples/llama3-8b-chat-qlora.yaml",
+        [f"resources.image_id={PINNED_IMAGE}"],
+        check_support=False,
+    )
     _p, task = render_job(spec, "j", "gs://b/j", environ={})
     assert task["resources"]["job_recovery"] == {
         "strategy": "FAILOVER",
         "max_restarts_on_errors": 2,
         "recover_on_exit_codes": [75, 88],  # preempted; out of memory with the layout adapted (not 89)
     }
-    assert task["resources"]["image_id"] == "docker:pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime"
+    assert task["resources"]["image_id"] == PINNED_IMAGE
     assert task["envs"]["FTORCH_PIP_SPEC"] == ".[s3,gcs,qlora]"  # bitsandbytes and accelerate
     assert task["secrets"] == {"HF_TOKEN": None}
 

@@ -330,4 +330,5 @@ def test_option_checks_name_the_field_and_what_is_valid(tmp_path: Path) -> None:
          "train": {"attn_implementation": "flash_attention_2"}, "resources": {"backend": "skypilot"}},
         check_support=False,
     )  # fmt: skip
-    assert extra_pip(cloud).split() == ["--no-build-isolation", "flash-attn>=2.6"]
+    # pinned: no open range reaches pip
+    assert extra_pip(cloud).split() == ["--no-build-isolation", "flash-attn==2.8.3.post2"]

@@ -1,0 +1,195 @@
+"""The run's environment: the library versions an attempt runs with, the lock a cloud task installs, and
+the checks that they agree (docs/environment.md).
+
+- `installed()`: the versions of RECORDED as this interpreter sees them (package metadata; no import),
+  written into every attempt's epoch record and every checkpoint's manifest meta (META_KEY).
+- A lock is pip's requirements format with exact pins only: `name==version [--hash=sha256:...]`, and
+  `# key: value` header lines (the target it was resolved for). `parse()` refuses anything else, so no
+  open range can reach pip through it.
+- `python -m trainer.envlock check LOCK`: the task's setup runs it after installing the lock; an
+  installed version that differs from its pin exits ENV_MISMATCH with one line naming the package.
+- At the trainer's start a resume whose COMPARED versions differ from the newest checkpoint's is refused
+  like a fingerprint change (trainer/checkpoints/fingerprint.py: exit 2, one line, both versions), unless
+  `ftorch resume --allow-change` recorded the change in spec.json.
+
+No torch here: the orchestrator and the setup step use it before (or without) torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from trainer.checkpoints.fingerprint import Change, SpecChanged, allowed, show
+
+#: the libraries whose version decides the math of a step: a resume under another version is refused
+COMPARED = (
+    "torch", "transformers", "peft", "accelerate", "bitsandbytes", "datasets", "tokenizers", "numpy",
+)  # fmt: skip
+#: recorded with every attempt and checkpoint (COMPARED, the storage libraries, ftorch itself)
+RECORDED = (*COMPARED, "safetensors", "huggingface-hub", "fsspec", "s3fs", "gcsfs", "ftorch")
+#: the key in a checkpoint manifest's meta and in an epoch record
+META_KEY = "versions"
+#: a change of a library's version, as a fingerprint Change names it ("env.transformers")
+FIELD_PREFIX = "env."
+#: sysexits' EX_CONFIG: the installed environment is not the lock. Not in the task's recover_on_exit_codes
+ENV_MISMATCH = 78
+_PIN = re.compile(
+    r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)((?:\s+--hash=sha256:[0-9a-f]{64})*)$"
+)
+
+
+class LockError(ValueError):
+    """A lock line that is not an exact pin (or a duplicate)."""
+
+
+@dataclass(frozen=True)
+class Pin:
+    name: str  # normalised (PEP 503)
+    version: str
+    hashes: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        return " ".join([f"{self.name}=={self.version}", *(f"--hash=sha256:{h}" for h in self.hashes)])
+
+
+def normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse(text: str, where: str = "lock") -> dict[str, Pin]:
+    """The pins of a lock, by normalised name. LockError names the line of anything not `name==version`."""
+    pins: dict[str, Pin] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _PIN.match(line)
+        if match is None:
+            raise LockError(
+                f"{where}:{number}: {line[:80]!r} is not an exact pin (name==version [--hash=sha256:...])"
+            )
+        name = normalise(match.group(1))
+        if name in pins:
+            raise LockError(f"{where}:{number}: {name} is pinned twice")
+        hashes = tuple(re.findall(r"sha256:([0-9a-f]{64})", match.group(3)))
+        pins[name] = Pin(name, match.group(2), hashes)
+    return pins
+
+
+def header(text: str) -> dict[str, str]:
+    """The lock's `# key: value` lines (target, python, platform, cuda, built_by)."""
+    found = {}
+    for raw in text.splitlines():
+        if raw.startswith("# ") and ":" in raw:
+            key, _, value = raw[2:].partition(":")
+            if key.strip().isidentifier():
+                found[key.strip()] = value.strip()
+    return found
+
+
+def version_of(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def installed(names: tuple[str, ...] = RECORDED) -> dict[str, str | None]:
+    """name -> installed version (None: not installed), as pip would see it here."""
+    return {name: version_of(name) for name in names}
+
+
+def mismatches(pins: Mapping[str, Pin], lookup: Callable[[str], str | None] = version_of) -> list[str]:
+    """One line per pinned package whose installed version differs (or that is missing)."""
+    found = []
+    for pin in pins.values():
+        have = lookup(pin.name)
+        if have != pin.version:
+            now = "not installed" if have is None else f"{have} is installed"
+            found.append(f"{pin.name}: the run's lock pins {pin.version}, {now}")
+    return found
+
+
+def compared_changes(before: Mapping[str, Any], after: Mapping[str, Any], step: int) -> list[Change]:
+    """The COMPARED libraries whose version differs between a checkpoint's record and now (both known)."""
+    return [
+        Change(FIELD_PREFIX + name, before[name], after[name], step)
+        for name in COMPARED
+        if before.get(name) is not None and after.get(name) is not None and before[name] != after[name]
+    ]
+
+
+def newest_versions(store: Any, listing: Any = None) -> tuple[int, dict[str, Any]] | None:
+    """(step, versions) of the newest complete checkpoint; None without one; {} for one that recorded none."""
+    complete = listing.complete if listing is not None else store.complete_checkpoints()
+    if not complete:
+        return None
+    recorded = complete[-1].meta.get(META_KEY)
+    return complete[-1].step, recorded if isinstance(recorded, dict) else {}
+
+
+def check_start(
+    store: Any, resolved: dict[str, Any], log: Callable[[str], None], listing: Any = None
+) -> dict[str, str | None]:
+    """At the trainer's start: this attempt's versions (put in its epoch record by rank 0); a resume under
+    other COMPARED versions than the newest checkpoint's raises SpecChanged unless spec.json allows it."""
+    now = installed()
+    if int(os.environ.get("RANK", "0")) == 0:
+        store.update_epoch_record(**{META_KEY: now})
+    newest = newest_versions(store, listing)
+    if newest is None:
+        return now
+    step, before = newest
+    found = compared_changes(before, now, step)
+    if not found:
+        return now
+    if allowed(resolved, step) is None:
+        raise SpecChanged(found[0].line(), found[0].field)
+    described = "; ".join(f"{c.field} {show(c.before)} -> {show(c.after)}" for c in found)
+    log(f"resuming from checkpoint step {step} under other library versions, allowed: {described}")
+    if int(os.environ.get("RANK", "0")) == 0:
+        store.update_epoch_record(allowed_version_changes=[c.to_json() for c in found])
+    return now
+
+
+def _check(path: str) -> int:
+    """`check LOCK`: every pin installed at its version, else one line and ENV_MISMATCH."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            pins = parse(handle.read(), path)
+    except (OSError, LockError) as exc:
+        sys.stderr.write(f"ftorch: environment: {exc}\n")
+        return ENV_MISMATCH
+    found = mismatches(pins)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        sys.stderr.write(f"ftorch: environment: {found[0]}{more}; refusing to start ({ADVICE_ENV})\n")
+        return ENV_MISMATCH
+    sys.stdout.write(f"ftorch: environment matches the run's lock ({len(pins)} packages)\n")
+    return 0
+
+
+ADVICE_ENV = "the attempt would not run the run's versions; see docs/environment.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`check LOCK` (exit 0 or ENV_MISMATCH) or `versions` (this interpreter's RECORDED versions, JSON)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "check":
+        return _check(args[1])
+    if args == ["versions"]:
+        sys.stdout.write(json.dumps(installed(), sort_keys=True) + "\n")
+        return 0
+    sys.stderr.write("usage: python -m trainer.envlock check LOCK | versions\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
