@@ -213,12 +213,13 @@ def attach(
 
 def _register_optional_commands() -> None:
     """Commands that live in their own modules (sizing and planning; simulation)."""
-    from orchestrator import cli_jobfile, cli_outputs, cli_simulate, cli_sizing
+    from orchestrator import cli_convert, cli_jobfile, cli_outputs, cli_simulate, cli_sizing
 
     cli_sizing.register(app)
     cli_simulate.register(app)
     cli_jobfile.register(app)
     cli_outputs.register(app)
+    cli_convert.register(app)
 
 
 _register_optional_commands()

@@ -147,6 +147,8 @@ FLOORS = {
     "orchestrator.sky_names": GROUND,
     "orchestrator.ship": GROUND,
     "orchestrator.hub_check": GROUND,
+    "orchestrator.aliases": GROUND,  # other tools' names for the job file's fields
+    "orchestrator.convert": GROUND,  # an axolotl config as a job (data in, data out)
     # sizing: model shapes, memory, time, offers
     "orchestrator.sizing": SIZING,  # shapes, memory, throughput, tracing
     "orchestrator.catalog": SIZING,
@@ -173,6 +175,7 @@ FLOORS = {
     "orchestrator.cli_outputs": CLI,
     "orchestrator.cli_simulate": CLI,
     "orchestrator.cli_sizing": CLI,
+    "orchestrator.cli_convert": CLI,
 }
 #: upward arrows still there, (module, target) -> why; remove an entry when its arrow is gone
 KNOWN_UPWARD = {
