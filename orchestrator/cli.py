@@ -221,7 +221,15 @@ def attach(
 
 def _register_optional_commands() -> None:
     """Commands that live in their own modules (sizing and planning; simulation)."""
-    from orchestrator import cli_env, cli_hazards, cli_jobfile, cli_outputs, cli_simulate, cli_sizing
+    from orchestrator import (
+        cli_convert,
+        cli_env,
+        cli_hazards,
+        cli_jobfile,
+        cli_outputs,
+        cli_simulate,
+        cli_sizing,
+    )
 
     cli_sizing.register(app)
     cli_simulate.register(app)
@@ -229,6 +237,7 @@ def _register_optional_commands() -> None:
     cli_outputs.register(app)
     cli_hazards.register(app)
     cli_env.register(app)
+    cli_convert.register(app)
 
 
 _register_optional_commands()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["SpecError", "UserError", "one_line"]
+__all__ = ["SpecError", "SpecErrors", "UserError", "one_line"]
 
 
 class SpecError(Exception):
@@ -17,6 +17,24 @@ class SpecError(Exception):
         super().__init__(f"{field}: {message}" if field else message)
         self.field = field
         self.message = message
+
+
+class SpecErrors(SpecError):
+    """Several problems with one job file, all reported at once (`field` and `message` are the first's,
+    so a reader of one error still gets one). One problem prints as one line, as a SpecError does."""
+
+    def __new__(cls, errors: list[SpecError]) -> SpecError:  # type: ignore[misc]
+        if len(errors) == 1:
+            return errors[0]
+        return super().__new__(cls)
+
+    def __init__(self, errors: list[SpecError]) -> None:
+        super().__init__(errors[0].field, errors[0].message)
+        self.errors = errors
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.errors)} problems in the job file (fix them all, then run again):"]
+        return "\n".join(lines + [f"  {e}" for e in self.errors])
 
 
 class UserError(Exception):

@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.errors import SpecError
+from orchestrator.aliases import ALIASES, alias_hint, near_miss
+from orchestrator.errors import SpecError, SpecErrors
 from trainer.config import JobSpec, unsupported_features
 
 
@@ -32,7 +33,35 @@ def _model_for_path(path: tuple[Any, ...]) -> type[BaseModel] | None:
     return model
 
 
-def _describe(error: dict[str, Any]) -> SpecError:
+def _sections() -> dict[str, list[str]]:
+    """'' -> the top-level fields, and each section (e.g. 'train', 'local.chaos') -> its fields."""
+    out: dict[str, list[str]] = {}
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        out[prefix] = list(model.model_fields)
+        for name, field in model.model_fields.items():
+            annotation = field.annotation
+            for c in [annotation, *getattr(annotation, "__args__", ())]:
+                if isinstance(c, type) and issubclass(c, BaseModel):
+                    walk(c, f"{prefix}.{name}".lstrip("."))
+
+    walk(JobSpec, "")
+    return out
+
+
+def _unknown(key: str, parents: list[str], brief: bool) -> SpecError:
+    """An unknown key: another tool's name for a field, a near miss, or neither; with the valid keys."""
+    here = ".".join(parents)
+    sections = _sections()
+    hint = alias_hint(key, here) or near_miss(key, here, sections)
+    valid = ", ".join(sections.get(here, ()))
+    parts = ["unknown field", hint] if hint else ["unknown field"]
+    if not (brief and hint):
+        parts.append(f"valid fields here: {valid}")
+    return SpecError(".".join([*parents, key]), "; ".join(parts))
+
+
+def _describe(error: dict[str, Any], brief: bool = False) -> SpecError:
     loc = tuple(
         p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))
     )
@@ -53,10 +82,7 @@ def _describe(error: dict[str, Any]) -> SpecError:
     kind = error["type"]
     if kind == "extra_forbidden":
         parents = [str(p) for p in clean if isinstance(p, str)]
-        parent = _model_for_path(tuple(parents))
-        field = ".".join([*parents, str(error["loc"][-1])])
-        valid = ", ".join(parent.model_fields) if parent else ""
-        return SpecError(field, f"unknown field; valid fields here: {valid}")
+        return _unknown(str(error["loc"][-1]), parents, brief)
     if kind == "missing":
         return SpecError(field, "is required")
     message = error["msg"]
@@ -189,14 +215,32 @@ def validate_job(data: dict[str, Any], base: Path | None = None, check_support: 
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
-        raise _describe(exc.errors()[0]) from None
+        raise _all_errors(exc.errors()) from None
     if base is not None:
         spec = _resolve_paths(spec, base)
     if check_support:
         problems = unsupported_features(spec)
         if problems:
-            raise SpecError(*problems[0])
+            raise SpecErrors([SpecError(*p) for p in problems])
     return spec
+
+
+def _all_errors(errors: list[Any]) -> SpecError:
+    """Every problem pydantic found, one per field (a union's branches report the same field several
+    times; the first says it best): one SpecError, or a SpecErrors that lists them all."""
+    brief = len(errors) > 1
+    found: dict[str, SpecError] = {}
+    for error in errors:
+        described = _describe(error, brief=brief)
+        found.setdefault(described.field, described)
+    # 'model: is required' says nothing new next to 'base_model: ... ftorch's field is model'
+    named = {
+        ALIASES[str(e["loc"][-1])][0]
+        for e in errors
+        if e["type"] == "extra_forbidden" and str(e["loc"][-1]) in ALIASES
+    }
+    kept = [e for f, e in found.items() if not (f in named and e.message == "is required")]
+    return SpecErrors(kept or list(found.values()))
 
 
 def _resolve_paths(spec: JobSpec, base: Path) -> JobSpec:

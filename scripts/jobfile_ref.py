@@ -1,6 +1,8 @@
-"""docs/job-file.md, generated from the job schema (trainer/config.py) and the README's commented example.
+"""docs/job-file.md and docs/job-file.schema.json, generated from the job schema (trainer/config.py), its
+`#:` field comments and the README's commented example.
 
     python scripts/jobfile_ref.py > docs/job-file.md
+    python scripts/jobfile_ref.py --schema > docs/job-file.schema.json
 
 Every field of the schema gets a row: its YAML path, type, default and bounds from the schema, and the
 comment the README's job-file example gives it. tests/orchestrator_tests/test_jobfile_ref.py fails when the file is stale.
@@ -26,6 +28,13 @@ Generated from the schema (`trainer/config.py`) by `python scripts/jobfile_ref.p
 `tests/orchestrator_tests/test_jobfile_ref.py` keeps it in sync. Notes come from the commented example in the README's job-file
 section. Unknown keys are errors; `--set key.path=value` overrides any field (YAML-typed); relative paths
 are relative to the job file. `ftorch validate JOB.yaml` checks a file, `ftorch init` writes a starter.
+Other tools' names (axolotl, HF, TRL) are refused naming ftorch's field; `ftorch convert` translates an
+axolotl file (docs/convert.md).
+
+The same fields as a JSON Schema, for editor completion and checks: `docs/job-file.schema.json`
+(`python scripts/jobfile_ref.py --schema`; the same test keeps it in sync). With the YAML language server
+(VS Code's YAML extension, neovim), a job file's first line
+`# yaml-language-server: $schema=<path or URL of job-file.schema.json>` turns it on.
 """
 
 
@@ -139,7 +148,62 @@ def render(notes: dict[str, str] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---- the JSON Schema (editor completion and checks) ----------------------------------------------------
+#: sections that take one string for their main field (trainer/config.py's `_shorthand`)
+SHORTHANDS = {"checkpoint": "uri", "data": "path", "output": "uri"}
+
+
+def field_comments(model: type[BaseModel]) -> dict[str, str]:
+    """{field: its `#:` comment} from the model's source (what a reader of trainer/config.py sees)."""
+    import inspect
+
+    comments: dict[str, str] = {}
+    pending: list[str] = []
+    for line in inspect.getsource(model).splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#:"):
+            pending.append(stripped[2:].strip())
+            continue
+        match = re.match(r"^    ([a-z_]+)\s*:", line)
+        if match and pending:
+            comments[match.group(1)] = " ".join(pending)
+        pending = []
+    return comments
+
+
+def schema(notes: dict[str, str] | None = None) -> dict[str, Any]:
+    """JobSpec's JSON Schema, with each field's note (the README's, else its `#:` comment) as its
+    description and the string shorthands the validators accept."""
+    notes = readme_notes() if notes is None else notes
+    out = JobSpec.model_json_schema()
+    defs = out.get("$defs", {})
+
+    def describe(model: type[BaseModel], node: dict[str, Any], prefix: str) -> None:
+        comments = field_comments(model)
+        for name, field in model.model_fields.items():
+            prop = node["properties"][name]
+            text = notes.get(f"{prefix}{name}") or comments.get(name)
+            if text:
+                prop["description"] = text
+            for sub in _models(field.annotation):
+                describe(sub, defs[sub.__name__], f"{prefix}{name}.")
+
+    describe(JobSpec, out, "")
+    for section, key in SHORTHANDS.items():
+        prop = out["properties"][section]
+        ref = {k: prop.pop(k) for k in ("$ref", "anyOf") if k in prop}
+        branches = ref.get("anyOf") or [{"$ref": ref["$ref"]}]
+        shorthand = {"type": "string", "minLength": 1, "description": f"shorthand for {section}.{key}"}
+        prop["anyOf"] = [*branches, shorthand]
+    out["title"] = "ftorch job file"
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **out}
+
+
 if __name__ == "__main__":
+    import json
     import sys
 
-    sys.stdout.write(render())
+    if sys.argv[1:] == ["--schema"]:
+        sys.stdout.write(json.dumps(schema(), indent=2) + "\n")
+    else:
+        sys.stdout.write(render())

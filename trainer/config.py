@@ -84,6 +84,11 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def _shorthand(key: str, data: Any) -> Any:
+    """A section given as one string is its main field: `checkpoint: ./runs` is `checkpoint: {uri: ./runs}`."""
+    return {key: data} if isinstance(data, str) else data
+
+
 class LoraSpec(_Strict):
     r: int = Field(16, ge=1, le=4096)
     alpha: float = Field(32.0, gt=0)
@@ -139,6 +144,8 @@ class DataSpec(_Strict):
     chat_template: str | None = Field(None, min_length=1)
     #: processes that tokenise (datasets.map); default min(8, CPUs); small data sets use fewer
     num_proc: int | None = Field(None, ge=1, le=256)
+
+    _path_shorthand = model_validator(mode="before")(classmethod(lambda cls, data: _shorthand("path", data)))
 
     @model_validator(mode="after")
     def _one_held_out_set(self) -> DataSpec:
@@ -275,6 +282,8 @@ class CheckpointSpec(_Strict):
     #: the bucket's region (e.g. us-east-1): the planner prices checkpoint and data transfer from it
     region: str | None = Field(None, min_length=1, pattern=r"^[a-z0-9-]+$")
 
+    _uri_shorthand = model_validator(mode="before")(classmethod(lambda cls, data: _shorthand("uri", data)))
+
     @field_validator("every")
     @classmethod
     def _every(cls, value: Any) -> Any:
@@ -301,6 +310,8 @@ class CheckpointSpec(_Strict):
 class OutputSpec(_Strict):
     #: where the final adapter / model goes; default <run_uri>/output
     uri: str | None = None
+
+    _uri_shorthand = model_validator(mode="before")(classmethod(lambda cls, data: _shorthand("uri", data)))
 
 
 class ResourcesSpec(_Strict):
@@ -331,6 +342,31 @@ class ResourcesSpec(_Strict):
     recovery: Literal["EAGER_NEXT_REGION", "FAILOVER"] = "EAGER_NEXT_REGION"
     #: SkyPilot backend: relaunches after trainer crashes (preemptions do not count)
     max_restarts_on_errors: int = Field(2, ge=0, le=100)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accelerator_counts(cls, data: Any) -> Any:
+        """SkyPilot's `NAME:COUNT` (`accelerators: [H100:8]`): the name, and the count as resources.gpus."""
+        if not isinstance(data, dict) or not isinstance(data.get("accelerators"), list):
+            return data
+        names, counts = [], set()
+        for item in data["accelerators"]:
+            name, sep, count = item.partition(":") if isinstance(item, str) else (item, "", "")
+            if sep:
+                if not count.strip().isdigit() or int(count) < 1:
+                    raise ValueError(f"resources.accelerators: {item!r} is not NAME or NAME:COUNT (H100:8)")
+                counts.add(int(count))
+            names.append(name.strip() if isinstance(name, str) else name)
+        if not counts:
+            return data
+        gpus = data.get("gpus")
+        if len(counts) > 1 or (gpus is not None and gpus not in counts):
+            given = sorted(counts | ({gpus} if isinstance(gpus, int) else set()))
+            raise ValueError(
+                f"resources.accelerators: the GPU counts disagree ({', '.join(map(str, given))}); give one"
+                " count, as NAME:COUNT or as resources.gpus"
+            )
+        return {**data, "accelerators": names, "gpus": counts.pop()}
 
     @field_validator("deadline")
     @classmethod

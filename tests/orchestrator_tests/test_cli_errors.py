@@ -3,6 +3,7 @@ recorded or started."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,7 @@ def test_cli_bad_input_exit_2_one_line_nothing_recorded(
     """Through the real CLI, for a sample of mistakes and for file-level problems."""
     cases: dict[str, str] = {}
     for mistake, breaker, _field, _words in MISTAKES[::3]:
-        cases[mistake] = yaml.safe_dump(breaker(dict(valid_job)))
+        cases[mistake] = yaml.safe_dump(breaker(copy.deepcopy(valid_job)))  # one mistake per file
     cases["not-yaml"] = "model: [unclosed\n"
     cases["empty"] = ""
     cases["a-list"] = "- model\n- data\n"

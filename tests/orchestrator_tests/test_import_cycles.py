@@ -148,6 +148,8 @@ FLOORS = {
     "orchestrator.ship": GROUND,
     "orchestrator.hub_check": GROUND,
     "orchestrator.runenv": GROUND,  # the run's environment lock in the run store
+    "orchestrator.aliases": GROUND,  # other tools' names for the job file's fields
+    "orchestrator.convert": GROUND,  # an axolotl config as a job (data in, data out)
     # sizing: model shapes, memory, time, offers
     "orchestrator.sizing": SIZING,  # shapes, memory, throughput, tracing
     "orchestrator.catalog": SIZING,
@@ -175,6 +177,7 @@ FLOORS = {
     "orchestrator.cli_simulate": CLI,
     "orchestrator.cli_sizing": CLI,
     "orchestrator.cli_env": CLI,
+    "orchestrator.cli_convert": CLI,
 }
 #: upward arrows still there, (module, target) -> why; remove an entry when its arrow is gone
 KNOWN_UPWARD = {
