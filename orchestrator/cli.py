@@ -109,9 +109,9 @@ def status(
         if as_json:
             _print_json(rows)
         else:
-            from orchestrator import ui
+            from orchestrator import sweep
 
-            ui.print_jobs_table(rows, show_all=show_all)
+            sweep.print_status(rows, show_all=show_all)  # a sweep's jobs as their group, ranked
         return
     detail = job_status.status_one(job)
     if plot is not None:
@@ -213,12 +213,13 @@ def attach(
 
 def _register_optional_commands() -> None:
     """Commands that live in their own modules (sizing and planning; simulation)."""
-    from orchestrator import cli_jobfile, cli_outputs, cli_simulate, cli_sizing
+    from orchestrator import cli_jobfile, cli_outputs, cli_simulate, cli_sizing, cli_sweep
 
     cli_sizing.register(app)
     cli_simulate.register(app)
     cli_jobfile.register(app)
     cli_outputs.register(app)
+    cli_sweep.register(app)
 
 
 _register_optional_commands()

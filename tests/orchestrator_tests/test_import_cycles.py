@@ -161,6 +161,7 @@ FLOORS = {
     "orchestrator.cost_ledger": BACKENDS,  # the ledger needs the backend's on-demand price
     # jobs, status and the terminal UI
     "orchestrator.jobs": STATUS,
+    "orchestrator.sweep": STATUS,
     "orchestrator.adopt": STATUS,
     "orchestrator.status": STATUS,
     "orchestrator.follow": STATUS,
@@ -173,6 +174,7 @@ FLOORS = {
     "orchestrator.cli_outputs": CLI,
     "orchestrator.cli_simulate": CLI,
     "orchestrator.cli_sizing": CLI,
+    "orchestrator.cli_sweep": CLI,
 }
 #: upward arrows still there, (module, target) -> why; remove an entry when its arrow is gone
 KNOWN_UPWARD = {
