@@ -213,13 +213,14 @@ def attach(
 
 def _register_optional_commands() -> None:
     """Commands that live in their own modules (sizing and planning; simulation)."""
-    from orchestrator import cli_jobfile, cli_outputs, cli_simulate, cli_sizing, cli_sweep
+    from orchestrator import cli_jobfile, cli_outputs, cli_report, cli_simulate, cli_sizing, cli_sweep
 
     cli_sizing.register(app)
     cli_simulate.register(app)
     cli_jobfile.register(app)
     cli_outputs.register(app)
     cli_sweep.register(app)
+    cli_report.register(app)
 
 
 _register_optional_commands()

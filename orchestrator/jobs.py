@@ -92,6 +92,9 @@ def launch(
         raise UserError(
             f"checkpoint.uri: cannot write to {run_uri}: {exc.__class__.__name__}: {exc}"
         ) from None
+    plan = backend.plan_record(prepared)
+    if plan is not None:  # the chosen plan, for `ftorch report` (orchestrator/report.py)
+        store.write_json("plan.json", plan)
     registry = Registry()
     job = registry.create_job(
         job_id,

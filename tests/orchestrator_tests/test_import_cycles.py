@@ -162,6 +162,7 @@ FLOORS = {
     # jobs, status and the terminal UI
     "orchestrator.jobs": STATUS,
     "orchestrator.sweep": STATUS,
+    "orchestrator.report": STATUS,
     "orchestrator.adopt": STATUS,
     "orchestrator.status": STATUS,
     "orchestrator.follow": STATUS,
@@ -175,6 +176,7 @@ FLOORS = {
     "orchestrator.cli_simulate": CLI,
     "orchestrator.cli_sizing": CLI,
     "orchestrator.cli_sweep": CLI,
+    "orchestrator.cli_report": CLI,
 }
 #: upward arrows still there, (module, target) -> why; remove an entry when its arrow is gone
 KNOWN_UPWARD = {
