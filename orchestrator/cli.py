@@ -109,9 +109,9 @@ def status(
         if as_json:
             _print_json(rows)
         else:
-            from orchestrator import ui
+            from orchestrator import sweep
 
-            ui.print_jobs_table(rows, show_all=show_all)
+            sweep.print_status(rows, show_all=show_all)  # a sweep's jobs as their group, ranked
         return
     detail = job_status.status_one(job)
     if plot is not None:
@@ -227,8 +227,10 @@ def _register_optional_commands() -> None:
         cli_hazards,
         cli_jobfile,
         cli_outputs,
+        cli_report,
         cli_simulate,
         cli_sizing,
+        cli_sweep,
     )
 
     cli_sizing.register(app)
@@ -238,6 +240,8 @@ def _register_optional_commands() -> None:
     cli_hazards.register(app)
     cli_env.register(app)
     cli_convert.register(app)
+    cli_sweep.register(app)
+    cli_report.register(app)
 
 
 _register_optional_commands()

@@ -8,6 +8,7 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends.base import backend_for, get_job, reconcile
@@ -39,8 +40,14 @@ def _resolved_spec(spec: JobSpec, run_id: str, output_uri: str) -> dict[str, Any
     }
 
 
-def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[str, Any]:
-    """Validate, record and start a job. Nothing is recorded or started when the input is wrong."""
+def launch(
+    job_file: str,
+    overrides: list[str],
+    dry_run: bool = False,
+    before_start: Callable[[Registry, Job], None] | None = None,
+) -> dict[str, Any]:
+    """Validate, record and start a job. Nothing is recorded or started when the input is wrong.
+    `before_start` runs once the job is recorded, before its backend starts it (a sweep joins its group)."""
     from orchestrator.spec import load_job
     from trainer.runstore.storage import StoreError, join_uri, preflight
     from trainer.runstore.store import RunStore
@@ -89,6 +96,9 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
         raise UserError(
             f"checkpoint.uri: cannot write to {run_uri}: {exc.__class__.__name__}: {exc}"
         ) from None
+    plan = backend.plan_record(prepared)
+    if plan is not None:  # the chosen plan, for `ftorch report` (orchestrator/report.py)
+        store.write_json("plan.json", plan)
     registry = Registry()
     job = registry.create_job(
         job_id,
@@ -99,6 +109,8 @@ def launch(job_file: str, overrides: list[str], dry_run: bool = False) -> dict[s
         spec.model_dump(mode="json"),
         hourly_usd=spec.local.hourly_usd,
     )
+    if before_start is not None:
+        before_start(registry, job)
     backend.start(registry, job, prepared)
     return summary
 

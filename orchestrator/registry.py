@@ -75,6 +75,12 @@ CREATE TABLE IF NOT EXISTS measurements (
     row_json TEXT NOT NULL,
     PRIMARY KEY (job_id, attempt)
 );
+CREATE TABLE IF NOT EXISTS groups (
+    job_id TEXT PRIMARY KEY,
+    group_id TEXT NOT NULL,
+    budget_usd REAL,
+    point_json TEXT NOT NULL
+);
 """
 #: columns added after the first release: (table, column, type); added to older registries on open
 MIGRATIONS = (("attempts", "outcome", "TEXT"),)
@@ -282,6 +288,27 @@ class Registry:
                 "SELECT at, kind, detail FROM events WHERE job_id = ? ORDER BY id", (job_id,)
             ).fetchall()
         return [dict(r) for r in rows]
+
+    # ---- groups (a sweep's jobs: orchestrator/sweep.py) -------------------------------------------
+    def join_group(self, job_id: str, group_id: str, budget_usd: float | None, point: dict[str, Any]) -> None:
+        with self._connect() as db:
+            db.execute(
+                "INSERT INTO groups (job_id, group_id, budget_usd, point_json) VALUES (?, ?, ?, ?)",
+                (job_id, group_id, budget_usd, json.dumps(point)),
+            )
+
+    def groups(self) -> dict[str, dict[str, Any]]:
+        """job id -> {group_id, budget_usd, point} for every job launched as part of a group."""
+        with self._connect() as db:
+            rows = db.execute("SELECT job_id, group_id, budget_usd, point_json FROM groups").fetchall()
+        return {
+            r["job_id"]: {
+                "group_id": r["group_id"],
+                "budget_usd": r["budget_usd"],
+                "point": json.loads(r["point_json"]),
+            }
+            for r in rows
+        }
 
     def snapshot(self, event_kind: str) -> tuple[list[Job], dict[str, list[Attempt]], dict[str, str]]:
         """All jobs, their attempts and each job's newest `event_kind` event detail, in one connection

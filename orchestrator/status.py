@@ -143,6 +143,7 @@ def summarize(job: Job, attempts: list[Attempt], progress: dict[str, Any], now: 
         "total_steps": total,
         "fraction_done": (step / total) if total else None,
         "loss": progress.get("loss"),
+        "eval_loss": held_out_loss(progress),
         "attempts": len(attempts),
         "preemptions": sum(1 for a in attempts if preempted(a)),
         "cost_usd": round(cost, 6),
@@ -165,6 +166,15 @@ def summarize(job: Job, attempts: list[Attempt], progress: dict[str, Any], now: 
         "updated_at": max(job.updated_at, progress.get("updated_at") or 0.0),
         "ended_at": job.ended_at,
     }
+
+
+def held_out_loss(progress: dict[str, Any]) -> float | None:
+    """The held-out loss after training, else the newest one measured during it (None without a held-out set)."""
+    after = progress.get("eval_after")
+    if isinstance(after, dict) and isinstance(after.get("loss"), (int, float)):
+        return float(after["loss"])
+    value = progress.get("eval_loss")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def with_backend_fields(registry: Registry, job: Job, row: dict[str, Any]) -> dict[str, Any]:
@@ -221,6 +231,7 @@ def status_all(registry: Registry | None = None) -> list[dict[str, Any]]:
     registry = registry or Registry()
     jobs, attempts, details = registry.snapshot(CACHE_KIND)
     cached = _cached(details)
+    groups = registry.groups()
     rows = []
     for job in jobs:
         job_attempts = attempts.get(job.job_id, [])
@@ -231,6 +242,9 @@ def status_all(registry: Registry | None = None) -> list[dict[str, Any]]:
                 learn(registry, job)  # it ended: what it measured feeds the next plan
         progress = _progress_for(registry, job, cached.get(job.job_id))
         row = with_backend_fields(registry, job, summarize(job, job_attempts, progress, time.time()))
+        group = groups.get(job.job_id)
+        if group:  # launched by `ftorch sweep`
+            row.update(group=group["group_id"], point=group["point"], group_budget_usd=group["budget_usd"])
         rows.append(with_savings(registry, job, job_attempts, row))  # the cost ledger's savings column
     return rows
 

@@ -57,6 +57,11 @@ class Backend:
         Raises SpecError/UserError: nothing is recorded then."""
         return None
 
+    def plan_record(self, prepared: Any) -> dict[str, Any] | None:
+        """The plan `prepare` chose, as the run store keeps it (plan.json, shown by `ftorch report`);
+        None for a backend that does not compare offers."""
+        return None
+
     def start(self, registry: Registry, job: Job, prepared: Any = None) -> None:
         """Start (or, after `resume`, restart) the job's attempts. `prepared` is `prepare`'s result at
         launch and None on resume."""

@@ -16,6 +16,7 @@ The trainer gets SIGTERM if this process dies, so it never runs unsupervised.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -42,6 +43,7 @@ from orchestrator.backends.local_parts import (
     times,
     trainer_command,
 )
+from orchestrator.backends.local_queue import DeviceQueue
 from orchestrator.logtail import LogTail
 from orchestrator.notify import notify_job
 from orchestrator.records import cost_usd
@@ -129,6 +131,10 @@ class Supervisor:
         self.registry.update(
             self.job_id, supervisor_pid=os.getpid(), supervisor_started=procs.start_time(os.getpid())
         )
+        if not self.take_device():  # cancelled while queued for the device
+            self.end(JobState.CANCELLED, "cancelled by the user while queued; checkpoints kept")
+            return 0
+        self.share_group_budget()
         first = not self.registry.attempts(self.job_id)
         self.registry.set_state(self.job_id, JobState.PROVISIONING if first else JobState.RECOVERING)
         while True:
@@ -191,6 +197,44 @@ class Supervisor:
                 self.notify("preempted")
             time.sleep(self.spec.local.restart_backoff_s)
             self.registry.set_state(self.job_id, JobState.RECOVERING, end.reason)
+
+    def take_device(self) -> bool:
+        """Wait (PENDING) until this machine's device is free: local jobs take turns (local_queue.py)."""
+        self.queue = DeviceQueue(self.registry.home, self.job_id)
+
+        def waiting(reason: str) -> None:
+            self.log(reason)
+            self.registry.set_state(self.job_id, JobState.PENDING, reason)
+            self.registry.event(self.job_id, "queued", reason)
+
+        return self.queue.wait(
+            lambda: self.cancelled or self.registry.get(self.job_id).cancel_requested, waiting
+        )
+
+    def share_group_budget(self) -> None:
+        """A job of a group (`ftorch sweep`) with a shared budget gets what the group's other jobs have not
+        spent, as its own `resources.budget_usd` (registry and spec.json), so the trainer's one budget rule
+        keeps the whole group inside it. Local jobs take turns, so the others' spend is settled by now."""
+        group = self.registry.groups().get(self.job_id)
+        if not group or group["budget_usd"] is None:
+            return
+        now = time.time()
+        others = sum(
+            cost_usd(self.registry.attempts(j), self.registry.get(j).state, now)
+            for j, g in self.registry.groups().items()
+            if g["group_id"] == group["group_id"] and j != self.job_id
+        )
+        left = round(max(0.0, group["budget_usd"] - others), 6)
+        job = self.registry.get(self.job_id)
+        spec = dict(job.spec)
+        spec["resources"] = {**(spec.get("resources") or {}), "budget_usd": left}
+        resolved = self.store.read_spec()
+        resolved["job"] = {**resolved["job"], "resources": spec["resources"]}
+        self.store.write_spec(resolved)
+        self.registry.update(self.job_id, spec_json=json.dumps(spec))
+        self.registry.event(
+            self.job_id, "group", f"group {group['group_id']}: ${left:.2f} of ${group['budget_usd']:.2f} left"
+        )
 
     def run_attempt(self) -> AttemptEnd:
         """One attempt: start the trainer from the newest checkpoint, watch it until it exits or is

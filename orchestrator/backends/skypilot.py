@@ -157,19 +157,24 @@ def _controller_tasks(
 
 
 # ---- dry run -----------------------------------------------------------------------------------------
+def plan_record(plan: Any) -> dict[str, Any]:
+    """The chosen offer and the top ones, as `launch --dry-run` shows them and the run store keeps them."""
+    return {
+        "chosen": plan.chosen.to_json() if plan.chosen else None,
+        "top_offers": render.plan_table(plan),
+        "candidates": len(plan.candidates),
+        "rejected": len(plan.rejected),
+        "catalog": plan.catalog_source,
+    }
+
+
 def dry_run(spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:
     """What `launch --dry-run` shows: the plan and the task YAML. Nothing is written or launched.
     It refuses what a real launch refuses (a dry run that renders a job the launch rejects misleads)."""
     plan, task = render_job(spec, job_id, run_uri)
     return {
         "controller": controller.dry_run_lines(spec, job_id, run_uri, task, render_job),
-        "plan": {
-            "chosen": plan.chosen.to_json() if plan.chosen else None,
-            "top_offers": render.plan_table(plan),
-            "candidates": len(plan.candidates),
-            "rejected": len(plan.rejected),
-            "catalog": plan.catalog_source,
-        },
+        "plan": plan_record(plan),
         "template": render.template_of(task),
         "task": task,
         "task_yaml": render.to_yaml(task),
@@ -256,6 +261,9 @@ class SkyPilotBackend(Backend):
 
     def prepare(self, spec: JobSpec, job_id: str, run_uri: str) -> Launch:
         return prepare(spec, job_id, run_uri)
+
+    def plan_record(self, prepared: Any) -> dict[str, Any] | None:
+        return plan_record(prepared.plan) if isinstance(prepared, Launch) else None
 
     def start(self, registry: Registry, job: Job, prepared: Any = None) -> None:
         start(registry, job, prepared)

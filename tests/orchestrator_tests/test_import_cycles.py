@@ -164,6 +164,8 @@ FLOORS = {
     "orchestrator.cost_ledger": BACKENDS,  # the ledger needs the backend's on-demand price
     # jobs, status and the terminal UI
     "orchestrator.jobs": STATUS,
+    "orchestrator.sweep": STATUS,
+    "orchestrator.report": STATUS,
     "orchestrator.adopt": STATUS,
     "orchestrator.status": STATUS,
     "orchestrator.follow": STATUS,
@@ -178,6 +180,8 @@ FLOORS = {
     "orchestrator.cli_sizing": CLI,
     "orchestrator.cli_env": CLI,
     "orchestrator.cli_convert": CLI,
+    "orchestrator.cli_sweep": CLI,
+    "orchestrator.cli_report": CLI,
 }
 #: upward arrows still there, (module, target) -> why; remove an entry when its arrow is gone
 KNOWN_UPWARD = {

@@ -48,6 +48,10 @@ def test_a_cloud_launch_plans_once_and_a_failed_submission_leaves_the_job_failed
     with pytest.raises(UserError) as caught:
         backend.start(registry, job, prepared)
     assert len(plans) == 1  # start submits what prepare planned
+    kept = backend.plan_record(prepared)  # what the run store keeps for `ftorch report` (plan.json)
+    assert kept is not None and kept["chosen"] == prepared.plan.chosen.to_json()
+    assert kept["top_offers"][0]["instance_type"] == prepared.plan.chosen.instance_type
+    assert backend_for("local").plan_record(None) is None
     assert str(caught.value).startswith("SkyPilot launch failed: ConnectionError: cannot reach")
     job = registry.get("m-1")
     assert job.state is JobState.FAILED and job.backend_job_id is None
