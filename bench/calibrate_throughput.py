@@ -103,6 +103,7 @@ def predict(row: Row, c: TimeConstants, gpu: str = "A100-80GB") -> float:
         seq_len=row.seq_len,
         grad_ckpt=True,
         attn="flash_attention_2",
+        loss="plain",  # the published stacks' loss: the head once, no recomputation
         lora_r=16,
         lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
         n_gpus=row.n_gpus,

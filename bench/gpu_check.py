@@ -25,7 +25,6 @@ it moves nothing but the code path runs), with the estimate's host RAM next to t
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import resource
@@ -67,6 +66,15 @@ class Case:
     ranks: int = 1  # > 1: the sharded load and step under torchrun, one rank per GPU (sharded_case)
     #: train.offload: "params" runs FSDP2's CPUOffloadPolicy under torchrun (one rank: a world of one)
     offload: str = "none"
+    # issue 32: the speed paths, one at a time against the case it varies
+    attn: str = "sdpa"  # train.attn_implementation
+    loss: str = "auto"  # train.loss
+    kernels: tuple[str, ...] = ()  # train.kernels
+    adamw: str | None = None  # trainer.optim's implementation (None: the trainer's choice for the device)
+    #: in the default set (the rest run when named with --cases)
+    default: bool = True
+    #: also trace the job on fake tensors (a minute on the CPU for an 8B shape: the base cases only)
+    trace: bool = True
 
 
 @dataclass
@@ -98,22 +106,44 @@ class Result:
     estimate_host_gib: float | None = None
     #: multi-rank / offload cases: the FSDP2 offload policy the root module runs with, as FSDP reports it
     offload_policy: str | None = None
+    #: the case's process failed (crashed, timed out): the tail of what it wrote; the row has no figures
+    error: str | None = None
+    #: issue 32: the paths this row ran (attention, loss path of train.loss, kernels, AdamW implementation)
+    paths: str = ""
 
 
 GPU_CASES = [
     Case("lora-8b", "llama-3.1-8b", "lora", 2048),
+    # issue 32's paths, each against lora-8b or full-1b: flash-attention 2 (where installed), the loss in
+    # one piece (3 GiB of logits) and Liger's fused linear cross-entropy (where carried), AdamW foreach
+    Case("lora-8b-flash", "llama-3.1-8b", "lora", 2048, attn="flash_attention_2", trace=False),
+    Case("lora-8b-plain-loss", "llama-3.1-8b", "lora", 2048, loss="plain", trace=False),
+    Case("lora-8b-liger", "llama-3.1-8b", "lora", 2048, kernels=("liger_fused_ce",), trace=False),
     Case("qlora-8b", "llama-3.1-8b", "qlora", 2048),
     Case("full-1b", "llama-3.2-1b", "full", 2048),
+    Case("full-1b-foreach", "llama-3.2-1b", "full", 2048, adamw="foreach", trace=False),
     # the time model's micro-batch dependence: the same 8B LoRA at 512 tokens, micro-batch 1 and 8
-    Case("lora-8b-512x1", "llama-3.1-8b", "lora", 512, micro_batch=1),
-    Case("lora-8b-512x8", "llama-3.1-8b", "lora", 512, micro_batch=8),
+    Case("lora-8b-512x1", "llama-3.1-8b", "lora", 512, micro_batch=1, trace=False),
+    Case("lora-8b-512x8", "llama-3.1-8b", "lora", 512, micro_batch=8, trace=False),
+    # not in the default set (issue 32: minutes, no multi-GB host writes; name them with --cases):
     # issue 20: torchtune's published 8B full fine-tune (18.9 GiB on one RTX 4090), the step in backward
-    Case("full-8b-inbwd", "llama-3.1-8b", "full", 2048, 2, "paged_adamw_8bit", "bf16", in_backward=True),
+    Case(
+        "full-8b-inbwd",
+        "llama-3.1-8b",
+        "full",
+        2048,
+        2,
+        "paged_adamw_8bit",
+        "bf16",
+        in_backward=True,
+        default=False,
+    ),
     # issue 20: QLoRA loaded sharded (trainer/sharded_load.py) on 2 ranks; skipped with fewer GPUs
-    Case("qlora-8b-2ranks", "llama-3.1-8b", "qlora", 2048, ranks=2),
+    Case("qlora-8b-2ranks", "llama-3.1-8b", "qlora", 2048, ranks=2, default=False),
     # issue 20: CPU offload (train.offload: params) on one GPU as an FSDP world of one: the GPU holds a
-    # layer in flight and the activations, the shards, gradients and AdamW state live in pinned host RAM
-    Case("qlora-8b-offload", "llama-3.1-8b", "qlora", 2048, offload="params"),
+    # layer in flight and the activations, the shards, gradients and AdamW state live in pinned host RAM.
+    # It saves the 8B model first (16 GB written to the host's disk)
+    Case("qlora-8b-offload", "llama-3.1-8b", "qlora", 2048, offload="params", default=False),
 ]
 CPU_CASES = [
     Case("lora-tiny", "tiny", "lora", 64),
@@ -123,6 +153,10 @@ CPU_CASES = [
     Case("qlora-tiny-2ranks", "tiny", "qlora", 64, ranks=2),
     # the offload code path on 2 gloo ranks (on a CPU it moves nothing, but CPUOffloadPolicy runs)
     Case("qlora-tiny-offload", "tiny", "qlora", 64, ranks=2, offload="params"),
+    # issue 32's paths (named with --cases: the rehearsal runs them): Liger is a row saying why not here
+    Case("lora-tiny-plain-loss", "tiny", "lora", 64, loss="plain", default=False),
+    Case("full-tiny-foreach", "tiny", "full", 64, adamw="foreach", default=False),
+    Case("lora-tiny-liger", "tiny", "lora", 64, kernels=("liger_fused_ce",), default=False),
 ]
 
 
@@ -152,6 +186,9 @@ def spec_for(case: Case, model_ref: str) -> Any:
                 "max_grad_norm": None if case.in_backward else 1.0,
                 "optimizer_in_backward": case.in_backward,
                 "offload": case.offload,
+                "attn_implementation": case.attn,
+                "loss": case.loss,
+                "kernels": list(case.kernels),
             },
             "local": {"nproc": case.ranks},
             "checkpoint": {"uri": "/tmp/unused"},
@@ -203,7 +240,7 @@ def build(case: Case, device: Any) -> Any:
     torch.manual_seed(0)
     dtype = torch.bfloat16 if case.method == "qlora" else base_dtype(spec)
     with torch.device(device):  # built in the target dtype (an 8B model in fp32 first would be 32 GB)
-        model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation=case.attn)
     if case.method == "qlora":
         quantize_linears(model, device)
         for param in model.parameters():  # the 4-bit base is frozen (trainer/quant.py)
@@ -295,7 +332,11 @@ def run_case(case: Case, device: Any, steps: int, warmup: int) -> Result:
         if base.skipped:
             return base
         return sharded_case(case, device, steps, warmup, base)
-    base.trace_allocated_gib, base.trace_reserved_gib = traced_gib(case)
+    base.skipped = path_skip(case, device)
+    if base.skipped:
+        return base
+    if case.trace:
+        base.trace_allocated_gib, base.trace_reserved_gib = traced_gib(case)
     if case.method == "qlora" and device.type not in bitsandbytes_devices():
         base.skipped = f"bitsandbytes does not support {device.type} here"
         return base
@@ -310,8 +351,14 @@ def run_case(case: Case, device: Any, steps: int, warmup: int) -> Result:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     from trainer.loop import make_optimizer
+    from trainer.optim import adamw, adamw_impl
 
-    optimizer = make_optimizer(spec_for(case, "unused"), model)
+    spec = spec_for(case, "unused")
+    trained = [p for p in model.parameters() if p.requires_grad]
+    if case.adamw and spec.train.optimizer == "adamw":
+        optimizer = adamw(spec, trained, case.adamw)  # type: ignore[arg-type]
+    else:
+        optimizer = make_optimizer(spec, model)
     cfg = config_for(case.shape)
     gen = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, cfg["vocab_size"], (case.micro_batch, case.seq_len), generator=gen).to(device)
@@ -351,7 +398,37 @@ def run_case(case: Case, device: Any, steps: int, warmup: int) -> Result:
         trace_reserved_gib=base.trace_reserved_gib,
     )
     result.predicted_tokens_per_s = predicted_tokens_per_s(case, result.device, trainable)
+    from trainer.kernels import loss_path
+
+    adamw_used = (
+        (case.adamw or adamw_impl(trained)) if spec.train.optimizer == "adamw" else spec.train.optimizer
+    )
+    loss_used = "+".join(case.kernels) or loss_path(
+        case.loss, case.micro_batch * case.seq_len, cfg["vocab_size"]
+    )
+    result.paths = f"{case.attn}, loss {loss_used}, adamw {adamw_used}"
     return result
+
+
+def path_skip(case: Case, device: Any) -> str | None:
+    """Why a path this case asks for cannot run here (a package neither installed nor carried), or None."""
+    import importlib.util
+
+    if case.attn == "flash_attention_2":
+        if device.type != "cuda":
+            return "flash-attention runs on CUDA only"
+        if importlib.util.find_spec("flash_attn") is None:
+            return "flash-attn is not installed here (not on the image; too large to carry)"
+    from trainer.kernels import kernel_problem
+
+    for kernel in case.kernels:
+        problem = kernel_problem(kernel, device.type)
+        if problem:
+            return problem
+    needs_bnb = case.method == "qlora" or case.optimizer in ("adamw_8bit", "paged_adamw_8bit")
+    if needs_bnb and importlib.util.find_spec("bitsandbytes") is None:
+        return "bitsandbytes is not installed here (not on the image; carry its wheel: bench/gpu_wheels.py)"
+    return None
 
 
 # ---- issue 20: the sharded QLoRA load on several ranks, and the measured facts for the planner -------
@@ -377,7 +454,7 @@ def sharded_case(case: Case, device: Any, steps: int, warmup: int, base: Result)
         torch.manual_seed(0)
         AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16).save_pretrained(tmp)
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={case.ranks}",
+            *python(), "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={case.ranks}",
             __file__, "--rank-worker", case.name, "--model-dir", tmp, "--steps", str(steps),
             "--warmup", str(warmup), *(["--cpu-tiny"] if device.type == "cpu" else []),
         ]  # fmt: skip
@@ -467,7 +544,7 @@ def measured_facts(results: list[Result]) -> list[dict[str, Any]]:
     the case's job settings beside it, so a lent GPU's run can feed the history."""
     facts = []
     for r in results:
-        if r.skipped:
+        if r.skipped or r.error:
             continue
         case = next(c for c in GPU_CASES + CPU_CASES if c.name == r.case)
         cuda = r.device != "cpu"
@@ -556,8 +633,9 @@ def predicted_tokens_per_s(case: Case, device_name: str, trainable: int) -> floa
     )
     assert shape is not None
     s = Settings(
-        method=case.method, micro_batch=case.micro_batch, seq_len=case.seq_len, grad_ckpt=True, attn="sdpa"
-    )
+        method=case.method, micro_batch=case.micro_batch, seq_len=case.seq_len, grad_ckpt=True,
+        attn=case.attn, loss=case.loss, kernels=case.kernels,
+    )  # fmt: skip
     work = Workload(None, 1.0, 1, float(case.seq_len), case.micro_batch, "gpu_check")
     return estimate_time(shape, s, trainable, work, ACCELERATORS[key], 1, "n/a").tokens_per_s
 
@@ -565,17 +643,18 @@ def predicted_tokens_per_s(case: Case, device_name: str, trainable: int) -> floa
 def throughput_table(results: list[Result]) -> str:
     """Measured tokens/s next to the time model's (orchestrator/sizing/throughput.py, calibrated constants)."""
     rows = [
-        "| case | device | micro-batch x seq | measured tokens/s | time model tokens/s | model/measured |"
+        "| case | device | paths | micro-batch x seq | measured tokens/s | MFU | time model tokens/s | model/measured |"
     ]
-    rows.append("|---|---|---|---|---|---|")
+    rows.append("|---|---|---|---|---|---|---|---|")
     for r in results:
-        if r.skipped:
+        if r.skipped or r.error:
             continue
         case = next(c for c in GPU_CASES + CPU_CASES if c.name == r.case)
         pred = r.predicted_tokens_per_s
         shown = ("n/a", "n/a") if pred is None else (f"{pred:,.0f}", f"{pred / r.tokens_per_s:.2f}")
         rows.append(
-            f"| {r.case} | {r.device} | {case.micro_batch} x {r.seq_len} | {r.tokens_per_s:,.0f} | {shown[0]} | {shown[1]} |"
+            f"| {r.case} | {r.device} | {r.paths} | {case.micro_batch} x {r.seq_len} | {r.tokens_per_s:,.0f} | "
+            f"{'n/a' if r.mfu is None else f'{r.mfu:.1%}'} | {shown[0]} | {shown[1]} |"
         )
     return "\n".join(rows)
 
@@ -597,6 +676,9 @@ def table(results: list[Result]) -> str:
         reserved = (
             f"{gib(r.peak_reserved_gib)} / {gib(r.trace_reserved_gib)} / {gib(r.estimate_reserved_gib)}"
         )
+        if r.error:
+            rows.append(f"| {r.case} | {r.device} | | | {r.seq_len} | failed: {r.error} | | | | | |")
+            continue
         if r.skipped:
             rows.append(
                 f"| {r.case} | {r.device} | | | {r.seq_len} | skipped: {r.skipped}; {allocated} | {reserved} "
@@ -627,6 +709,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="record the measured facts in this machine's planner history ($FTORCH_HOME; `ftorch history`)",
     )
+    parser.add_argument("--out", default="gpu_check.jsonl", help="one JSON row per case, written after each")
+    parser.add_argument("--case-timeout", type=float, default=240.0, help="seconds one case may take")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="start no case after this many seconds")
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--row", help=argparse.SUPPRESS)
     parser.add_argument("--rank-worker", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -645,17 +732,38 @@ def main(argv: list[str] | None = None) -> int:
         device, cases = torch.device("cuda", 0), GPU_CASES
         steps, warmup = args.steps or 5, args.warmup if args.warmup is not None else 2
     if args.cases:
-        wanted = set(args.cases.split(","))
+        wanted = args.cases.split(",")
+        known = {c.name for c in cases}
+        unknown = [name for name in wanted if name not in known]
+        if unknown:
+            print(f"--cases: unknown case {unknown[0]!r}; known: {', '.join(sorted(known))}", file=sys.stderr)
+            return 2
         cases = [c for c in cases if c.name in wanted]
+    else:
+        cases = [c for c in cases if c.default]
+    if args.case:  # one case in this process (started by the loop below): its row into --row
+        result = run_case(next(c for c in cases if c.name == args.case), device, steps, warmup)
+        Path(args.row).write_text(json.dumps(asdict(result)))
+        return 0
     started = time.time()
     results = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("")
     for case in cases:
-        t0 = time.time()
-        results.append(run_case(case, device, steps, warmup))
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        print(f"{case.name}: done in {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
+        if time.time() - started > args.budget_s:
+            result = not_run(case, device, f"not started: the run's {args.budget_s:.0f} s were spent")
+        else:
+            result = isolated(case, device, steps, warmup, args, started)
+        results.append(result)
+        with out.open("a", encoding="utf-8") as f:  # after each case: a later crash loses nothing
+            f.write(json.dumps(asdict(result)) + "\n")
+        state = result.error or (f"skipped: {result.skipped}" if result.skipped else "")
+        print(
+            f"{case.name}: {state or f'{result.tokens_per_s:,.0f} tokens/s'} ({time.time() - started:.0f}s)",
+            file=sys.stderr,
+            flush=True,
+        )
     print(table(results))
     print()
     print(throughput_table(results))
@@ -669,7 +777,40 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if r.skipped:
             print(f"{r.case}: skipped: {r.skipped}")
+        if r.error:
+            print(f"{r.case}: failed: {r.error}")
     return 0
+
+
+def python() -> list[str]:
+    """This interpreter, with its -S (no site-packages: the rehearsal of the GPU machine's set-up)."""
+    return [sys.executable, "-S"] if sys.flags.no_site else [sys.executable]
+
+
+def not_run(case: Case, device: Any, why: str) -> Result:
+    """A row without figures: the case did not run (`error` says why)."""
+    return Result(
+        case.name, str(device), 0, 0, case.seq_len, 0, 0.0, 0.0, None, None, None, 0.0, 0.0, "", error=why
+    )
+
+
+def isolated(case: Case, device: Any, steps: int, warmup: int, args: Any, started: float) -> Result:
+    """One case in its own process, under a timeout: a crash (CUDA error, out of memory, a missing
+    package) or a hang is that case's row, with the tail of its output, and the next case starts clean."""
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        row = Path(tmp, "row.json")
+        cmd = [
+            *python(), __file__, "--case", case.name, "--cases", case.name, "--row", str(row),
+            "--steps", str(steps), "--warmup", str(warmup), *(["--cpu-tiny"] if device.type == "cpu" else []),
+        ]  # fmt: skip
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout)
+        except subprocess.TimeoutExpired:
+            return not_run(case, device, f"timed out after {args.case_timeout:.0f} s")
+        if done.returncode == 0 and row.exists():
+            return Result(**json.loads(row.read_text()))
+        tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-3:])[-400:]
+        return not_run(case, device, f"exit {done.returncode}: {tail}")
 
 
 if __name__ == "__main__":

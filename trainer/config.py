@@ -271,6 +271,15 @@ class TrainSpec(_Strict):
 
     # ---- end optimizer step in backward ----
 
+    # ---- speed paths (trainer/loss.py, trainer/kernels.py, trainer/optim.py) ----
+    #: the loss's LM head: plain (in one piece), chunked (chunk by chunk, recomputed in backward: for logits
+    #: that would not fit), auto (plain when a micro-batch's logits fit in one chunk, else chunked)
+    loss: Literal["auto", "chunked", "plain"] = "auto"
+    #: fused kernels, each refused where it cannot run: liger_fused_ce, Liger's fused linear
+    #: cross-entropy (CUDA, pip install liger-kernel; not with lm_head in lora.target_modules)
+    kernels: list[Literal["liger_fused_ce"]] = Field(default_factory=list)
+    # ---- end speed paths ----
+
 
 class CheckpointSpec(_Strict):
     uri: str = Field(min_length=1)
@@ -421,8 +430,9 @@ class LocalSpec(_Strict):
     restart_backoff_s: float = Field(1.0, ge=0.0, le=3600.0)
     #: a price for the local machine, so cost and budget can be exercised locally
     hourly_usd: float = Field(0.0, ge=0.0)
-    #: CPU threads for the trainer (0 = torch's default)
-    threads: int = Field(0, ge=0, le=1024)
+    #: CPU threads for the trainer (0 = torch's default; auto = the cores free at start, else 1:
+    #: trainer/threads.py)
+    threads: Annotated[int, Field(ge=0, le=1024)] | Literal["auto"] = 0
 
 
 class NotifySpec(_Strict):
@@ -503,6 +513,24 @@ def flash_attention_problem(spec: JobSpec) -> str | None:
     return None
 
 
+def kernel_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """train.kernels that cannot run this job: checked where the trainer runs (local); the LoRA head rule
+    everywhere. SkyPilot jobs install the kernels' packages (ftorch[kernels])."""
+    from trainer.kernels import kernel_problem
+
+    device = spec.local.device if spec.resources.backend == "local" else "cuda"
+    targets = spec.lora.target_modules if spec.method in ("lora", "qlora") else None
+    found = []
+    for kernel in spec.train.kernels:
+        if spec.resources.backend == "local":
+            problem = kernel_problem(kernel, device, targets)
+        else:
+            problem = kernel_problem(kernel, device, targets, installed=lambda _name: True)
+        if problem:
+            found.append(("train.kernels", problem))
+    return found
+
+
 def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
     """(field, message) for settings that are valid but that this build cannot act on yet."""
     problems: list[tuple[str, str]] = []
@@ -518,6 +546,7 @@ def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
         problem = flash_attention_problem(spec)
         if problem:
             problems.append(("train.attn_implementation", problem))
+    problems += kernel_problems(spec)
     replaying = (
         spec.resources.backend == "local" and spec.local.chaos is not None and bool(spec.local.chaos.trace)
     ) or spec.resources.backend == "skypilot"  # the cloud controller (orchestrator/spot/controller.py)

@@ -36,6 +36,7 @@ from trainer.memory import allocator
 from trainer.model import autocast_dtype, count_parameters, load_tokenizer, pick_device
 from trainer.notify import TrainerNotifier
 from trainer.observers import Observers, StepRecord, StopSource, poll_all
+from trainer.optim import adamw
 from trainer.recorders import fmt_eval as _fmt_eval
 from trainer.runstore.progress import ProgressReporter, log
 from trainer.runstore.store import RunStore, check_output, output_store
@@ -48,6 +49,7 @@ from trainer.stops.sources import BudgetStop, SpotProbeStop
 from trainer.stops.spot_probe import SpotProbe
 from trainer.stops.stop_request import start_stop_watcher
 from trainer.stops.watchdog import Watchdog, exit_now
+from trainer.threads import set_threads
 from trainer.trackers import Trackers
 
 
@@ -94,7 +96,7 @@ def optimizer_for(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.opti
         return torch.optim.SGD(params, lr=spec.train.lr, momentum=0.9, weight_decay=spec.train.weight_decay)
     if spec.train.optimizer == "adafactor":  # factored second moments, no first moment: ~4 B/param or less
         return torch.optim.Adafactor(params, lr=spec.train.lr, weight_decay=spec.train.weight_decay)
-    return torch.optim.AdamW(params, lr=spec.train.lr, weight_decay=spec.train.weight_decay, foreach=False)
+    return adamw(spec, params)  # fused on CUDA, the per-tensor loop elsewhere (trainer/optim.py)
 
 
 @torch.no_grad()
@@ -242,8 +244,7 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     start_watcher(flag, log=log)  # cloud preemption notices (AWS/GCP/Azure metadata); ends off-cloud
     store, resolved, spec = _open_store(run_uri, attempt, storage_options, flag)
     check_output(resolved["output_uri"], run_uri, spec.checkpoint.storage_options)  # a linked output/: exit 2
-    if spec.local.threads:
-        torch.set_num_threads(spec.local.threads)
+    set_threads(spec.local.threads)  # local.threads: a count, 0 (torch's default) or auto
     device = pick_device(spec.local.device)
     # the same rules as the planner's: refuse a layout the job cannot run on before any work (exit 2)
     world = int(os.environ.get("WORLD_SIZE", "1"))

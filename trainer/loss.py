@@ -13,6 +13,12 @@ optimizer step (`label_tokens`), so gradient accumulation weights every token al
 The model's root module is still what is called (its hooks run: FSDP2 gathers the root's parameters, the
 head included, and keeps them until the backward, so applying the head after the call is safe).
 A model whose forward takes no `logits_to_keep` falls back to its own loss, as a sum.
+
+The path is chosen per job (`train.loss`) and, under `auto`, per micro-batch (`loss_path`): when the
+micro-batch's logits fit in one chunk anyway, the head runs once without checkpointing (`plain`: the same
+logits, the same memory, no recomputation in backward); when they would not, chunk by chunk (`chunked`).
+`train.kernels: [liger_fused_ce]` swaps in Liger's fused linear cross-entropy (CUDA, liger-kernel installed),
+which never holds more than a block of logits either (trainer/kernels.py).
 """
 
 from __future__ import annotations
@@ -26,9 +32,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from trainer.data.dataset import IGNORE, Example
-
-#: logit elements per chunk: 2**26 is 256 MiB in fp32 (523 tokens for a 128k vocabulary)
-CHUNK_ELEMENTS = 1 << 26
+from trainer.kernels import CHUNK_ELEMENTS, loss_path
 
 
 def label_tokens(examples: Sequence[Example]) -> int:
@@ -116,10 +120,15 @@ def shifted_labels(labels: torch.Tensor) -> torch.Tensor:
 
 
 def loss_sum(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk: int | None = None
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    chunk: int | None = None,
+    path: str = "chunked",
+    fused: Any = None,
 ) -> torch.Tensor:
-    """Sum of the token cross-entropies (fp32) of the micro-batch, in chunks of `chunk` tokens
-    (default: `CHUNK_ELEMENTS` logits per chunk)."""
+    """Sum of the token cross-entropies (fp32) of the micro-batch: in chunks of `chunk` tokens (default:
+    `CHUNK_ELEMENTS` logits per chunk) under checkpointing, or in one piece (`path` plain; auto: `loss_path`),
+    or by `fused(head, hidden, labels)` (a fused linear cross-entropy kernel, trainer/kernels.py)."""
     hidden = hidden_states(model, batch)
     if hidden is None:  # the model's own loss: sum = mean x 1 item
         return model(**model_inputs(batch), labels=batch["labels"], num_items_in_batch=1).loss
@@ -127,7 +136,12 @@ def loss_sum(
     head = base.get_output_embeddings()
     flat = hidden.reshape(-1, hidden.shape[-1])
     labels = shifted_labels(batch["labels"]).reshape(-1)
-    size = chunk or chunk_tokens(int(getattr(base.config, "vocab_size", 0) or CHUNK_ELEMENTS))
+    if fused is not None:
+        return fused(head, base.config, flat, labels)
+    vocab = int(getattr(base.config, "vocab_size", 0) or CHUNK_ELEMENTS)
+    if chunk is None and loss_path(path, flat.shape[0], vocab, CHUNK_ELEMENTS) == "plain":
+        return _head_loss(head, base.config, flat, labels)  # nothing kept for a recomputation
+    size = chunk or chunk_tokens(vocab)
     total = torch.zeros((), dtype=torch.float32, device=flat.device)
     for start in range(0, flat.shape[0], size):
         part = checkpoint(

@@ -19,6 +19,7 @@ import torch
 from trainer.config import JobSpec
 from trainer.data.dataset import Example, collate
 from trainer.data.packing import uses_flat_batches
+from trainer.kernels import fused_loss
 from trainer.loss import label_tokens, loss_sum
 from trainer.model import autocast_dtype
 from trainer.optim_in_backward import in_backward
@@ -63,11 +64,12 @@ def accumulate(
     amp = autocast_dtype(spec)
     step_loss, seen = 0.0, 0
     flat = uses_flat_batches(spec.train.attn_implementation)
+    fused = fused_loss(spec.train.kernels, device.type)  # train.kernels (None: the portable paths)
     for examples in micro_batches:
         mine = local(list(examples))
         batch = collate(mine, pad_id, device, flat=flat)
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            loss = loss_sum(model, batch) * (world / items)
+            loss = loss_sum(model, batch, path=spec.train.loss, fused=fused) * (world / items)
         (scaler.scale(loss) if scaler is not None else loss).backward()
         step_loss += float(loss.detach())
         seen += tokens(batch) if tokens is not None else sum(len(e.input_ids) for e in mine)

@@ -29,6 +29,7 @@ published benchmark; tests/orchestrator_tests/sizing/test_memory_trace.py holds 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
@@ -120,6 +121,9 @@ class Settings:
     nodes: int = 1  # machines the n_gpus ranks are spread over (host RAM is per machine)
     #: train.optimizer_in_backward: each parameter steps in its gradient hook (one GPU, no accumulation)
     optimizer_in_backward: bool = False
+    #: train.loss (auto | chunked | plain) and train.kernels (trainer/loss.py, trainer/kernels.py)
+    loss: str = "auto"
+    kernels: tuple[str, ...] = ()
 
 
 @dataclass
@@ -291,9 +295,27 @@ def activation_bytes(shape: ModelShape, s: Settings, k: Constants) -> float:
     return saved + (4 + 2 * _compute_bytes(s)) * shape.hidden * tokens  # final norm, head input
 
 
+#: Liger's fused linear cross-entropy: bytes per logit element of its block (the block's logits in the
+#: compute dtype, their fp32 gradient written in place; modelled from its source, not measured)
+LIGER_LOGIT_BYTES = 6.0
+
+
+def liger_block_tokens(tokens: int, shape: ModelShape) -> int:
+    """Liger's block: the next power of two of tokens / ceil(vocab / hidden), so that a block's logits
+    are about the size of the hidden states."""
+    rows = math.ceil(tokens / max(1, math.ceil(shape.vocab / max(1, shape.hidden))))
+    return min(tokens, 1 << max(0, rows - 1).bit_length())
+
+
 def logits_bytes(shape: ModelShape, s: Settings, k: Constants) -> float:
-    """One chunk of the chunked cross-entropy (its logits, upcast and gradient), at most the batch."""
+    """The loss's logits at its peak: one chunk of the chunked cross-entropy (its logits, upcast and
+    gradient), at most the batch; the whole micro-batch's with `train.loss: plain` (under `auto` plain
+    runs only where they fit in one chunk: the same bytes); Liger's block with its fused kernel."""
     tokens = s.micro_batch * s.seq_len
+    if "liger_fused_ce" in s.kernels:
+        return LIGER_LOGIT_BYTES * liger_block_tokens(tokens, shape) * shape.vocab
+    if s.loss == "plain":
+        return k.logits_bytes * tokens * shape.vocab
     chunk = max(1, int(k.chunk_elements) // shape.vocab)
     return k.logits_bytes * min(tokens, chunk) * shape.vocab
 
@@ -523,6 +545,8 @@ def settings_from_spec(spec: Any, n_gpus: int | None = None, offload: str | None
         offload=offload or ("params" if spec.train.offload == "params" else "none"),
         nodes=spec.resources.nodes if n % spec.resources.nodes == 0 else 1,
         optimizer_in_backward=getattr(spec.train, "optimizer_in_backward", False),
+        loss=spec.train.loss,
+        kernels=tuple(spec.train.kernels),
     )
 
 

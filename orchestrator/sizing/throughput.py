@@ -45,6 +45,7 @@ from orchestrator.errors import SpecError
 from orchestrator.sizing.memory import NF4_DQ_BYTES, Settings
 from orchestrator.sizing.shapes import ModelShape
 from trainer.data.packing import packed_count
+from trainer.kernels import loss_path
 from trainer.layout import total_steps
 from trainer.memory.facts import DTYPE_BYTES, FSDP_GRAD_BYTES, compute_bytes, state_bytes
 
@@ -321,8 +322,29 @@ def workload(spec: Any) -> Workload:
 
 
 # ---- time --------------------------------------------------------------------------------------------
+#: MFU relative to the calibration's stack (flash-attention 2, a loss without recomputation), per
+#: attention path: assumed, not measured (docs/planner.md, "Time"; bench/gpu_check.py measures it)
+ATTENTION_MFU = {"flash_attention_2": 1.0, "sdpa": 0.9, "eager": 0.75}
+#: MFU relative to the calibration's stack with Liger's fused linear cross-entropy (published: +13.5%
+#: on an H100 8B run, verl; counted only on the loss's share, so this is a cap, not a multiplier)
+LIGER_MFU = 1.0
+
+
+def loss_chunked(shape: ModelShape, s: Settings, tokens: float) -> bool:
+    """Whether the loss recomputes the LM head in backward (trainer/loss.py's chunked path)."""
+    if "liger_fused_ce" in s.kernels or s.loss == "plain":
+        return False
+    return loss_path(s.loss, int(tokens), shape.vocab) == "chunked"
+
+
+def path_mfu(s: Settings) -> float:
+    """The factor on the calibrated MFU for the job's attention path."""
+    return ATTENTION_MFU.get(s.attn, 1.0) * (LIGER_MFU if "liger_fused_ce" in s.kernels else 1.0)
+
+
 def flops_per_token(shape: ModelShape, s: Settings, trainable: int) -> float:
-    """Training FLOPs per token (forward, backward, recomputation) for the method."""
+    """Training FLOPs per token (forward, backward, recomputation) for the method; the chunked loss
+    computes the LM head once more in backward."""
     matmul = shape.active_linear_params + shape.vocab * shape.hidden  # lm_head
     causal = 0.5 if s.attn != "eager" else 1.0
     attention = 4.0 * shape.layers * s.seq_len * shape.q_dim * causal
@@ -335,7 +357,8 @@ def flops_per_token(shape: ModelShape, s: Settings, trainable: int) -> float:
         adapter = 6.0 * trainable
     if s.grad_ckpt:
         passes += 1.0
-    return forward * passes + adapter
+    recompute = 2.0 * shape.vocab * shape.hidden if loss_chunked(shape, s, s.micro_batch * s.seq_len) else 0.0
+    return forward * passes + adapter + recompute
 
 
 @dataclass(frozen=True)
@@ -381,7 +404,7 @@ def estimate_time(
     """Hours to train `work` on `n_gpus` of `acc` (FSDP when n_gpus > 1); `s.micro_batch` is per GPU.
     With `s.offload` the CPU optimizer step runs on `vcpus_per_rank` (unknown: priced as one, the slowest)."""
     c = constants or calibrated_constants()
-    util = c.mfu(s.method) * acc.reach * (c.multi_gpu_efficiency if n_gpus > 1 else 1.0)
+    util = c.mfu(s.method) * acc.reach * path_mfu(s) * (c.multi_gpu_efficiency if n_gpus > 1 else 1.0)
     fpt = flops_per_token(shape, s, trainable)
     tokens_mb = s.micro_batch * min(float(s.seq_len), work.tokens_per_sequence)
     compute = tokens_mb * fpt / (acc.tflops_16bit * 1e12 * util)

@@ -33,6 +33,7 @@ FIELDS = (
     "train.warmup_steps", "train.warmup_ratio", "train.schedule", "train.max_grad_norm", "train.seed",
     "train.precision", "train.optimizer",
     "train.optimizer_in_backward",  # one optimizer per parameter: its state and schedule differ in shape
+    "train.loss", "train.kernels",  # the loss's path and fused kernels round differently (trainer/loss.py)
 )  # fmt: skip
 #: settings that stay free on resume (the rest of the schema): a test checks that every field is in one
 FREE = (

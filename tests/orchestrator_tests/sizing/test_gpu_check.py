@@ -80,3 +80,43 @@ def test_gpu_check_without_cuda_points_to_the_cpu_mode() -> None:
         [sys.executable, "bench/gpu_check.py"], capture_output=True, text=True, timeout=120, cwd=REPO
     )
     assert done.returncode == 2 and "--cpu-tiny" in done.stderr
+
+
+def test_gpu_check_rehearsal_on_the_image_packages_and_the_carried_wheels(tmp_path: Path) -> None:
+    """Issue 32: the GPU check as the lent machine runs it: its image's packages only (here: this venv's
+    copies of KINDS.md's list and what they need, no site-packages, `python -S`), plus the wheels
+    bench/gpu_wheels.py carries, installed with the device README's command. The stand-in: this venv's
+    Python (3.11, the image has 3.12) and its versions, the wheels repacked offline (`pack`) rather than
+    downloaded; the cases are CPU ones. Without the wheels every case is a row with its error (isolated,
+    written as it ends); with them the cases run, and a kernel that cannot run here is a row saying why."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import gpu_wheels
+
+    image = tmp_path / "image-site"
+    assert gpu_wheels.image_site(image) > 30
+    assert not (image / "pydantic").exists() and (image / "torch").exists() and (image / "peft").exists()
+    wheels = gpu_wheels.pack(tmp_path / ".whl")
+    assert sum(w.stat().st_size for w in wheels) < 16 * 1024**2  # well inside the 64 MiB that travels
+    site = tmp_path / "site"
+    install = [sys.executable, *gpu_wheels.INSTALL_ARGS, str(site), *map(str, wheels)]
+    subprocess.run(install, check=True, capture_output=True, timeout=300)
+
+    def check(pythonpath: list[Path], cases: str, out: Path) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env |= {"PYTHONPATH": os.pathsep.join(map(str, [*pythonpath, REPO])), "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, "-S", "bench/gpu_check.py", "--cpu-tiny", "--cases", cases, "--out", str(out)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+
+    bare = check([image], "lora-tiny,full-tiny", tmp_path / "bare.jsonl")
+    assert bare.returncode == 0, bare.stdout + bare.stderr
+    rows = [json.loads(line) for line in (tmp_path / "bare.jsonl").read_text().splitlines()]
+    assert [r["case"] for r in rows] == ["lora-tiny", "full-tiny"]
+    assert all("No module named 'pydantic'" in r["error"] for r in rows), rows
+
+    carried = check([site, image], "lora-tiny,lora-tiny-liger", tmp_path / "carried.jsonl")
+    assert carried.returncode == 0, carried.stdout + carried.stderr
+    rows = [json.loads(line) for line in (tmp_path / "carried.jsonl").read_text().splitlines()]
+    ran, liger = rows
+    assert ran["error"] is None and ran["tokens_per_s"] > 0 and ran["paths"] == "sdpa, loss plain, adamw loop"
+    assert liger["skipped"].startswith("liger_fused_ce runs on CUDA GPUs only"), liger
+    assert "| lora-tiny | cpu | sdpa, loss plain, adamw loop |" in carried.stdout

@@ -180,3 +180,22 @@ def test_optimizer_in_backward_resumes_bitwise(tmp_path: Path, tiny_model: Path,
     assert interrupt_at(run_uri, 2, notice, signal.SIGTERM, 0.0) == exitcodes.PREEMPTED
     finish(run_uri, 3)
     assert_bitwise_equal(final_weights(run_uri), expected)
+
+
+@pytest.mark.parametrize("loss", ["plain", "chunked"])
+def test_each_loss_path_resumes_bitwise(tmp_path: Path, tiny_model: Path, loss: str) -> None:
+    """train.loss (trainer/loss.py): the head in one piece, or chunk by chunk recomputed in backward; a
+    run killed (SIGKILL) and noticed (SIGTERM) on either path ends bitwise equal to its uninterrupted run.
+    (The default, auto, takes plain here: the other tests of this file run it.)"""
+    data = write_data(tmp_path / "d.jsonl", "instruction", 48)
+    job = job_dict(
+        tiny_model, data, tmp_path / "runs", train={"loss": loss, "max_steps": 12}, checkpoint={"every": 3}
+    )
+    expected = reference_weights(tmp_path, job)
+    run_uri = prepare_run(job, "killed")
+    rng = random.Random(f"{SEED}-{loss}")
+    kill, notice = rng.randint(2, 5), rng.randint(7, 10)
+    assert interrupt_at(run_uri, 1, kill, signal.SIGKILL, rng.uniform(0.0, 0.03)) == -signal.SIGKILL
+    assert interrupt_at(run_uri, 2, notice, signal.SIGTERM, 0.0) == exitcodes.PREEMPTED
+    finish(run_uri, 3)
+    assert_bitwise_equal(final_weights(run_uri), expected)
