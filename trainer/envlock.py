@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
+from trainer import exitcodes
 from trainer.checkpoints.fingerprint import Change, SpecChanged, allowed, show
 
 #: the libraries whose version decides the math of a step: a resume under another version is refused
@@ -38,8 +39,8 @@ RECORDED = (*COMPARED, "safetensors", "huggingface-hub", "fsspec", "s3fs", "gcsf
 META_KEY = "versions"
 #: a change of a library's version, as a fingerprint Change names it ("env.transformers")
 FIELD_PREFIX = "env."
-#: sysexits' EX_CONFIG: the installed environment is not the lock. Not in the task's recover_on_exit_codes
-ENV_MISMATCH = 78
+#: the installed environment is not the lock (the setup's exit; not in the task's recover_on_exit_codes)
+ENV_MISMATCH = exitcodes.ENV_MISMATCH
 _PIN = re.compile(
     r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)((?:\s+--hash=sha256:[0-9a-f]{64})*)$"
 )

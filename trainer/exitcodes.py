@@ -19,6 +19,9 @@ FENCED = 76
 #: the store stayed unreachable beyond the retry bound, or is full (ENOSPC, named in the last log line);
 #: the last good checkpoint is intact
 STORE_UNAVAILABLE = 77
+#: the task's setup (trainer/envlock.py): an installed library is not the run's lock, or the Python is not
+#: the lock's (sysexits' EX_CONFIG); not in recover_on_exit_codes: an attempt under other versions never starts
+ENV_MISMATCH = 78
 #: out of memory in a step: the trainer recorded a smaller micro-batch per GPU (same effective batch) in
 #: spec.json (trainer/oom.py); start the next attempt from the newest checkpoint, no crash counted
 OOM_ADAPT = 88

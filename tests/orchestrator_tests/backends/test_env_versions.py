@@ -65,6 +65,9 @@ def test_versions_are_recorded_and_a_changed_version_is_refused_or_allowed_and_s
     shown = ftorch("env", job_id)
     assert shown.returncode == 0 and f"transformers=={TRANSFORMERS}" in shown.stdout, shown.stderr
     assert "source: installed" in shown.stdout
+    as_json = json.loads(ftorch("env", job_id, "--json").stdout)
+    assert as_json["source"] == "installed" and as_json["pins"]["transformers"] == TRANSFORMERS
+    assert len(as_json["ftorch"]["source_sha256"]) == 64  # the ftorch that ran: this source tree
     # the attempt record and the checkpoint manifest carry the versions
     (record,) = store.epoch_records().values()
     assert record["versions"]["transformers"] == TRANSFORMERS and record["versions"]["peft"]
