@@ -183,3 +183,22 @@ def test_the_plans_cost_matches_the_simulators_on_the_traces() -> None:
     rows = compare("llama3-70b-qlora.yaml", zones, (0, zones.n_ticks), (0, zones.n_ticks), 40)
     ratios = [float(row.rstrip(" |").rsplit("|", 1)[1]) for row in rows]
     assert len(ratios) == 4 and all(0.8 <= r <= 1.25 for r in ratios), rows
+
+
+def test_the_rebid_order_weighs_moving_the_checkpoints() -> None:
+    from orchestrator.backends.skypilot_render import regions_of
+    from orchestrator.catalog import bundled_catalog
+
+    (node,) = [o for o in bundled_catalog().offers if o.instance_type == "p5en.48xlarge"]
+    offers = Catalog((node,), "test")
+    priced = plan_of("llama3-8b-full.yaml", "checkpoint.region=us-east-1", catalog=offers)
+    unpriced = plan_of("llama3-8b-full.yaml", catalog=offers)
+    cheap, near = regions_of(unpriced)["aws|H200|8"], regions_of(priced)["aws|H200|8"]
+    assert cheap.index("us-west-2") < cheap.index("us-east-1")  # by price alone: us-west-2's spot is cheaper
+    assert near.index("us-east-1") < near.index("us-west-2")  # ~100 GB per save from us-west-2 is not
+    data = priced.chosen.data_usd_per_hour
+    assert data["us-east-1"] == 0 < data["us-west-2"]
+    spot = {r: p[1] + data[r] for r, p in node.region_prices.items() if p[1] is not None and r in data}
+    assert [r for r in near if r in spot] == sorted(
+        spot, key=spot.get
+    )  # GPU price plus moving data, per hour
