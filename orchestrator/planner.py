@@ -135,6 +135,8 @@ class Candidate:
     #: data movement per wall hour had the job run in each allowed region (the re-bid order weighs it:
     #: orchestrator/backends/skypilot_render.py regions_of); empty when egress is not priced
     data_usd_per_hour: dict[str, float] = field(default_factory=dict)
+    #: a save's transfer dollars as seconds of the hourly price (the trainer's interval adds it to C)
+    save_cost_s: float = 0.0
     #: why the interval is not the model's choice (stretched to what the uploads allow) or the market
     #: is not the one asked for (on-demand expected cheaper); empty when neither
     adjustments: list[str] = field(default_factory=list)
@@ -854,6 +856,7 @@ def _candidate(
         storage_usd=moved.storage_usd,
         adjustments=adjustments,
         data_usd_per_hour=per_region,
+        save_cost_s=moved.per_save_usd * 3600.0 / price if price else 0.0,
     )
 
 

@@ -206,10 +206,16 @@ def interruption_envs(plan: Any) -> dict[str, str]:
         rates[key] = round(max(rates.get(key, 0.0), rate), 4)
     chosen = getattr(plan, "chosen", None)
     rate = chosen.interruption_rate_per_hour if chosen is not None and chosen.spot else 0.0
-    return {
+    envs = {
         "FTORCH_INTERRUPTION_RATES": json.dumps(rates, sort_keys=True),
         "FTORCH_AUTO_MTBF_S": f"{mtbf_from_rate(rate):.0f}",
     }
+    save_cost = getattr(chosen, "save_cost_s", 0.0) if chosen is not None else 0.0
+    if save_cost:
+        from trainer.checkpoints.interval import SAVE_COST_ENV
+
+        envs[SAVE_COST_ENV] = f"{save_cost:.3f}"  # the same C the planner's interval used
+    return envs
 
 
 def price_envs(plan: Any) -> dict[str, str]:

@@ -202,3 +202,27 @@ def test_the_rebid_order_weighs_moving_the_checkpoints() -> None:
     assert [r for r in near if r in spot] == sorted(
         spot, key=spot.get
     )  # GPU price plus moving data, per hour
+
+
+def test_the_interval_weighs_a_saves_dollars_in_planner_and_trainer_alike() -> None:
+    from orchestrator.backends.skypilot_render import interruption_envs
+    from trainer.checkpoints.interval import SAVE_COST_ENV, AutoInterval
+    from trainer.stops.interruptions import mtbf_from_rate
+
+    away = plan_of("llama3-8b-lora.yaml", "checkpoint.region=us-east-1", "resources.regions=[us-west-2]",
+                   "resources.clouds=[aws]", "checkpoint.every=auto")  # fmt: skip
+    home = plan_of("llama3-8b-lora.yaml", "checkpoint.region=us-west-2", "resources.regions=[us-west-2]",
+                   "resources.clouds=[aws]", "checkpoint.every=auto")  # fmt: skip
+    c, free = away.chosen, home.chosen
+    assert (c.instance_type, c.spot) == (free.instance_type, True) and free.save_cost_s == 0 < c.save_cost_s
+    assert c.checkpoint_interval_s > free.checkpoint_interval_s  # saving costs money: save less often
+
+    def trainer(save_cost_s: float) -> float:
+        auto = AutoInterval(mtbf_prior_s=mtbf_from_rate(c.interruption_rate_per_hour), notice_prior=0.0,
+                            save_cost_s=save_cost_s)  # fmt: skip
+        auto.observe(c.checkpoint_blocking_s, c.checkpoint_write_s)
+        return auto.choose()[0]
+
+    assert trainer(c.save_cost_s) == pytest.approx(c.checkpoint_interval_s)
+    assert float(interruption_envs(away)[SAVE_COST_ENV]) == pytest.approx(c.save_cost_s, abs=1e-3)
+    assert SAVE_COST_ENV not in interruption_envs(home)
