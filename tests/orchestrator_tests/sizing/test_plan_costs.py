@@ -226,3 +226,25 @@ def test_the_interval_weighs_a_saves_dollars_in_planner_and_trainer_alike() -> N
     assert trainer(c.save_cost_s) == pytest.approx(c.checkpoint_interval_s)
     assert float(interruption_envs(away)[SAVE_COST_ENV]) == pytest.approx(c.save_cost_s, abs=1e-3)
     assert SAVE_COST_ENV not in interruption_envs(home)
+
+
+def test_the_ledger_records_what_each_attempt_paid_to_move_checkpoints() -> None:
+    from orchestrator.spot.egress import Store, attempt_movement
+    from trainer.ledger import ledger_lines
+
+    store = Store("aws", "us-east-1", "checkpoint.region")
+    attempts = {1: {"cluster_info": {"cloud": "AWS", "region": "us-west-2"}},
+                2: {"cluster_info": {"cloud": "AWS", "region": "us-east-1"}},
+                3: {"cluster_info": {"cloud": "GCP", "region": "us-central1"}}}  # fmt: skip
+    records = {1: {"attempt": 1, "measured": {"checkpoint_uploads": 3}},
+               2: {"attempt": 2, "start_step": 40, "measured": {"checkpoint_uploads": 2}},
+               3: {"attempt": 3, "start_step": 60, "measured": {"checkpoint_uploads": 1}}}  # fmt: skip
+    moved = attempt_movement(store, attempts, records, 100e9)
+    by_n = {r["attempt"]: r for r in moved["attempts"]}
+    assert by_n[1]["usd"] == pytest.approx(3 * 100 * 0.02)  # three saves across regions
+    assert by_n[2]["usd"] == 0  # in the store's region: saves and the restore are free
+    assert by_n[3]["usd"] == pytest.approx(100 * 0.12 + 100 * 0.09)  # GCP's internet out, S3's back in
+    assert moved["total_usd"] == pytest.approx(6 + 21) and moved["gb"] == pytest.approx(800)
+    rows = dict(ledger_lines({"data_movement": moved}))
+    assert rows["data movement"].startswith("$27.00")
+    assert attempt_movement(Store("aws", None, "unknown"), attempts, records, 100e9) is None
