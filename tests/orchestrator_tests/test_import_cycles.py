@@ -173,6 +173,7 @@ FLOORS = {
     "orchestrator.cli_outputs": CLI,
     "orchestrator.cli_simulate": CLI,
     "orchestrator.cli_sizing": CLI,
+    "orchestrator.cli_hazards": CLI,
 }
 #: upward arrows still there, (module, target) -> why; remove an entry when its arrow is gone
 KNOWN_UPWARD = {
