@@ -72,7 +72,7 @@ def job_ledger(
     except Exception:  # noqa: BLE001 - a backend that cannot say: the registry's times
         times = {}
     hourly = attempts[-1].hourly_usd if attempts else job.hourly_usd
-    return compute_ledger(
+    ledger = compute_ledger(
         records,
         spent_usd=spent_usd,
         hourly_usd=hourly,
@@ -81,3 +81,28 @@ def job_ledger(
         tokens=tokens,
         last_step_at=last_step_times(metrics),
     )
+    moved = _data_movement(job, records)
+    if moved is not None:
+        ledger["data_movement"] = moved
+    return ledger
+
+
+def _data_movement(job: Job, records: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """What the attempts paid to move checkpoints (orchestrator/spot/egress.py), when the run store's
+    region is known; None when it is not or the store cannot be read."""
+    from orchestrator.spot.egress import attempt_movement, store_of
+    from trainer.config import JobSpec
+    from trainer.runstore.attempts import ATTEMPTS
+
+    try:
+        store = store_of(JobSpec.model_validate(job.spec))
+        if not store.known or store.how == "local":
+            return None
+        run = job.run_store(retry_seconds=2.0)
+        newest = run.complete_checkpoints()
+        size = newest[-1].size_bytes if newest else 0
+        attempts = {int(n.removesuffix(".json")): run.read_json_or_none(f"{ATTEMPTS}/{n}") or {}
+                    for n in run.listdir(ATTEMPTS) if n.removesuffix(".json").isdigit()}  # fmt: skip
+    except Exception:  # noqa: BLE001 - an unreadable store or spec: no data movement line
+        return None
+    return attempt_movement(store, attempts, records, float(size))

@@ -137,16 +137,9 @@ def learn_from_job(registry: Registry, job: Any) -> int:
     from trainer.ledger import by_attempt
 
     try:
-        store = job.run_store(retry_seconds=2.0)
-        records = store.epoch_records()
+        records = job.run_store(retry_seconds=2.0).epoch_records()
     except Exception:  # noqa: BLE001 - an unreachable store: learn next time
         return 0
-    try:  # the spot attempts' hours and ends, for the hazard model (orchestrator/spot/hazards.py)
-        from orchestrator.spot.hazards import learn_from_store
-
-        learn_from_store(job.job_id, job.spec, store, registry.home)
-    except Exception:  # noqa: BLE001 - the hazard evidence is best effort: learn next time
-        pass
     kept = 0
     for n, record in by_attempt(records).items():
         measured = record.get("measured")

@@ -132,6 +132,11 @@ class Candidate:
     fallback_share: float = 0.0  # share of the work expected on demand for want of spot capacity
     egress_usd: float | None = None  # data movement (None: not priced; see the notes)
     storage_usd: float | None = None  # the kept checkpoints over the run
+    #: data movement per wall hour had the job run in each allowed region (the re-bid order weighs it:
+    #: orchestrator/backends/skypilot_render.py regions_of); empty when egress is not priced
+    data_usd_per_hour: dict[str, float] = field(default_factory=dict)
+    #: a save's transfer dollars as seconds of the hourly price (the trainer's interval adds it to C)
+    save_cost_s: float = 0.0
     #: why the interval is not the model's choice (stretched to what the uploads allow) or the market
     #: is not the one asked for (on-demand expected cheaper); empty when neither
     adjustments: list[str] = field(default_factory=list)
@@ -803,6 +808,14 @@ def _candidate(
     if paid is None:
         return None
     cost, wall, interruptions, interval, moved = paid
+    per_region: dict[str, float] = {}
+    for region in regions if moved.egress_usd is not None and wall > 0 else ():
+        there = price_movement(
+            job.store, offer.cloud, {region: 1.0}, save_gb=save_gb, saves=hours * 3600.0 / interval + 1.0,
+            pull_gb=pull_gb, launches=1.0 + interruptions, restores=interruptions, keep=0, hours=wall,
+        )  # fmt: skip
+        if there.egress_usd is not None:
+            per_region[region] = there.egress_usd / wall
     return Candidate(
         cloud=offer.cloud,
         instance_type=offer.instance_type,
@@ -842,6 +855,8 @@ def _candidate(
         egress_usd=moved.egress_usd,
         storage_usd=moved.storage_usd,
         adjustments=adjustments,
+        data_usd_per_hour=per_region,
+        save_cost_s=moved.per_save_usd * 3600.0 / price if price else 0.0,
     )
 
 

@@ -437,9 +437,11 @@ def ledger_for(
     """One job's cost ledger (`ledger` in `status JOB --json`); what it measured goes to the history."""
     from orchestrator.cost_ledger import job_ledger
     from orchestrator.history import learn_from_job
+    from orchestrator.spot.hazards import learn_from_job as learn_hazards
 
     if job.state.terminal:  # an ended job's measured facts feed the next plan (a running attempt's are
         learn_from_job(registry, job)  # partial, and the history keeps each attempt's first row)
+        learn_hazards(registry, job)  # and its spot attempts' hours and ends (orchestrator/spot/hazards.py)
     tokens = progress.get("tokens_seen") if isinstance(progress.get("tokens_seen"), int) else None
     return job_ledger(registry, job, attempts, row.get("cost_usd"), metrics=metrics, tokens=tokens)
 
@@ -458,5 +460,7 @@ def with_savings(
 
 def learn(registry: Registry, job: Job) -> None:
     from orchestrator.history import learn_from_job
+    from orchestrator.spot.hazards import learn_from_job as learn_hazards
 
     learn_from_job(registry, job)
+    learn_hazards(registry, job)  # the spot attempts' hours and ends (orchestrator/spot/hazards.py)

@@ -269,6 +269,10 @@ def ledger_lines(ledger: dict[str, Any]) -> list[tuple[str, str]]:
         ("saved", saved),
         ("per 1M tokens", "-" if per_m is None else f"${per_m:.4f}"),
     ]
+    moved = ledger.get("data_movement")
+    if moved:
+        rows.append(("data movement", f"{fmt_usd(moved.get('total_usd'))} ({moved.get('gb', 0):.1f} GB to and from the "
+                     f"run store in {moved.get('store')})"))  # fmt: skip
     for loss in ledger.get("preemptions") or []:
         cells = ", ".join(
             f"{name} {_s(loss.get(key))}"

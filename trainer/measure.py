@@ -156,6 +156,7 @@ class Measurer:
             "step_s": step_s,
             "checkpoint_blocking_s": round(self.checkpoint_blocking_s, 3) if self.saves else None,
             "checkpoint_upload_s": round(self.checkpoint_upload_s, 3) if self.uploads else None,
+            "checkpoint_uploads": self.uploads,  # saves that reached the run store (the ledger's transfer)
             "phases": dict(self.phases),
         }
 

@@ -224,6 +224,8 @@ def _ledger(registry: Registry, job: Any, spent_usd: float) -> dict[str, Any] | 
     """The job's cost ledger, after keeping what its attempts measured (orchestrator/history.py)."""
     from orchestrator.cost_ledger import job_ledger
     from orchestrator.history import learn_from_job
+    from orchestrator.spot.hazards import learn_from_job as learn_hazards
 
     learn_from_job(registry, job)
+    learn_hazards(registry, job)  # the spot attempts' hours and ends (orchestrator/spot/hazards.py)
     return job_ledger(registry, job, registry.attempts(job.job_id), round(spent_usd, 4))

@@ -176,8 +176,9 @@ def resource_entries(spec: JobSpec, plan: Any) -> list[dict[str, Any]]:
 def regions_of(plan: Any) -> dict[str, list[str]]:
     """The regions of each offer, keyed "cloud|GPU|count" as the task names them (region_order.entry_key):
     what a cloud-wide entry is spread over when the controller moves a lost region last. Cheapest
-    first by the bundled snapshot's per-region prices (spot, else on-demand), as SkyPilot's optimizer
-    would pick among them; regions without a known price keep the plan's order, after the others."""
+    first by the bundled snapshot's per-region prices (spot, else on-demand) plus what moving the job's
+    checkpoints and data from there to the run store costs per hour (the plan's `data_usd_per_hour`,
+    per node); regions without a known price keep the plan's order, after the others."""
     from orchestrator.catalog import bundled_catalog
 
     prices = {(o.cloud, o.instance_type): o.region_prices for o in bundled_catalog().offers}
@@ -186,9 +187,11 @@ def regions_of(plan: Any) -> dict[str, list[str]]:
         key = f"{SKY_INFRA.get(c.cloud, c.cloud)}|{check_sky_name(c.accelerator)}|{c.count}"
         known = best.setdefault(key, {})
         by_region = prices.get((c.cloud, c.instance_type)) or {}
+        data = getattr(c, "data_usd_per_hour", None) or {}
         for region in getattr(c, "regions", None) or []:
             od, spot = by_region.get(region) or (None, None)
             price = spot if spot is not None else od
+            price = None if price is None else price + data.get(region, 0.0) / max(1, c.nodes)
             known[region] = min(known.get(region, math.inf), math.inf if price is None else price)
     return {k: sorted(v, key=lambda r: v[r]) for k, v in best.items()}
 
@@ -206,10 +209,16 @@ def interruption_envs(plan: Any) -> dict[str, str]:
         rates[key] = round(max(rates.get(key, 0.0), rate), 4)
     chosen = getattr(plan, "chosen", None)
     rate = chosen.interruption_rate_per_hour if chosen is not None and chosen.spot else 0.0
-    return {
+    envs = {
         "FTORCH_INTERRUPTION_RATES": json.dumps(rates, sort_keys=True),
         "FTORCH_AUTO_MTBF_S": f"{mtbf_from_rate(rate):.0f}",
     }
+    save_cost = getattr(chosen, "save_cost_s", 0.0) if chosen is not None else 0.0
+    if save_cost:
+        from trainer.checkpoints.interval import SAVE_COST_ENV
+
+        envs[SAVE_COST_ENV] = f"{save_cost:.3f}"  # the same C the planner's interval used
+    return envs
 
 
 def price_envs(plan: Any) -> dict[str, str]:

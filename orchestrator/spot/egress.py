@@ -136,3 +136,36 @@ def price(
         down += share * rate_down
     total = up * save_gb * saves + down * (save_gb * restores + pull_gb * launches)
     return Movement(total, storage, up * save_gb, down * save_gb)
+
+
+def attempt_movement(
+    store: Store, attempts: dict[int, dict[str, Any]], records: dict[int, dict[str, Any]], save_bytes: float
+) -> dict[str, Any] | None:
+    """What each attempt paid to move checkpoints (the ledger's `data_movement`): its uploads
+    (`measured.checkpoint_uploads`) of `save_bytes` from where it ran (SkyPilot's cluster info,
+    attempts/<n>.json) to the run store, and the checkpoint it resumed from (start_step > 0) back.
+    None when the store's place is unknown or nothing says where an attempt ran."""
+    from trainer.ledger import by_attempt
+
+    if not store.known or store.cloud is None or store.how == "local":
+        return None
+    rows, gb = [], save_bytes / 1e9
+    for n, record in sorted(by_attempt(records).items()):
+        info = (attempts.get(n) or {}).get("cluster_info") or {}
+        cloud, region = str(info.get("cloud") or "").lower(), str(info.get("region") or "")
+        uploads = int((record.get("measured") or {}).get("checkpoint_uploads") or 0)
+        restores = 1 if int(record.get("start_step") or 0) > 0 else 0
+        if not cloud or not region:
+            continue
+        up, down = (
+            per_gb(cloud, region, store.cloud, store.region or ""),
+            per_gb(store.cloud, store.region or "", cloud, region),
+        )
+        usd = (up or 0.0) * gb * uploads + (down or 0.0) * gb * restores
+        rows.append({"attempt": n, "cloud": cloud, "region": region, "uploads": uploads, "restores": restores,
+                     "gb": round(gb * (uploads + restores), 3), "usd": round(usd, 4),
+                     "priced": up is not None and down is not None})  # fmt: skip
+    if not rows:
+        return None
+    return {"store": f"{store.cloud} {store.region}", "attempts": rows,
+            "gb": round(sum(r["gb"] for r in rows), 3), "total_usd": round(sum(r["usd"] for r in rows), 4)}  # fmt: skip

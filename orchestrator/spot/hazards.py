@@ -717,3 +717,12 @@ def learn_from_store(job_id: str, spec: dict[str, Any], store: Any, home: Path |
         if stem.isdigit():
             attempts[int(stem)] = store.read_json_or_none(f"{ATTEMPTS}/{name}") or {}
     return add_evidence(evidence_from_run(job_id, spec, attempts, store.epoch_records()), home)
+
+
+def learn_from_job(registry: Any, job: Any) -> int:
+    """The job's spot attempts as evidence (called where orchestrator/history.py learns from a job);
+    best effort: an unreadable store is learnt from next time."""
+    try:
+        return learn_from_store(job.job_id, job.spec, job.run_store(retry_seconds=2.0), registry.home)
+    except Exception:  # noqa: BLE001 - the evidence is best effort
+        return 0

@@ -52,6 +52,10 @@ UPLOADS_PER_INTERVAL = 2.0
 #: assumed blocking cost before anything was measured: the first checkpoint comes early and measures it
 FIRST_COST_S = 0.05
 MAX_NOTICE_FRACTION = 0.95
+#: what a save costs in transfer (the run store in another region or cloud), as seconds of the offer's
+#: price: the planner sets it in the task (orchestrator/backends/skypilot_render.py), and Young's C is
+#: the blocking time plus it, so a save that costs money comes less often (the planner's interval too)
+SAVE_COST_ENV = "FTORCH_SAVE_COST_S"
 #: the copy into host memory that training blocks for (docs/benchmarks.md: 36 MiB in 7 ms on a CPU;
 #: device-to-host over PCIe is of the same order), and the upload to object storage, in GB/s
 SNAPSHOT_GBPS = 5.0
@@ -153,6 +157,8 @@ class AutoInterval:
     cost_s: float | None = None
     upload_s: float = 0.0
     alpha: float = 0.5
+    #: a save's transfer dollars as seconds of the offer's price (SAVE_COST_ENV; 0: free to save)
+    save_cost_s: float = field(default_factory=lambda: _env_seconds(SAVE_COST_ENV))
 
     def observe(self, blocking_s: float, upload_s: float = 0.0) -> None:
         """A measured checkpoint: how long training blocked, how long the upload took."""
@@ -175,7 +181,8 @@ class AutoInterval:
 
     def choose(self) -> tuple[float, str]:
         cost = self.cost()
-        chosen = auto_interval(cost, self.mtbf_s(), self.notice_fraction(), self.min_s, self.max_s)
+        priced = CheckpointCost(cost.blocking_s + self.save_cost_s, cost.upload_s)
+        chosen = auto_interval(priced, self.mtbf_s(), self.notice_fraction(), self.min_s, self.max_s)
         f = self.notice_fraction()
         interval, raw = chosen.seconds, chosen.raw_s
         why = (
@@ -186,6 +193,15 @@ class AutoInterval:
         )
         if f > 0:
             why += " (a notice saves before the machine goes, so the interval matters less)"
+        if self.save_cost_s:
+            why += f"; a save's transfer counts as {self.save_cost_s:.1f}s of the offer's price in the cost"
         if chosen.clamped:
             why += f"; clamped to [{chosen.floor_s:.1f}s, {chosen.ceiling_s:.0f}s]"
         return interval, why
+
+
+def _env_seconds(name: str) -> float:
+    try:
+        return max(0.0, float(os.environ.get(name) or 0.0))
+    except ValueError:
+        return 0.0

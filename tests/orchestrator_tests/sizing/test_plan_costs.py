@@ -183,3 +183,68 @@ def test_the_plans_cost_matches_the_simulators_on_the_traces() -> None:
     rows = compare("llama3-70b-qlora.yaml", zones, (0, zones.n_ticks), (0, zones.n_ticks), 40)
     ratios = [float(row.rstrip(" |").rsplit("|", 1)[1]) for row in rows]
     assert len(ratios) == 4 and all(0.8 <= r <= 1.25 for r in ratios), rows
+
+
+def test_the_rebid_order_weighs_moving_the_checkpoints() -> None:
+    from orchestrator.backends.skypilot_render import regions_of
+    from orchestrator.catalog import bundled_catalog
+
+    (node,) = [o for o in bundled_catalog().offers if o.instance_type == "p5en.48xlarge"]
+    offers = Catalog((node,), "test")
+    priced = plan_of("llama3-8b-full.yaml", "checkpoint.region=us-east-1", catalog=offers)
+    unpriced = plan_of("llama3-8b-full.yaml", catalog=offers)
+    cheap, near = regions_of(unpriced)["aws|H200|8"], regions_of(priced)["aws|H200|8"]
+    assert cheap.index("us-west-2") < cheap.index("us-east-1")  # by price alone: us-west-2's spot is cheaper
+    assert near.index("us-east-1") < near.index("us-west-2")  # ~100 GB per save from us-west-2 is not
+    data = priced.chosen.data_usd_per_hour
+    assert data["us-east-1"] == 0 < data["us-west-2"]
+    spot = {r: p[1] + data[r] for r, p in node.region_prices.items() if p[1] is not None and r in data}
+    assert [r for r in near if r in spot] == sorted(
+        spot, key=spot.get
+    )  # GPU price plus moving data, per hour
+
+
+def test_the_interval_weighs_a_saves_dollars_in_planner_and_trainer_alike() -> None:
+    from orchestrator.backends.skypilot_render import interruption_envs
+    from trainer.checkpoints.interval import SAVE_COST_ENV, AutoInterval
+    from trainer.stops.interruptions import mtbf_from_rate
+
+    away = plan_of("llama3-8b-lora.yaml", "checkpoint.region=us-east-1", "resources.regions=[us-west-2]",
+                   "resources.clouds=[aws]", "checkpoint.every=auto")  # fmt: skip
+    home = plan_of("llama3-8b-lora.yaml", "checkpoint.region=us-west-2", "resources.regions=[us-west-2]",
+                   "resources.clouds=[aws]", "checkpoint.every=auto")  # fmt: skip
+    c, free = away.chosen, home.chosen
+    assert (c.instance_type, c.spot) == (free.instance_type, True) and free.save_cost_s == 0 < c.save_cost_s
+    assert c.checkpoint_interval_s > free.checkpoint_interval_s  # saving costs money: save less often
+
+    def trainer(save_cost_s: float) -> float:
+        auto = AutoInterval(mtbf_prior_s=mtbf_from_rate(c.interruption_rate_per_hour), notice_prior=0.0,
+                            save_cost_s=save_cost_s)  # fmt: skip
+        auto.observe(c.checkpoint_blocking_s, c.checkpoint_write_s)
+        return auto.choose()[0]
+
+    assert trainer(c.save_cost_s) == pytest.approx(c.checkpoint_interval_s)
+    assert float(interruption_envs(away)[SAVE_COST_ENV]) == pytest.approx(c.save_cost_s, abs=1e-3)
+    assert SAVE_COST_ENV not in interruption_envs(home)
+
+
+def test_the_ledger_records_what_each_attempt_paid_to_move_checkpoints() -> None:
+    from orchestrator.spot.egress import Store, attempt_movement
+    from trainer.ledger import ledger_lines
+
+    store = Store("aws", "us-east-1", "checkpoint.region")
+    attempts = {1: {"cluster_info": {"cloud": "AWS", "region": "us-west-2"}},
+                2: {"cluster_info": {"cloud": "AWS", "region": "us-east-1"}},
+                3: {"cluster_info": {"cloud": "GCP", "region": "us-central1"}}}  # fmt: skip
+    records = {1: {"attempt": 1, "measured": {"checkpoint_uploads": 3}},
+               2: {"attempt": 2, "start_step": 40, "measured": {"checkpoint_uploads": 2}},
+               3: {"attempt": 3, "start_step": 60, "measured": {"checkpoint_uploads": 1}}}  # fmt: skip
+    moved = attempt_movement(store, attempts, records, 100e9)
+    by_n = {r["attempt"]: r for r in moved["attempts"]}
+    assert by_n[1]["usd"] == pytest.approx(3 * 100 * 0.02)  # three saves across regions
+    assert by_n[2]["usd"] == 0  # in the store's region: saves and the restore are free
+    assert by_n[3]["usd"] == pytest.approx(100 * 0.12 + 100 * 0.09)  # GCP's internet out, S3's back in
+    assert moved["total_usd"] == pytest.approx(6 + 21) and moved["gb"] == pytest.approx(800)
+    rows = dict(ledger_lines({"data_movement": moved}))
+    assert rows["data movement"].startswith("$27.00")
+    assert attempt_movement(Store("aws", None, "unknown"), attempts, records, 100e9) is None
