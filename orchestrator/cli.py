@@ -213,7 +213,15 @@ def attach(
 
 def _register_optional_commands() -> None:
     """Commands that live in their own modules (sizing and planning; simulation)."""
-    from orchestrator import cli_jobfile, cli_outputs, cli_report, cli_simulate, cli_sizing, cli_sweep
+    from orchestrator import (
+        cli_jobfile,
+        cli_outputs,
+        cli_report,
+        cli_simulate,
+        cli_sizing,
+        cli_sweep,
+        cli_try,
+    )
 
     cli_sizing.register(app)
     cli_simulate.register(app)
@@ -221,6 +229,7 @@ def _register_optional_commands() -> None:
     cli_outputs.register(app)
     cli_sweep.register(app)
     cli_report.register(app)
+    cli_try.register(app)
 
 
 _register_optional_commands()
