@@ -231,6 +231,7 @@ def _register_optional_commands() -> None:
         cli_simulate,
         cli_sizing,
         cli_sweep,
+        cli_try,
     )
 
     cli_sizing.register(app)
@@ -242,6 +243,7 @@ def _register_optional_commands() -> None:
     cli_convert.register(app)
     cli_sweep.register(app)
     cli_report.register(app)
+    cli_try.register(app)
 
 
 _register_optional_commands()

@@ -31,14 +31,38 @@ def export_cmd(
     force: Annotated[
         bool, typer.Option("--force", help="write into a --to folder that holds other files (they stay)")
     ] = False,
+    push_to_hub: Annotated[
+        str | None,
+        typer.Option(
+            "--push-to-hub",
+            metavar="NAMESPACE/NAME",
+            help="also upload the export to this Hugging Face Hub repo (default: the job's output.hub_model_id)",
+        ),
+    ] = None,
+    no_push: Annotated[
+        bool, typer.Option("--no-push", help="do not push, even with output.hub_model_id")
+    ] = False,
+    public: Annotated[
+        bool, typer.Option("--public", help="create the Hub repo public (default: private)")
+    ] = False,
 ) -> None:
-    """Write a PEFT adapter (or, with --merge, a merged model) from a checkpoint of JOB."""
+    """Write a PEFT adapter (or, with --merge, a merged model) from a checkpoint of JOB, with its model
+    card and training_summary.json; optionally push it to the Hugging Face Hub."""
     from orchestrator import jobs
     from trainer.runstore.storage import join_uri
 
     record = jobs.get_job(job)
     options = record.spec.get("checkpoint", {}).get("storage_options") or {}
+    from trainer.hub_push import check_repo_id
+
+    repo = None if no_push else push_to_hub or (record.spec.get("output") or {}).get("hub_model_id")
+    if repo is not None:
+        try:
+            check_repo_id(repo)
+        except ValueError as exc:
+            raise UserError(f"--push-to-hub: {exc}") from None
     from trainer.export import ExportError, export, pick_checkpoint  # torch: only for this command
+    from trainer.hub_push import PushError
     from trainer.runstore.store import RunStore
 
     try:
@@ -47,10 +71,18 @@ def export_cmd(
             to = join_uri(record.run_uri, "exports", f"step-{chosen:08d}" + ("-merged" if merge else ""))
         elif "://" not in to:
             to = os.path.abspath(to)
-        result = export(record.run_uri, to, step=step, merge=merge, storage_options=options, force=force)
+        result = export(
+            record.run_uri, to, step=step, merge=merge, storage_options=options, force=force,
+            push_to=repo, private=not public,
+        )  # fmt: skip
     except ExportError as exc:
         raise UserError(str(exc)) from None
+    except PushError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        raise typer.Exit(1) from None
     typer.echo(f"{result['kind']} from step {result['step']} of {record.job_id}: {result['to']}")
+    if result.get("pushed"):
+        typer.echo(f"pushed to {result['pushed']['url']}")
 
 
 COLUMNS = ("step", "attempt", "loss", "lr", "grad_norm", "eval_loss", "tokens", "tokens_per_s", "time")

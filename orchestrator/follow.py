@@ -197,8 +197,9 @@ def _summary(detail: dict[str, Any]) -> None:
     _write(cost)
     curve = detail["loss_curve"]
     if curve:
-        head = sum(v for _s, v in curve[:5]) / len(curve[:5])
-        tail = sum(v for _s, v in curve[-5:]) / len(curve[-5:])
+        from trainer.model_card import loss_ends  # the card's definition (one for both)
+
+        head, tail = loss_ends([v for _s, v in curve])
         _write(
             f"  training loss: {head:.4f} (first steps) -> {tail:.4f} (last steps), {len(curve)} steps logged"
         )

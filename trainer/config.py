@@ -319,6 +319,15 @@ class CheckpointSpec(_Strict):
 class OutputSpec(_Strict):
     #: where the final adapter / model goes; default <run_uri>/output
     uri: str | None = None
+    #: a Hugging Face Hub repo (namespace/name) every `ftorch export` of this job is pushed to
+    hub_model_id: str | None = None
+
+    @field_validator("hub_model_id")
+    @classmethod
+    def _repo_id(cls, value: str | None) -> str | None:
+        from trainer.hub_push import check_repo_id
+
+        return None if value is None else check_repo_id(value)
 
     _uri_shorthand = model_validator(mode="before")(classmethod(lambda cls, data: _shorthand("uri", data)))
 

@@ -25,6 +25,7 @@ import torch
 from trainer.checkpoints import dcp_io
 from trainer.checkpoints.checkpoint import WEIGHTS
 from trainer.config import JobSpec
+from trainer.hub_push import PushError, push_folder
 from trainer.model import base_dtype, hide_bitsandbytes, load_tokenizer, lora_config, trainable_parameters
 from trainer.runstore.storage import Storage, StoreError, preflight
 from trainer.runstore.store import CorruptCheckpoint, RunStore, is_healthy, output_store
@@ -142,8 +143,12 @@ def export(
     merge: bool = False,
     storage_options: dict[str, Any] | None = None,
     force: bool = False,
+    push_to: str | None = None,
+    private: bool = True,
 ) -> dict[str, Any]:
-    """Write the export into `to` (a local folder or a bucket URL); returns what was written.
+    """Write the export into `to` (a local folder or a bucket URL); returns what was written. Every
+    export carries ftorch's model card (README.md) and training_summary.json. `push_to` (a Hub repo id)
+    also uploads the folder to the Hugging Face Hub (HF_ENDPOINT, HF_TOKEN; trainer/hub_push.py).
 
     `to` must be new, empty or an earlier export (`check_target`; `force` writes beside other files);
     inside the run store a link out of it is never followed."""
@@ -162,6 +167,7 @@ def export(
         else:
             model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False)
         load_tokenizer(spec).save_pretrained(tmp)
+        _write_record(store, spec, info.step, merge, tmp, run_uri)  # over PEFT's empty README template
         for root, _dirs, files in os.walk(tmp):
             for name in sorted(files):
                 rel = os.path.relpath(os.path.join(root, name), tmp)
@@ -171,10 +177,37 @@ def export(
                     except (OSError, StoreError) as exc:
                         raise ExportError(f"--to: cannot write {rel} there: {exc}") from None
                 written.append(rel)
+        pushed, refused = None, None
+        if push_to:  # from this folder: the export itself may have gone to a bucket
+            try:
+                pushed = push_folder(tmp, push_to, private, f"ftorch export of {spec.name}, step {info.step}")
+            except PushError as exc:  # the export stands (marker below); the push is reported after
+                refused = exc
     for stale in sorted(set(earlier) - set(written)):  # what the earlier export wrote and this one does not
         output.remove_file(stale)
     output.write_bytes(
         MARKER, json.dumps({"step": info.step, "merge": merge, "files": sorted(written)}).encode()
     )
+    if refused is not None:
+        raise refused
     kind = "merged model" if merge else ("model" if spec.method == "full" else "PEFT adapter")
-    return {"step": info.step, "kind": kind, "to": to, "files": sorted(written), "base_model": spec.model}
+    result = {"step": info.step, "kind": kind, "to": to, "files": sorted(written), "base_model": spec.model}
+    if pushed is not None:
+        result["pushed"] = pushed
+    return result
+
+
+def _write_record(store: RunStore, spec: JobSpec, step: int, merge: bool, folder: str, run_uri: str) -> None:
+    """training_summary.json and the model card of this export into `folder`."""
+    from trainer import model_card
+
+    resolved = store.read_spec()
+    try:
+        output: Any = output_store(resolved.get("output_uri") or "", run_uri, spec.checkpoint.storage_options)
+    except (OSError, StoreError, ValueError):
+        output = None
+    summary = model_card.export_summary(store, output, spec, step, merge)
+    with open(os.path.join(folder, model_card.SUMMARY), "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    with open(os.path.join(folder, model_card.CARD), "w", encoding="utf-8") as handle:
+        handle.write(model_card.render_card(summary))

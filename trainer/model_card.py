@@ -11,11 +11,22 @@ import time
 from typing import Any
 
 from trainer.config import JobSpec
+from trainer.hub_push import REPO_ID
 from trainer.runstore import finite_json
 
 SUMMARY = "training_summary.json"
 WITH_INPUT = "\n(when the example has an input:)\n"
 CARD = "README.md"
+
+
+def loss_ends(losses: list[float]) -> tuple[float | None, float | None]:
+    """The training loss at the start and at the end of a run: the means of its first and last
+    max(1, min(10, n // 4)) logged losses. The one definition: the card, training_summary.json and the
+    `--follow` summary all say these figures."""
+    if not losses:
+        return None, None
+    n = max(1, min(10, len(losses) // 4))  # a tenth-ish of a short run, 10 steps at most
+    return sum(losses[:n]) / n, sum(losses[-n:]) / n
 
 
 def build_summary(
@@ -35,9 +46,9 @@ def build_summary(
     output_uri: str,
     held_out_examples: int | None = None,
 ) -> dict[str, Any]:
-    losses = [float(r["loss"]) for r in metrics if isinstance(r.get("loss"), (int, float))]
-    n = max(1, min(10, len(losses) // 4))  # first and last steps: a tenth-ish of a short run, 10 at most
-    head, tail = losses[:n], losses[-n:]
+    first_loss, final_loss = loss_ends(
+        [float(r["loss"]) for r in metrics if isinstance(r.get("loss"), (int, float))]
+    )
     train = spec.train
     return {
         "job_id": resolved.get("run_id"),
@@ -73,8 +84,8 @@ def build_summary(
         },
         "steps": steps,
         "tokens_seen": tokens_seen,
-        "first_loss": sum(head) / len(head) if head else None,
-        "final_loss": sum(tail) / len(tail) if tail else None,
+        "first_loss": first_loss,
+        "final_loss": final_loss,
         "eval_before": eval_before,
         "eval_after": eval_after,
         #: [step, held-out loss] every train.eval_every steps (and at the end)
@@ -105,23 +116,45 @@ def _fmt(value: Any, spec: str = "") -> str:
     return format(value, spec) if spec else str(value)
 
 
+def _count(value: Any) -> str:
+    return "-" if not isinstance(value, int) else f"{value:,}"
+
+
+def card_metadata(s: dict[str, Any]) -> str:
+    """The card's YAML front matter, as the Hub reads it (huggingface_hub's ModelCardData)."""
+    from huggingface_hub import ModelCardData
+
+    adapter = s["method"] in ("lora", "qlora") and not (s.get("export") or {}).get("merge")
+    base = s["base_model"]
+    data = ModelCardData(
+        base_model=base if REPO_ID.match(base) else None,  # a local folder is no Hub id: the body names it
+        library_name="peft" if adapter else "transformers",
+        pipeline_tag="text-generation",
+        tags=["ftorch", s["method"], *(["merged"] if (s.get("export") or {}).get("merge") else [])],
+    )
+    return data.to_yaml()
+
+
 def render_card(s: dict[str, Any]) -> str:
-    """A model card (Hugging Face README front matter + sections) from a training summary."""
-    adapter = s["method"] in ("lora", "qlora")
-    lines = ["---", f"base_model: {s['base_model']}"]
-    lines += ["library_name: peft" if adapter else "library_name: transformers", "tags:", "- ftorch"]
-    lines += [f"- {s['method']}", "---", "", f"# {s.get('job_id') or 'ftorch run'}", ""]
+    """A model card (Hugging Face README front matter + sections) from a training summary; it parses as
+    huggingface_hub's ModelCard."""
+    export = s.get("export") or {}
+    adapter = s["method"] in ("lora", "qlora") and not export.get("merge")
+    lines = ["---", card_metadata(s).rstrip("\n"), "---", "", f"# {s.get('job_id') or 'ftorch run'}", ""]
     what = {"lora": "A LoRA adapter", "qlora": "A QLoRA adapter (4-bit base)", "full": "A full fine-tune"}
-    lines += [f"{what[s['method']]} of `{s['base_model']}`, trained with ftorch.", ""]
+    said = what[s["method"]] if not export.get("merge") else f"{what[s['method']]}, merged into its base,"
+    lines += [f"{said} of `{s['base_model']}`, trained with ftorch.", ""]
+    if export:
+        lines += [f"Exported from the checkpoint at step {export['step']:,}.", ""]
     d = s["data"]
     lines += [
         "## Training",
         "",
         "| | |",
         "|---|---|",
-        f"| data | `{d['path']}` ({d['format']}, {d['training_examples']:,} examples, "
-        f"{d['training_tokens']:,} tokens, max_seq_len {d['max_seq_len']}) |",
-        f"| steps | {s['steps']:,} optimizer steps, {s['tokens_seen']:,} tokens seen |",
+        f"| data | `{d['path']}` ({d['format']}, {_count(d.get('training_examples'))} examples, "
+        f"{_count(d.get('training_tokens'))} tokens, max_seq_len {d['max_seq_len']}) |",
+        f"| steps | {_count(s['steps'])} optimizer steps, {_count(s.get('tokens_seen'))} tokens seen |",
         f"| training loss | {_fmt(s['first_loss'], '.4f')} (first steps) -> {_fmt(s['final_loss'], '.4f')} "
         "(last steps) |",
     ]
@@ -264,3 +297,43 @@ def add_run_facts(
         summary["ledger"] = ledger
     write(output, summary)
     return True
+
+
+def export_summary(store: Any, output: Any | None, spec: JobSpec, step: int, merge: bool) -> dict[str, Any]:
+    """The training summary an export of the checkpoint at `step` carries (with its card): the run's own
+    (`output`'s) when it ended at that step, else one rebuilt from the metrics up to that step (what the
+    trainer counted about the data is taken from the run's summary when there is one)."""
+    resolved = store.read_spec()
+    final = output.read_json_or_none(SUMMARY) if output is not None else None
+    final = final if isinstance(final, dict) else None
+    if final is not None and final.get("steps") == step:
+        summary = dict(final)
+    else:
+        metrics = [r for r in store.read_metrics() if r["step"] <= step]
+        records = store.epoch_records()
+        attempt = max((int(r.get("attempt") or 0) for r in metrics), default=0) or None
+        progress = store.read_progress() or {}
+        tokens = [r["tokens"] for r in metrics if isinstance(r.get("tokens"), int)]
+        data = (final or {}).get("data") or {}
+        summary = build_summary(
+            spec,
+            resolved,
+            steps=step,
+            tokens_seen=tokens[-1] if tokens else None,  # type: ignore[arg-type]
+            examples=data.get("training_examples"),  # type: ignore[arg-type]
+            data_tokens=data.get("training_tokens"),  # type: ignore[arg-type]
+            metrics=metrics,
+            eval_before=progress.get("eval_before"),
+            eval_after=None,
+            attempt=attempt or len(records),
+            interruptions=sum(
+                1
+                for e, r in records.items()
+                if attempt and e < attempt and (r or {}).get("ended") != "finished"
+            ),
+            prompt_format=prompt_format(spec.data.format),
+            output_uri=resolved.get("output_uri") or "",
+            held_out_examples=data.get("held_out_examples"),
+        )
+    summary["export"] = {"step": step, "merge": merge}
+    return summary

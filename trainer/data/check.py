@@ -18,7 +18,7 @@ ROLES = ("system", "user", "assistant", "tool")
 FORMATS = {
     "text": '{"text": ...}',
     "instruction": '{"instruction": ..., "input": ... (optional), "output": ...}',
-    "chat": '{"messages": [{"role": ..., "content": ...}, ...]}',
+    "chat": '{"messages": [{"role": ..., "content": ...}, ...]} or ShareGPT\'s {"conversations": [{"from": ..., "value": ...}, ...]}',
 }
 
 
@@ -67,9 +67,37 @@ def iter_jsonl(
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{number}: each line must be a JSON object")
             row["_line"] = number
+            if fmt == "chat":
+                row = from_sharegpt(row, f"{path}:{number}")
             if fmt is not None:
                 check_row(row, fmt, path)
             yield row
+
+
+#: ShareGPT's speakers (`from`) as chat roles; `function_call` is the assistant calling a tool
+SHAREGPT_ROLES = {
+    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+    "bing": "assistant", "bard": "assistant", "system": "system", "function_call": "assistant",
+    "observation": "tool", "tool": "tool",
+}  # fmt: skip
+
+
+def from_sharegpt(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ShareGPT record (`{"conversations": [{"from": "human", "value": ...}, ...]}`) as a chat record
+    (`messages`, with roles); any other record as it is."""
+    turns = row.get("conversations")
+    if "messages" in row or not isinstance(turns, list):
+        return row
+    messages = []
+    for turn in turns:
+        if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
+            raise DataError(f"{where}: each ShareGPT turn needs 'from' and a string 'value'")
+        role = SHAREGPT_ROLES.get(str(turn.get("from")).lower())
+        if role is None:
+            known = ", ".join(sorted(SHAREGPT_ROLES))
+            raise DataError(f"{where}: ShareGPT speaker {turn.get('from')!r} is not one of {known}")
+        messages.append({"role": role, "content": turn["value"]})
+    return {**{k: v for k, v in row.items() if k != "conversations"}, "messages": messages}
 
 
 def text_field(row: dict[str, Any], key: str, path: str, fmt: str, required: bool = True) -> str:

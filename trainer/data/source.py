@@ -65,6 +65,8 @@ def load(
         if exc.field == "data.path" and field != "data.path":
             raise DataError(str(exc), field) from None
         raise
+    if fmt == "chat" and "conversations" in ds.column_names and "messages" not in ds.column_names:
+        ds = _sharegpt_columns(ds, path, field)
     missing = [c for c in REQUIRED[fmt] if c not in ds.column_names]
     if missing:
         raise DataError(
@@ -75,6 +77,20 @@ def load(
     if len(ds) == 0:
         raise DataError(f"{path}: no examples", field)
     return ds.select_columns([c for c in (*COLUMNS[fmt], "_line") if c in ds.column_names])
+
+
+def _sharegpt_columns(ds: Any, path: str, field: str) -> Any:
+    """A ShareGPT data set (a `conversations` column) as chat records (`messages`)."""
+    from trainer.data.check import from_sharegpt
+
+    rows = [
+        from_sharegpt({"conversations": turns}, f"{path}:{i + 1}")
+        for i, turns in enumerate(ds["conversations"])
+    ]
+    import datasets
+
+    kept = {c: ds[c] for c in ds.column_names if c != "conversations"}
+    return datasets.Dataset.from_dict({**kept, "messages": [r["messages"] for r in rows]})
 
 
 def _files(path: str, fmt: str, split: str, options: dict[str, Any], field: str) -> Any:
