@@ -25,6 +25,7 @@ it moves nothing but the code path runs), with the estimate's host RAM next to t
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -712,6 +713,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="gpu_check.jsonl", help="one JSON row per case, written after each")
     parser.add_argument("--case-timeout", type=float, default=240.0, help="seconds one case may take")
     parser.add_argument("--budget-s", type=float, default=420.0, help="start no case after this many seconds")
+    parser.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="each case in its own process (default on CUDA: a CUDA error poisons the process)",
+    )
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--row", help=argparse.SUPPRESS)
     parser.add_argument("--rank-worker", help=argparse.SUPPRESS)
@@ -753,8 +760,10 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         if time.time() - started > args.budget_s:
             result = not_run(case, device, f"not started: the run's {args.budget_s:.0f} s were spent")
-        else:
+        elif args.isolate if args.isolate is not None else device.type == "cuda":
             result = isolated(case, device, steps, warmup, args, started)
+        else:  # the CPU mode: in this process (a start per case costs more than the case), errors caught
+            result = in_process(case, device, steps, warmup)
         results.append(result)
         with out.open("a", encoding="utf-8") as f:  # after each case: a later crash loses nothing
             f.write(json.dumps(asdict(result)) + "\n")
@@ -792,6 +801,16 @@ def not_run(case: Case, device: Any, why: str) -> Result:
     return Result(
         case.name, str(device), 0, 0, case.seq_len, 0, 0.0, 0.0, None, None, None, 0.0, 0.0, "", error=why
     )
+
+
+def in_process(case: Case, device: Any, steps: int, warmup: int) -> Result:
+    """One case in this process; an exception is the case's row, with its last line."""
+    try:
+        return run_case(case, device, steps, warmup)
+    except Exception as exc:  # noqa: BLE001 - any failure of one case is that case's row
+        return not_run(case, device, f"{type(exc).__name__}: {exc}"[:400])
+    finally:
+        gc.collect()
 
 
 def isolated(case: Case, device: Any, steps: int, warmup: int, args: Any, started: float) -> Result:
