@@ -9,6 +9,7 @@ is resolved by trainer/threads.py at the start of each block, as the trainer doe
 the hog running it sees the hog). Each round runs every setting in turn (the order rotating), `--steps`
 steps each; the figure per setting is the median of its rounds' seconds per step. Prints, last,
 `busy/quiet R`: the median step time with auto and the hog over auto without it (goal: within 2x).
+`--fixed 0` leaves out the fixed count (on a machine others load, 2 threads can take 20 s a step).
 """
 
 from __future__ import annotations
@@ -46,10 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--hogs", type=int, default=1)
+    parser.add_argument("--fixed", type=int, default=2, help="the fixed count set beside auto (0: auto only)")
     args = parser.parse_args(argv)
     a = ftorch_side(load_spec(args.job, "lora", "auto"), torch.device("cpu"))
     run_ftorch(a, 2)  # warm-up
-    settings = [("quiet", 2), ("quiet", "auto"), ("hog", 2), ("hog", "auto")]
+    settings: list[tuple[str, int | str]] = [("quiet", "auto"), ("hog", "auto")]
+    if args.fixed:
+        settings += [("quiet", args.fixed), ("hog", args.fixed)]
     times: dict[tuple[str, int | str], list[float]] = {s: [] for s in settings}
     used: dict[tuple[str, int | str], set[int]] = {s: set() for s in settings}
     for r in range(args.rounds):
@@ -77,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{where:5} threads {setting!s:4} -> {sorted(used[(where, setting)])}: median {value:.3f} s/step"
         )
-    print(f"hog/quiet with threads 2: {median[('hog', 2)] / median[('quiet', 2)]:.2f}")
+    if args.fixed:
+        fixed = median[("hog", args.fixed)] / median[("quiet", args.fixed)]
+        print(f"hog/quiet with threads {args.fixed}: {fixed:.2f}")
     print(f"busy/quiet {median[('hog', 'auto')] / median[('quiet', 'auto')]:.2f}")
     return 0
 
