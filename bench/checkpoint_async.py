@@ -1,6 +1,9 @@
 """Async vs synchronous checkpoints on a real S3 server (SeaweedFS on 127.0.0.1), same state, one run.
 
-    .venv/bin/python bench/checkpoint_async.py [--params 4000000] [--repeats 5]
+    .venv/bin/python bench/checkpoint_async.py [--params 4000000] [--repeats 5] [--store s3|local]
+
+`--store local` writes to a folder on the local disk instead (the quickstart's store); `--params 45000`
+is about the quickstart's checkpoint (549 KiB of LoRA weights and AdamW state).
 
 Prints, side by side: how long training blocks per checkpoint (synchronous save vs the async writer:
 copy only), and the checkpoint upload throughput (the store's manifest-last commit: files in parallel,
@@ -31,7 +34,7 @@ from trainer.runstore.store import RunStore  # noqa: E402
 
 def make_state(params: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
     torch.manual_seed(0)
-    width = 1024
+    width = 1024 if params >= 1024 * 1024 else max(8, int(params**0.5))
     layers = max(1, params // (width * width))
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -45,7 +48,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--params", type=int, default=4_000_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--store", choices=["s3", "local"], default="s3")
     args = parser.parse_args()
+    if args.store == "local":
+        with tempfile.TemporaryDirectory(prefix="ftorch-bench-") as tmp:
+            run(None, args.params, args.repeats, tmp)
+        return
     with tempfile.TemporaryDirectory(prefix="ftorch-bench-") as tmp:
         server = SeaweedS3(Path(tmp))
         try:
@@ -56,9 +64,11 @@ def main() -> None:
             server.stop()
 
 
-def run(endpoint: str, params: int, repeats: int) -> None:
+def run(endpoint: str | None, params: int, repeats: int, local: str | None = None) -> None:
     model, opt, sched = make_state(params)
-    store = RunStore("s3://bench/run", {"endpoint_url": endpoint})
+    store = RunStore(f"{local}/run", {}) if local else RunStore("s3://bench/run", {"endpoint_url": endpoint})
+    where = f"local disk ({local})" if local else "SeaweedFS on 127.0.0.1"
+    plain_root = f"{local}/plain" if local else "bench/plain"
     store.exists("spec.json")  # warm the client, as the trainer does at start
     sync_block, async_block, ours, plain = [], [], [], []
     nbytes = 0
@@ -81,13 +91,15 @@ def run(endpoint: str, params: int, repeats: int) -> None:
         ours.append(nbytes / (time.perf_counter() - started))
         started = time.perf_counter()
         for name, data in blobs.items():
-            store.fs.pipe_file(f"bench/plain/{step}/{name}", data)
+            if local:
+                os.makedirs(f"{plain_root}/{step}", exist_ok=True)
+            store.fs.pipe_file(f"{plain_root}/{step}/{name}", data)
         plain.append(nbytes / (time.perf_counter() - started))
     mib = 2**20
     sb, ab = statistics.median(sync_block), statistics.median(async_block)
     ot, pt = statistics.median(ours), statistics.median(plain)
     print(
-        f"checkpoint: {nbytes / mib:.1f} MiB ({params / 1e6:.1f}M params + AdamW), SeaweedFS on 127.0.0.1, "
+        f"checkpoint: {nbytes / mib:.2f} MiB ({params / 1e6:.2f}M params + AdamW), {where}, "
         f"median of {repeats}, torch threads {torch.get_num_threads()}"
     )
     print("| measure | async writer | synchronous / plain s3fs | ratio |")

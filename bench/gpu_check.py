@@ -5,6 +5,12 @@
     python bench/gpu_check.py --cpu-tiny    # the same code path on the CPU with a tiny shape (a smoke test)
     python bench/gpu_check.py --json out.json --cases lora-8b,full-1b --steps 5
 
+Issue 32: on CUDA each case runs in its own process under a timeout (`--isolate`, the default there): a
+crash is that case's row with its error; each row is appended to `--out` as the case ends, and the
+whole run is held to `--budget-s`. The set-up the lent machine needs (the wheels it carries) is
+bench/gpu_wheels.py's; the suite rehearses it on the CPU. The speed paths' cases (flash-attention,
+the plain loss, Liger's fused cross-entropy, AdamW foreach vs fused) vary one path of lora-8b / full-1b.
+
 Models are randomly initialised from the bundled shapes (no downloads), in `trainer.model.base_dtype`,
 and go through the trainer's own code: `trainer.model.prepare_model` (gradient checkpointing, LoRA),
 `trainer.loop.make_optimizer`, and the trainer's step (`trainer.step`: accumulate + update, or the
@@ -25,6 +31,7 @@ it moves nothing but the code path runs), with the estimate's host RAM next to t
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -711,7 +718,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default="gpu_check.jsonl", help="one JSON row per case, written after each")
     parser.add_argument("--case-timeout", type=float, default=240.0, help="seconds one case may take")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="start no case after this many seconds")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=450.0,
+        help="the whole run's seconds: a case is cut at the end of them",
+    )
+    parser.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="each case in its own process (default on CUDA: a CUDA error poisons the process)",
+    )
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--row", help=argparse.SUPPRESS)
     parser.add_argument("--rank-worker", help=argparse.SUPPRESS)
@@ -751,10 +769,13 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("")
     for case in cases:
-        if time.time() - started > args.budget_s:
+        left = args.budget_s - (time.time() - started)
+        if left < 30:
             result = not_run(case, device, f"not started: the run's {args.budget_s:.0f} s were spent")
-        else:
+        elif args.isolate if args.isolate is not None else device.type == "cuda":
             result = isolated(case, device, steps, warmup, args, started)
+        else:  # the CPU mode: in this process (a start per case costs more than the case), errors caught
+            result = in_process(case, device, steps, warmup)
         results.append(result)
         with out.open("a", encoding="utf-8") as f:  # after each case: a later crash loses nothing
             f.write(json.dumps(asdict(result)) + "\n")
@@ -794,6 +815,16 @@ def not_run(case: Case, device: Any, why: str) -> Result:
     )
 
 
+def in_process(case: Case, device: Any, steps: int, warmup: int) -> Result:
+    """One case in this process; an exception is the case's row, with its last line."""
+    try:
+        return run_case(case, device, steps, warmup)
+    except Exception as exc:  # noqa: BLE001 - any failure of one case is that case's row
+        return not_run(case, device, f"{type(exc).__name__}: {exc}"[:400])
+    finally:
+        gc.collect()
+
+
 def isolated(case: Case, device: Any, steps: int, warmup: int, args: Any, started: float) -> Result:
     """One case in its own process, under a timeout: a crash (CUDA error, out of memory, a missing
     package) or a hang is that case's row, with the tail of its output, and the next case starts clean."""
@@ -804,9 +835,10 @@ def isolated(case: Case, device: Any, steps: int, warmup: int, args: Any, starte
             "--steps", str(steps), "--warmup", str(warmup), *(["--cpu-tiny"] if device.type == "cpu" else []),
         ]  # fmt: skip
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout)
+            limit = min(args.case_timeout, args.budget_s - (time.time() - started))
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
         except subprocess.TimeoutExpired:
-            return not_run(case, device, f"timed out after {args.case_timeout:.0f} s")
+            return not_run(case, device, f"timed out after {limit:.0f} s")
         if done.returncode == 0 and row.exists():
             return Result(**json.loads(row.read_text()))
         tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-3:])[-400:]

@@ -188,7 +188,7 @@ def _summary(detail: dict[str, Any]) -> None:
         )
     if detail["lost_time_s"]:
         lost = ", ".join(f"{s:.1f} s" for s in detail["lost_time_s"])
-        _write(f"  time lost per preemption (end of attempt -> first new step): {lost}")
+        _write(f"  time lost per preemption (steps redone + end of attempt -> first new step): {lost}")
     cost = f"  cost {money(detail['cost_usd'])}"
     if detail.get("budget_usd") is not None:
         cost += f" of a {money(detail['budget_usd'])} budget"

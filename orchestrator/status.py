@@ -326,11 +326,14 @@ def timeline(
 
 
 def lost_time_per_preemption(timeline_rows: list[dict[str, Any]]) -> list[float]:
-    """For each preemption: seconds from the end of the attempt to the next attempt's first step."""
+    """For each preemption: seconds from the end of the attempt to the next attempt's first step, plus
+    the time its steps not kept took (the timeline's `time_lost_s`): a kill without notice before any
+    checkpoint loses the whole attempt's steps, which the next attempt runs again."""
     lost = []
     for previous, following in zip(timeline_rows, timeline_rows[1:], strict=False):
         if previous.get("outcome") == Outcome.PREEMPTED and following.get("first_step_at"):
-            lost.append(round(following["first_step_at"] - previous["ended_at"], 2))
+            gap = following["first_step_at"] - previous["ended_at"]
+            lost.append(round(max(gap, previous.get("time_lost_s") or 0.0), 2))
     return lost
 
 

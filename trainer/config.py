@@ -439,9 +439,9 @@ class LocalSpec(_Strict):
     restart_backoff_s: float = Field(1.0, ge=0.0, le=3600.0)
     #: a price for the local machine, so cost and budget can be exercised locally
     hourly_usd: float = Field(0.0, ge=0.0)
-    #: CPU threads for the trainer (0 = torch's default; auto = the cores free at start, else 1:
-    #: trainer/threads.py)
-    threads: Annotated[int, Field(ge=0, le=1024)] | Literal["auto"] = 0
+    #: CPU threads for the trainer: auto = the cores free at its start, at least 1 (trainer/threads.py);
+    #: 0 = torch's default (every core, even busy ones); or a count
+    threads: Annotated[int, Field(ge=0, le=1024)] | Literal["auto"] = "auto"
 
 
 class NotifySpec(_Strict):

@@ -13,7 +13,7 @@ import math
 import os
 import time
 
-WINDOW_S = 0.3
+WINDOW_S = 0.2
 
 
 def _idle_jiffies() -> tuple[int, int]:

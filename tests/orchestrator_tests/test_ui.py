@@ -88,7 +88,8 @@ def test_detail_shows_timeline_checkpoints_chart(demo: Registry, width: int) -> 
     if width >= 80:
         assert "step-00000210" in text and "GAINED" in text and "LOST" in text
         assert "+130" in text and "1 st + " in text  # 131 steps run, 130 kept: one step and time lost
-        assert "time lost per preemption: 80s" in text
+        # issue 32: the 80 s from the notice to the next attempt's first step, plus the step redone (19.85 s)
+        assert "time lost per preemption: 1m39s" in text
 
 
 def test_detail_of_a_budget_stop_says_how_to_continue(demo: Registry) -> None:
@@ -212,3 +213,15 @@ def test_the_status_fast_path_parses_like_typer(demo: Registry) -> None:
     for other in (["status", "--help"], ["status", "a", "b"], ["status", "--plot"], ["logs", "x"], []):
         assert _fast_status(other) is None, other  # typer handles these (help, usage errors)
     assert ftorch("status", "--bogus").returncode == 2
+
+
+def test_a_kill_before_any_checkpoint_counts_the_steps_redone_as_lost_time() -> None:
+    """Issue 32: an attempt killed without notice before its first checkpoint loses all its steps; the
+    preemption's lost time is the gap to the next attempt's first step plus the time those steps took."""
+    from orchestrator.registry import Outcome
+
+    killed = {"outcome": Outcome.PREEMPTED, "ended_at": 100.0, "time_lost_s": 89 * 0.15 + 5.2}
+    following = {"outcome": None, "ended_at": None, "first_step_at": 105.2, "time_lost_s": None}
+    assert job_status.lost_time_per_preemption([killed, following]) == [round(89 * 0.15 + 5.2, 2)]
+    noticed = {**killed, "time_lost_s": None}  # a notice saved every step: the gap alone
+    assert job_status.lost_time_per_preemption([noticed, following]) == [5.2]

@@ -88,7 +88,8 @@ def test_gpu_check_rehearsal_on_the_image_packages_and_the_carried_wheels(tmp_pa
     bench/gpu_wheels.py carries, installed with the device README's command. The stand-in: this venv's
     Python (3.11, the image has 3.12) and its versions, the wheels repacked offline (`pack`) rather than
     downloaded; the cases are CPU ones. Without the wheels every case is a row with its error (isolated,
-    written as it ends); with them the cases run, and a kernel that cannot run here is a row saying why."""
+    written as it ends, each case in its own process as on CUDA); with them the cases run, and a kernel
+    that cannot run here is a row saying why."""
     sys.path.insert(0, str(REPO / "bench"))
     import gpu_wheels
 
@@ -101,17 +102,25 @@ def test_gpu_check_rehearsal_on_the_image_packages_and_the_carried_wheels(tmp_pa
     install = [sys.executable, *gpu_wheels.INSTALL_ARGS, str(site), *map(str, wheels)]
     subprocess.run(install, check=True, capture_output=True, timeout=300)
 
-    def check(pythonpath: list[Path], cases: str, out: Path) -> subprocess.CompletedProcess[str]:
+    def check(pythonpath: list[Path], cases: str, out: Path, *more: str) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env |= {"PYTHONPATH": os.pathsep.join(map(str, [*pythonpath, REPO])), "OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, "-S", "bench/gpu_check.py", "--cpu-tiny", "--cases", cases, "--out", str(out)]
+        cmd += more
         return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
 
-    bare = check([image], "lora-tiny,full-tiny", tmp_path / "bare.jsonl")
+    # each case in its own process, as on CUDA (the CPU mode runs them in one process by default)
+    bare = check([image], "lora-tiny,full-tiny", tmp_path / "bare.jsonl", "--isolate")
     assert bare.returncode == 0, bare.stdout + bare.stderr
     rows = [json.loads(line) for line in (tmp_path / "bare.jsonl").read_text().splitlines()]
     assert [r["case"] for r in rows] == ["lora-tiny", "full-tiny"]
     assert all("No module named 'pydantic'" in r["error"] for r in rows), rows
+
+    spent = check([image], "lora-tiny,full-tiny", tmp_path / "spent.jsonl", "--budget-s", "10")
+    rows = [json.loads(line) for line in (tmp_path / "spent.jsonl").read_text().splitlines()]
+    assert (
+        spent.returncode == 0 and [r["error"] for r in rows] == ["not started: the run's 10 s were spent"] * 2
+    )
 
     carried = check([site, image], "lora-tiny,lora-tiny-liger", tmp_path / "carried.jsonl")
     assert carried.returncode == 0, carried.stdout + carried.stderr
