@@ -476,7 +476,9 @@ def fit(a: Attempt) -> int | None:
             a.flag.set(stop.reason)
         if eval_every and a.state.step % eval_every == 0 and a.state.step < a.steps:
             a.watchdog.beat("eval")
-            stop = (lambda: a.par.any(a.flag.is_set())) if a.par.world > 1 else a.flag.is_set  # all ranks alike
+            stop = (
+                (lambda: a.par.any(a.flag.is_set())) if a.par.world > 1 else a.flag.is_set
+            )  # all ranks alike
             result = _quiet_evaluate(a.model, a.dataset, a.device, a.spec, stop)
             if result:  # {}: a notice came during it; the loop saves at once
                 a.observers.eval(a.state.step, result)
