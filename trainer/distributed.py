@@ -88,8 +88,13 @@ class Sharded(Parallel):
 
     sharded = True
 
-    def __init__(self, device: torch.device, offload: bool = False) -> None:
+    def __init__(self, device: torch.device, offload: bool = False, timeout_s: float | None = None) -> None:
+        import datetime
+
         import torch.distributed as dist
+
+        # a hung collective raises after this instead of hanging for 10-30 minutes (trainer/stops/watchdog.py)
+        timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else None
 
         backend = "nccl" if device.type == "cuda" else "gloo"
         if offload and device.type == "cuda":
@@ -99,9 +104,9 @@ class Sharded(Parallel):
         if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
             if device.type == "cuda":
                 torch.cuda.set_device(device)
-            dist.init_process_group(backend)
+            dist.init_process_group(backend, timeout=timeout)
         else:  # a world of one without torchrun (e.g. resuming a sharded run on one process)
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         self._attach(device)
         #: checkpoint I/O (DCP, also in a background thread) gets its own gloo group
         self.io_group = dist.new_group(backend="gloo")
@@ -240,6 +245,14 @@ def _is_trainable_key(key: str) -> bool:
     return "lora_" in key
 
 
+def collective_timeout(stall_timeout_s: float | None) -> float:
+    """The process group's timeout: the job's stall timeout, or the watchdog's first-step bound (3x its
+    300 s floor: rank 0 may load a large model while the others wait in a collective)."""
+    from trainer.stops.watchdog import FLOOR_S
+
+    return float(stall_timeout_s) if stall_timeout_s else 3 * FLOOR_S
+
+
 def setup(spec: JobSpec, device: torch.device, store: Any, resume_sharded: bool = False) -> Parallel:
     """The `Parallel` for this process (see the module docstring for when it is sharded);
     `resume_sharded`: the run's newest checkpoint is sharded."""
@@ -250,7 +263,7 @@ def setup(spec: JobSpec, device: torch.device, store: Any, resume_sharded: bool 
         return Parallel()
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         _die_with_parent()  # torchrun's workers sit in their own sessions: go when the agent goes
-    par = Sharded(device, offload)
+    par = Sharded(device, offload, collective_timeout(spec.train.health.stall_timeout_s))
     par.share_epoch(store)
     if not par.is_main and not os.environ.get("FTORCH_LOG_ALL_RANKS"):
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - one log: rank 0's (errors still reach stderr)

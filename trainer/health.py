@@ -172,6 +172,18 @@ def unhealthy_reason(store: Any, attempt: int | None) -> str:
     return "unhealthy (the trainer's health checks ended the run)"
 
 
+def ended_as(store: Any, attempt: int | None) -> str | None:
+    """How the attempt's epoch record says it ended (`unhealthy`, `stalled`, ...), or None."""
+    try:
+        records = store.epoch_records()
+    except Exception:  # noqa: BLE001 - advisory
+        return None
+    for _n, record in sorted(records.items(), reverse=True):
+        if record.get("attempt") == attempt:
+            return record.get("ended")
+    return None
+
+
 def stall_reason(store: Any, attempt: int | None) -> str:
     """The watchdog's `stalled: ...` line from the attempt's epoch record (trainer/stops/watchdog.py)."""
     try:

@@ -101,15 +101,25 @@ def optimizer_for(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.opti
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, dataset: Dataset, device: torch.device, spec: JobSpec
+    model: torch.nn.Module,
+    dataset: Dataset,
+    device: torch.device,
+    spec: JobSpec,
+    stop: Any = None,
 ) -> dict[str, float]:
-    """Loss and exact match (every response token predicted) on the held-back examples."""
+    """Loss and exact match (every response token predicted) on the held-back examples. `stop()` true
+    (a preemption notice, the budget: the loop's flag) abandons a mid-run evaluation ({}), so the notice's
+    checkpoint is not kept waiting behind it."""
     if not dataset.held_out:
         return {}
     was_training = model.training
     model.eval()
     losses, exact, tokens = 0.0, 0, 0
     for start in range(0, len(dataset.held_out), spec.train.micro_batch_size):
+        if stop is not None and stop():
+            if was_training:
+                model.train()
+            return {}
         chunk = dataset.held_out[start : start + spec.train.micro_batch_size]
         batch = collate(chunk, dataset.pad_id, device)
         with torch.autocast(
@@ -132,13 +142,13 @@ def evaluate(
 
 
 def _quiet_evaluate(
-    model: torch.nn.Module, dataset: Dataset, device: torch.device, spec: JobSpec
+    model: torch.nn.Module, dataset: Dataset, device: torch.device, spec: JobSpec, stop: Any = None
 ) -> dict[str, float]:
     """`evaluate` mid-run, leaving the random state as it found it: training then goes on exactly as
     without it (and as after a resume), so exact resume holds with train.eval_every."""
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        return evaluate(model, dataset, device, spec)
+        return evaluate(model, dataset, device, spec, stop)
 
 
 def write_output(
@@ -470,7 +480,14 @@ def fit(a: Attempt) -> int | None:
             a.flag.set(stop.reason)
         if eval_every and a.state.step % eval_every == 0 and a.state.step < a.steps:
             a.watchdog.beat("eval")
-            a.observers.eval(a.state.step, _quiet_evaluate(a.model, a.dataset, a.device, a.spec))
+            stop = (
+                (lambda: a.par.any(a.flag.is_set())) if a.par.world > 1 else a.flag.is_set
+            )  # all ranks alike
+            result = _quiet_evaluate(a.model, a.dataset, a.device, a.spec, stop)
+            if result:  # {}: a notice came during it; the loop saves at once
+                a.observers.eval(a.state.step, result)
+            else:
+                a.watchdog.beat("step")
         saved = a.checkpoints.last_step == a.state.step  # a rollback checkpointed this step already
         if a.state.step < a.steps and not saved and a.checkpoints.due(a.state.step, time.time()):
             a.observers.checkpoint_start(a.state.step)

@@ -52,7 +52,7 @@ from orchestrator.spot.policy import Mode
 from orchestrator.states import AttemptEnd, JobState, Outcome
 from trainer import exitcodes
 from trainer.config import JobSpec
-from trainer.health import stall_reason, unhealthy_reason
+from trainer.health import ended_as, stall_reason, unhealthy_reason
 from trainer.runstore.store import RunStore
 from trainer.stops.budget import BudgetGuard, budget_stop_of, spend_usd
 from trainer.stops.interruptions import request_stop
@@ -410,6 +410,13 @@ class Supervisor:
         memory = self.out_of_memory(code)  # trainer/oom.py: a smaller layout, or a re-plan
         if memory is not None:
             return memory
+        ended = (
+            ended_as(self.store, self.attempt_n) if code not in (exitcodes.OK, exitcodes.PREEMPTED) else None
+        )
+        if ended in ("unhealthy", "stalled") and code != exitcodes.UNHEALTHY and code != exitcodes.STALLED:
+            code = (
+                exitcodes.UNHEALTHY if ended == "unhealthy" else exitcodes.STALLED
+            )  # torchrun exits 1 for them
         if code == exitcodes.STALLED:  # the trainer's own watchdog; the epoch record says where
             return AttemptEnd(Outcome.STALLED, stall_reason(self.store, self.attempt_n))
         if code == exitcodes.UNHEALTHY:  # never restarted; the epoch record says why

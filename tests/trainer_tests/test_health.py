@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import yaml
 from helpers import (
     assert_bitwise_equal,
@@ -188,3 +189,36 @@ def test_an_unhealthy_exit_is_never_recovered_by_skypilot() -> None:
 
     spec = SimpleNamespace(resources=SimpleNamespace(recovery="FAILOVER", max_restarts_on_errors=2))
     assert exitcodes.UNHEALTHY not in job_recovery(spec)["recover_on_exit_codes"]  # type: ignore[arg-type]
+
+
+def test_two_fsdp_ranks_with_a_non_finite_gradient_on_one_rank_end_unhealthy_together(
+    tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fsdp_helpers import fsdp_job, new_run, run
+
+    from trainer.export import export
+
+    data = write_data(tmp_path / "d.jsonl", "instruction", 64)
+    job = fsdp_job(tiny_model, data, tmp_path / "runs", checkpoint={"every": 2, "keep": 2})
+    run_uri = new_run(job, "two")
+    faults = ",".join(f"nan-grad-rank1@{k}" for k in range(8, 20))  # rank 1 only, every step from 8
+    monkeypatch.setenv("FTORCH_FAULTS", faults)
+    done = run(run_uri, 1, 2, timeout=400)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    # every rank skipped the same steps (rank 0 logs; its own gradients were finite)
+    assert "gradient norm inf at step 8: optimizer step 8 skipped" in out
+    assert "(rollback 1 of 2)" in out and "(rollback 2 of 2)" in out
+    store = RunStore(run_uri)
+    record = next(iter(store.epoch_records().values()))
+    assert record["ended"] == "unhealthy" and "after 2 rollbacks" in record["stop_detail"], record
+    assert (store.read_progress() or {})["state"] == "unhealthy"
+    healthy = [c for c in store.complete_checkpoints() if c.meta.get("healthy") is not False]
+    assert healthy and healthy[-1].step == record["healthy_step"]
+    result = export(run_uri, str(tmp_path / "exported"))
+    assert result["step"] == healthy[-1].step
+    from safetensors.torch import load_file
+
+    adapter = load_file(str(tmp_path / "exported" / "adapter_model.safetensors"))
+    assert all(bool(t.isfinite().all()) for t in adapter.values())
+    _equals_checkpoint(store, healthy[-1], adapter)

@@ -9,7 +9,7 @@ heartbeat (progress.json's `updated_at`, rewritten every step) uses the trainer'
 
 Inside (`Watchdog`): a thread that ends the process with exitcodes.STALLED when the loop has not beaten
 in time; it records the stall in the epoch record first. Outside: a frozen process runs no thread, so
-the launcher kills a trainer whose heartbeat is older than the timeout (`stale`).
+the launcher kills a trainer whose heartbeat is older than the timeout (`stale`, with a margin: `outside`).
 """
 
 from __future__ import annotations
@@ -37,13 +37,19 @@ def stall_timeout(step_times: Sequence[float], given: float | None = None) -> fl
     return max(FLOOR_S, FACTOR * p95)
 
 
-def stale(progress: dict[str, Any], now: float, age_s: float | None = None) -> float | None:
-    """The heartbeat's age when it is older than the progress's own stall timeout, else None."""
+def outside(timeout: float) -> float:
+    """The heartbeat age a launcher waits for: a little over the trainer's own timeout, so a trainer that
+    is not frozen ends itself first (and records where)."""
+    return 1.25 * timeout + 5.0
+
+
+def stale(progress: dict[str, Any], now: float) -> float | None:
+    """The heartbeat's age when it is older than `outside(the progress's own stall timeout)`, else None."""
     timeout = progress.get(KEY)
-    updated = age_s if age_s is not None else now - float(progress.get("updated_at") or now)
     if timeout is None or progress.get("state") not in ("running", "checkpointing", "evaluating"):
         return None
-    return updated if updated > float(timeout) else None
+    age = now - float(progress.get("updated_at") or now)
+    return age if age > outside(float(timeout)) else None
 
 
 class Watchdog:
