@@ -25,7 +25,7 @@ from trainer.data.packing import example_count, uses_flat_batches
 from trainer.data.packing_check import verify as verify_packing
 from trainer.distributed import Parallel
 from trainer.distributed import setup as setup_parallel
-from trainer.faults import maybe_crash, maybe_die, maybe_oom
+from trainer.faults import maybe_crash, maybe_die, maybe_oom, maybe_slow
 from trainer.layout import Layout
 from trainer.layout import total_steps as steps_for
 from trainer.loss import evaluate_batch, shifted_labels
@@ -415,6 +415,7 @@ def fit(a: Attempt) -> int | None:
     eval_every = a.spec.train.eval_every if a.dataset.held_out else None
     # spot return (issue 19): records where this attempt landed; on demand, may probe back to spot
     spot_probe = SpotProbe.open(a.store, a.spec, a.resolved, a.number, log) if a.par.is_main else None
+    _check_budget(a, observe=False)  # a slow start may have spent the budget: stop before any step
     while a.state.step < a.steps:
         if a.par.any(a.flag.is_set()):  # all ranks stop at the same step
             code = _stop_on_notice(a)
@@ -434,10 +435,7 @@ def fit(a: Attempt) -> int | None:
             return oom.on_oom(a, out_of_memory, log)
         a.measurer.step(a.state.tokens_seen - tokens_before)
         _report_step(a, step_loss, lr, grad_norm, log_every)
-        if a.budget is not None and a.state.step < a.steps:  # the budget stop (trainer/stops/budget.py)
-            over = a.budget.over(a.state.step, a.checkpoints.last_time)
-            if over:
-                budget.stop_now(a.store, a.flag, over, log)
+        _check_budget(a)
         if spot_probe and spot_probe.due(a.state.step, a.steps, a.reporter.steps_per_s()):
             a.flag.set(spot_probe.reason)  # checkpoint, exit 75: SkyPilot re-walks `ordered` from spot
         if eval_every and a.state.step % eval_every == 0 and a.state.step < a.steps:
@@ -449,11 +447,22 @@ def fit(a: Attempt) -> int | None:
             a.reporter.set_state("checkpointing")
             saving = time.time()
             a.checkpoints.save(a.model, a.optimizer, a.scheduler, a.state)
+            if a.budget is not None:  # the stop's own save is reserved at the slowest recent one
+                a.budget.observe_save(time.time() - saving)
             a.measurer.checkpoint(time.time() - saving, a.checkpoints.writer)
             a.measurer.record(a.store)  # what this attempt measured so far survives a kill
             a.reporter.last_checkpoint(a.checkpoints.durable_step)
             a.reporter.set_state("running")
     return None
+
+
+def _check_budget(a: Attempt, observe: bool = True) -> None:
+    """The budget stop (trainer/stops/budget.py), between steps: the flag the loop checkpoints and
+    leaves on."""
+    if a.budget is not None and a.state.step < a.steps:
+        over = a.budget.over(a.state.step, a.checkpoints.last_time, observe)
+        if over:
+            budget.stop_now(a.store, a.flag, over, log)
 
 
 def _train_step(a: Attempt) -> tuple[float, float, float]:
@@ -472,6 +481,7 @@ def _train_step(a: Attempt) -> tuple[float, float, float]:
     save_scaler(a.scaler, state.extra)
     a.scheduler.step()
     a.optimizer.zero_grad(set_to_none=True)
+    maybe_slow("slow-step")  # FTORCH_FAULTS=slow-step@MS (tests: a slow machine on demand)
     state.step += 1
     state.micro_batches += a.spec.train.grad_accum  # the data position, in the job's micro-batches
     return step_loss, a.scheduler.get_last_lr()[0], grad_norm
@@ -506,7 +516,10 @@ def _stop_on_notice(a: Attempt) -> int:
         checkpoints.save(a.model, a.optimizer, a.scheduler, state, wait=True)
         checkpoints.wait()
     a.reporter.last_checkpoint(state.step)
-    a.store.update_epoch_record(**ended, step=state.step, ended_at=time.time())
+    said = {}
+    if ended.get("stop_reason") == budget.BUDGET and a.budget is not None and a.budget.reason:
+        said["stop_detail"] = a.budget.reason + budget.kept_note(a.store)  # what the store holds now
+    a.store.update_epoch_record(**ended, **said, step=state.step, ended_at=time.time())
     a.measurer.record(a.store, checkpoints.writer)
     if ended.get("stop_reason") == budget.BUDGET:  # exit 0: SkyPilot does not restart it
         a.reporter.set_state("stopped", flush=True)
