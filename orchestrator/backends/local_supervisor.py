@@ -115,13 +115,15 @@ class Supervisor:
         """The trainer's restart rule (trainer/stops/budget.py `restart_reason`: the spend in the run
         store, the expected load, never less than the last budget stop's reserve) before an attempt
         starts, with what is kept said only of a checkpoint that is there."""
+        job = self.registry.get(self.job_id).spec
+        if (job.get("resources") or {}).get("budget_usd") is None:
+            return None
         try:
             records = self.store.epoch_records()
             progress = self.store.read_progress() or {}
         except Exception:  # noqa: BLE001 - advisory: the trainer checks again at its start
             over = self.budget_guard().check(self.spent())
         else:
-            job = self.registry.get(self.job_id).spec
             over = restart_reason(records, job, self.spec.local.hourly_usd, progress)
         if over is None:
             return None

@@ -6,10 +6,12 @@ checkpoint lands inside the budget. What must still fit (`reserve_s`):
 - the next checkpoint interval: `checkpoint.every` steps at the observed step rate, or `every` seconds,
   or (for `auto`) the gap between the last two checkpoints seen; until two have been seen, the interval
   the trainer starts with (trainer.checkpoints.interval: the one interval model);
-- two saves, each the slowest recent one seen (blocking plus upload), never less than the interval
-  model's measured cost: the periodic save that may come between two checks, and the stop's own;
-- a step at the slowest recent pace (the check runs between steps, so one more may be under way), and
-  `margin_s` for the reaction time (the trainer looks once a second, then saves and exits);
+- the stop's own save at the slowest recent one seen (blocking plus upload, timed by the loop with the
+  records flushed before it), never less than the interval model's measured cost; and for `every`
+  seconds or `auto` a periodic save too, which may come between two checks (for `every` N steps the
+  observed step rate already counts the periodic saves);
+- the reaction: the trainer looks once a second, between steps, so up to a second and then a step at
+  the slowest recent pace pass before it stops; never less than `margin_s`;
 - for a restart (`restart_reason`: the local supervisor before it starts an attempt, the trainer before
   any work, the cloud controller before a relaunch): the load time earlier attempts measured (process
   start, model load, checkpoint read, first step), and never less than the reserve the run's last budget
@@ -45,6 +47,8 @@ from trainer.checkpoints.interval import AutoInterval, fixed_interval_s
 
 #: what the guard itself adds: it looks once a second, and the trainer takes a moment to save and exit
 MARGIN_S = 2.0
+#: how often the trainer's guard looks (BudgetWatch.over)
+CHECK_EVERY_S = 1.0
 PRICES_ENV = "FTORCH_PRICES"
 HOURLY_ENV = "FTORCH_HOURLY_USD"
 #: the epoch record's `alive_at` is refreshed this often (what an attempt killed without a word is billed to)
@@ -140,8 +144,12 @@ class BudgetGuard:
     def reserve_s(self) -> float:
         """Seconds that must still fit in the budget (the module's docstring says which)."""
         interval = self.interval_s() or 0.0
-        save = self.save_s()  # twice: the periodic save that may come before the next check, the stop's
-        return interval + save + save + self.slowest_step_s() + self.margin_s + self.load_s
+        save = self.save_s()
+        # a periodic save may come before the next check (every N steps the observed rate counts it)
+        periodic = 0.0 if self.every_steps is not None else save
+        # between the last check that passed and the stop: up to a second, then the step under way
+        reaction = max(self.margin_s, CHECK_EVERY_S + self.slowest_step_s())
+        return interval + periodic + save + reaction + self.load_s
 
     def reserve_usd(self) -> float:
         return max(self.reserve_s() / 3600.0 * self.hourly_usd, self.floor_usd)
@@ -326,7 +334,7 @@ class BudgetWatch:
         if now - self._alive >= ALIVE_EVERY_S:
             self._alive = now
             self.store.update_epoch_record(alive_at=now)
-        if now - self._checked < 1.0:
+        if now - self._checked < CHECK_EVERY_S:
             return None
         self._checked = now
         self.reason = self.guard.check(self.spent(now))

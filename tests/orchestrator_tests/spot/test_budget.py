@@ -56,9 +56,12 @@ def test_the_rule_leaves_room_for_the_slowest_step_and_save_and_a_restarts_load(
     guard.observe_save(4.0)  # a periodic save of 4 s between steps 4 and 5: the save, not the step
     guard.observe_step(5, 109.0)
     assert guard.slowest_step_s() == 3.0 and guard.save_s() == 4.0
-    # the next interval (10 steps at 5 steps in 9 s = 18 s) + margin + the slowest step + two saves (a
-    # periodic one may come before the next check, then the stop's own)
-    assert guard.reserve_s() == pytest.approx(18.0 + MARGIN_S + 3.0 + 2 * 4.0)
+    # the next interval (10 steps at 5 steps in 9 s = 18 s, the periodic save counted in the rate) +
+    # the stop's save + the reaction: a second between checks, then the slowest step (more than MARGIN_S)
+    assert guard.reserve_s() == pytest.approx(18.0 + 4.0 + (1.0 + 3.0))
+    timed = BudgetGuard(budget_usd=1.0, hourly_usd=360.0, every_seconds=5.0)
+    timed.observe_save(4.0)  # every 5 s: a periodic save may come before the next check, then the stop's
+    assert timed.reserve_s() == pytest.approx(5.0 + 4.0 + 4.0 + MARGIN_S)
     reason = guard.check(0.0)
     assert reason is not None and "with its save, a step at the slowest recent pace" in reason
     assert "kept" not in reason  # the rule does not know what is kept; its callers say
