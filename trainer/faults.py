@@ -10,8 +10,12 @@ way to cause one on a CPU; `:A` limits it to attempt A as usual). The health fau
 `nan@K` turns a trainable weight to NaN before step K (so every loss is NaN from step K until a rollback
 restores the weights: a fault that happens once and stays), `spike@K` multiplies step K's loss by 1000
 (a bad batch), `nan-grad-rank1@K` makes one gradient non-finite on rank 1 only at step K, `hang@K`
-blocks step K (a hung collective or a dead mount). Unset (always, outside tests), this costs one set
-lookup.
+blocks step K (a hung collective or a dead mount).
+A step of `*` arms a point at every
+step: `checkpoint-partial@*:1` kills attempt 1 inside its first checkpoint, whatever its step (the budget
+stop's, when no periodic checkpoint came before it). `slow-step@MS` makes every optimizer step take MS
+milliseconds longer and `slow-save@MS` every checkpoint save (a slow machine or store on demand: the
+budget stop must hold under both). Unset (always, outside tests), this costs one set lookup.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ class InjectedFault(RuntimeError):
     """A crash asked for by FTORCH_FAULTS."""
 
 
+#: the step of a point armed at every step (`name@*`)
+ANY_STEP = -1
+
+
 def _parse(text: str) -> set[tuple[str, int, int | None]]:
     points = set()
     for item in text.split(","):
@@ -32,7 +40,7 @@ def _parse(text: str) -> set[tuple[str, int, int | None]]:
             continue
         name, where = item.strip().split("@", 1)
         step, _, attempt = where.partition(":")
-        points.add((name, int(step), int(attempt) if attempt else None))
+        points.add((name, ANY_STEP if step == "*" else int(step), int(attempt) if attempt else None))
     return points
 
 
@@ -41,7 +49,23 @@ _ATTEMPT = int(os.environ.get("FTORCH_ATTEMPT", "0") or 0)
 
 
 def _armed(point: str, step: int) -> bool:
-    return (point, step, None) in _POINTS or (point, step, _ATTEMPT) in _POINTS
+    return any((point, at, a) in _POINTS for at in (step, ANY_STEP) for a in (None, _ATTEMPT))
+
+
+def delay_s(point: str) -> float:
+    """Seconds of `slow-step@MS` / `slow-save@MS` armed for this attempt (0.0 when none)."""
+    if not _POINTS:
+        return 0.0
+    return sum(ms for name, ms, attempt in _POINTS if name == point and attempt in (None, _ATTEMPT)) / 1000.0
+
+
+def maybe_slow(point: str) -> None:
+    """Sleep what `point@MS` asks (a slow step or save that a fast test machine cannot make for real)."""
+    seconds = delay_s(point)
+    if seconds > 0:
+        import time
+
+        time.sleep(seconds)
 
 
 def maybe_die(point: str, step: int) -> None:

@@ -25,7 +25,15 @@ from trainer.data.packing import example_count, uses_flat_batches
 from trainer.data.packing_check import verify as verify_packing
 from trainer.distributed import Parallel
 from trainer.distributed import setup as setup_parallel
-from trainer.faults import maybe_crash, maybe_hang, maybe_nan_grad, maybe_oom, maybe_poison, spike
+from trainer.faults import (
+    maybe_crash,
+    maybe_hang,
+    maybe_nan_grad,
+    maybe_oom,
+    maybe_poison,
+    maybe_slow,
+    spike,
+)
 from trainer.health import STEP
 from trainer.health_guard import HealthGuard
 from trainer.layout import Layout
@@ -447,6 +455,9 @@ def fit(a: Attempt) -> int | None:
     a.stop_sources.extend(_stop_sources(a))
     a.watchdog = _start_watchdog(a)
     a.observers.insert(0, recorders.WatchdogObserver(a.watchdog, a.reporter))
+    for source in a.stop_sources:  # a slow start may have spent the budget: stop before any step
+        if isinstance(source, BudgetStop):
+            source.poll(a.state.step, observe=False)
     while a.state.step < a.steps:
         if a.par.any(a.flag.is_set()):  # all ranks stop at the same step
             a.watchdog.beat("checkpoint")  # the final save is timed as a checkpoint, not as a step
@@ -493,6 +504,8 @@ def fit(a: Attempt) -> int | None:
             a.observers.checkpoint_start(a.state.step)
             saving = time.time()
             a.checkpoints.save(a.model, a.optimizer, a.scheduler, a.state)
+            if a.budget is not None:  # the stop's own save is reserved at the slowest recent one
+                a.budget.observe_save(time.time() - saving)
             a.observers.checkpoint(a.state.step, time.time() - saving)
     return None
 
@@ -549,6 +562,7 @@ def _train_step(a: Attempt) -> tuple[float, float, float]:
     save_scaler(a.scaler, state.extra)
     a.scheduler.step()
     a.optimizer.zero_grad(set_to_none=True)
+    maybe_slow("slow-step")  # FTORCH_FAULTS=slow-step@MS (tests: a slow machine on demand)
     state.step += 1
     state.micro_batches += a.spec.train.grad_accum  # the data position, in the job's micro-batches
     return step_loss, a.scheduler.get_last_lr()[0], grad_norm
@@ -570,7 +584,10 @@ def _stop_on_notice(a: Attempt) -> int:
         checkpoints.save(a.model, a.optimizer, a.scheduler, state, wait=True)
         checkpoints.wait()
     a.reporter.last_checkpoint(state.step)
-    a.store.update_epoch_record(**ended, step=state.step, ended_at=time.time())
+    said = {}
+    if ended.get("stop_reason") == budget.BUDGET and a.budget is not None and a.budget.reason:
+        said["stop_detail"] = a.budget.reason + budget.kept_note(a.store)  # what the store holds now
+    a.store.update_epoch_record(**ended, **said, step=state.step, ended_at=time.time())
     a.measurer.record(a.store, checkpoints.writer)
     if ended.get("stop_reason") == budget.BUDGET:  # exit 0: SkyPilot does not restart it
         a.reporter.set_state("stopped", flush=True)

@@ -54,7 +54,7 @@ from trainer import exitcodes
 from trainer.config import JobSpec
 from trainer.health import ended_as, stall_reason, unhealthy_reason
 from trainer.runstore.store import RunStore
-from trainer.stops.budget import BudgetGuard, budget_stop_of, spend_usd
+from trainer.stops.budget import BudgetGuard, budget_stop_of, kept_note, restart_reason
 from trainer.stops.interruptions import request_stop
 from trainer.stops.watchdog import KEY as STALL_KEY
 from trainer.stops.watchdog import stale
@@ -117,13 +117,23 @@ class Supervisor:
     def spent(self) -> float:
         return cost_usd(self.registry.attempts(self.job_id), JobState.RUNNING, time.time())
 
-    def store_spent(self) -> float:
-        """The spend the trainer's budget rule counts (its attempts' epoch records, the run store being the
-        truth), so that this check and the trainer's agree; the registry's if the store cannot be read."""
+    def restart_over(self) -> str | None:
+        """The trainer's restart rule (trainer/stops/budget.py `restart_reason`: the spend in the run
+        store, the expected load, never less than the last budget stop's reserve) before an attempt
+        starts, with what is kept said only of a checkpoint that is there."""
+        job = self.registry.get(self.job_id).spec
+        if (job.get("resources") or {}).get("budget_usd") is None:
+            return None
         try:
-            return spend_usd(self.store.epoch_records())
+            records = self.store.epoch_records()
+            progress = self.store.read_progress() or {}
         except Exception:  # noqa: BLE001 - advisory: the trainer checks again at its start
-            return self.spent()
+            over = self.budget_guard().check(self.spent())
+        else:
+            over = restart_reason(records, job, self.spec.local.hourly_usd, progress)
+        if over is None:
+            return None
+        return over + kept_note(self.store)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.on_sigterm)
@@ -141,7 +151,7 @@ class Supervisor:
             if self.cancelled or self.registry.get(self.job_id).cancel_requested:
                 self.end(JobState.CANCELLED, "cancelled by the user; checkpoints kept")
                 return 0
-            over = self.budget_guard().check(self.store_spent())
+            over = self.restart_over()
             if over:  # e.g. a resume without a higher budget: stop before starting anything
                 self.registry.event(self.job_id, "budget", over.removeprefix("budget: "))
                 self.end(JobState.STOPPED, over, event="budget")

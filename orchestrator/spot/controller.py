@@ -68,6 +68,7 @@ from orchestrator.spot.controller_state import (
 from orchestrator.spot.policy import Mode, Observation, Policy
 from orchestrator.spot.region_order import lost_region_last
 from trainer.runstore.lease import Lease, LeaseError
+from trainer.stops.budget import relaunch_reason
 from trainer.stops.interruptions import STOP_REQUEST, newest_epoch, request_stop, withdraw_stop
 
 STATE_FILE = "controller.json"
@@ -611,6 +612,12 @@ class Controller:
         if over is not None:
             self.state.relaunch, self.state.ended = None, over
             self._event({"finished": "succeeded"}.get(over, over), "the run ended before the relaunch")
+            return
+        at_budget = relaunch_reason(self.store)  # its load and what must still fit would pass the budget
+        if at_budget is not None:
+            sys.stderr.write(f"controller: no relaunch: {at_budget}\n")
+            self.state.relaunch, self.state.ended = None, "budget"
+            self._event("budget", at_budget)
             return
         withdraw_stop(self.store)  # the stop asked of the old attempt is done: the new one trains
         self.launch(Mode(intent.mode), intent.why)

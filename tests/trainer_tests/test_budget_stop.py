@@ -121,3 +121,32 @@ def test_the_trainer_stops_at_its_budget_resumes_at_once_and_goes_on_with_more(
     assert third["stop_reason"] == "budget" and third["step"] > stopped_at
     assert budget.spend_usd(RunStore(run_uri).epoch_records()) <= spec["job"]["resources"]["budget_usd"]
     assert time.time() - started > 3  # it trained again
+
+
+def test_the_budget_holds_when_steps_and_saves_are_slow(tmp_path: Path, tiny_model: Path) -> None:
+    """Every step 1 s and every save 4 s slower (FTORCH_FAULTS slow-step / slow-save: a slow machine
+    and store on demand, outside the writer's own timer), a checkpoint every second. The stop leaves room
+    for the next interval, two saves at the slowest seen (a periodic one may come before the next check,
+    then the stop's own) and the reaction (a second, then the slowest step): the run ends inside its budget. The
+    rule before reserved the interval, the margin and the writer's blocking time only (3 s here), so its
+    last save always ended past the budget."""
+    data = write_data(tmp_path / "d.jsonl", "instruction", 64)
+    budget_usd = 1.0  # at $72/h: 50 s of this machine, start-up included (the first save must come first)
+    job = job_dict(
+        tiny_model, data, tmp_path / "runs", train={"max_steps": 100000}, checkpoint={"every": "1s"},
+        resources={"budget_usd": budget_usd},
+    )  # fmt: skip
+    run_uri = prepare_run(job)
+    env = {"FTORCH_HOURLY_USD": "72", "FTORCH_FAULTS": "slow-step@1000,slow-save@4000"}
+    first = run_trainer(run_uri, 1, env)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    record = _record(run_uri, 1)
+    assert record["stop_reason"] == "budget" and record["step"] > 0, record
+    store = RunStore(run_uri)
+    assert store.complete_checkpoints()[-1].step == record["step"]  # the stop's checkpoint
+    assert record["stop_detail"].endswith(f"; checkpoint at step {record['step']} kept")
+    # it reserved two slow saves (4 s each at $0.02 a second), the interval and the reaction (a second,
+    # then a slow step of 1 s)
+    assert record["budget_reserve_usd"] > (2 * 4.0 + 1.0 + 2.0) * 0.02, record
+    spent = budget.spend_usd(store.epoch_records())
+    assert spent <= budget_usd, (spent, record["stop_detail"], record)

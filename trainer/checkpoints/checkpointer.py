@@ -43,6 +43,7 @@ from trainer.checkpoints.sharded import ShardedWriter
 from trainer.checkpoints.sharded import load_newest as load_newest_sharded
 from trainer.config import JobSpec
 from trainer.distributed import Parallel, Sharded
+from trainer.faults import maybe_slow
 from trainer.runstore.progress import debug, log
 from trainer.runstore.storage import StoreUnavailable
 from trainer.runstore.store import (
@@ -190,6 +191,7 @@ class Checkpointer:
         """Checkpoint this step (`wait`: until it is committed), after the records up to it."""
         for flush in self.before_save:
             flush()
+        maybe_slow("slow-save")  # FTORCH_FAULTS=slow-save@MS (tests: a slow store on demand)
         try:
             result = self.writer.save(model, optimizer, scheduler, state, wait=wait)
             if wait:

@@ -1,11 +1,22 @@
 """The budget stop, enforced by the job itself: one rule for the trainer, the local supervisor and the planner.
 
-The rule (`BudgetGuard`): when the spend so far plus the cost of the next checkpoint interval would pass
+The rule (`BudgetGuard`): when the spend so far plus the cost of what must still fit would pass
 `resources.budget_usd`, stop now (checkpoint, record the stop as `budget`, exit 0), so the last
-checkpoint lands inside the budget. The interval is `checkpoint.every` steps at the observed step rate,
-or `every` seconds, or (for `auto`) the gap between the last two checkpoints seen; until two have been
-seen, the interval the trainer starts with (trainer.checkpoints.interval: the one interval model); plus
-`margin_s` for the reaction time (the trainer looks once a second, then saves and exits).
+checkpoint lands inside the budget. What must still fit (`reserve_s`):
+- the next checkpoint interval: `checkpoint.every` steps at the observed step rate, or `every` seconds,
+  or (for `auto`) the gap between the last two checkpoints seen; until two have been seen, the interval
+  the trainer starts with (trainer.checkpoints.interval: the one interval model);
+- the stop's own save at the slowest recent one seen (blocking plus upload, timed by the loop with the
+  records flushed before it), never less than the interval model's measured cost; and for `every`
+  seconds or `auto` a periodic save too, which may come between two checks (for `every` N steps the
+  observed step rate already counts the periodic saves);
+- the reaction: the trainer looks once a second, between steps, so up to a second and then a step at
+  the slowest recent pace pass before it stops; never less than `margin_s`;
+- for a restart (`restart_reason`: the local supervisor before it starts an attempt, the trainer before
+  any work, the cloud controller before a relaunch): the load time earlier attempts measured (process
+  start, model load, checkpoint read, first step), and never less than the reserve the run's last budget
+  stop reckoned (`budget_reserve_usd` in its epoch record): a run stopped at its budget is not restarted
+  under the same budget because one estimate came out smaller than the other.
 
 The spend is the run store's, so it holds with nobody watching (a laptop asleep, a frozen supervisor):
 every attempt records in its epoch record the price it runs at (`attempt_price`) and when it was last
@@ -27,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,12 +47,18 @@ from trainer.checkpoints.interval import AutoInterval, fixed_interval_s
 
 #: what the guard itself adds: it looks once a second, and the trainer takes a moment to save and exit
 MARGIN_S = 2.0
+#: how often the trainer's guard looks (BudgetWatch.over)
+CHECK_EVERY_S = 1.0
 PRICES_ENV = "FTORCH_PRICES"
 HOURLY_ENV = "FTORCH_HOURLY_USD"
 #: the epoch record's `alive_at` is refreshed this often (what an attempt killed without a word is billed to)
 ALIVE_EVERY_S = 30.0
 #: the stop reason in the epoch record and stop request (trainer/stops/interruptions.py)
 BUDGET = "budget"
+#: how many recent steps and saves the guard remembers: it reserves room for the slowest of them
+RECENT = 20
+#: the measured phases (trainer/measure.py) a restart pays before it trains
+LOAD_PHASES = ("process_start_s", "model_load_s", "checkpoint_read_s", "first_step_s")
 
 
 class BudgetReached(Exception):
@@ -59,9 +77,16 @@ class BudgetGuard:
     margin_s: float = MARGIN_S
     #: `auto`: the trainer's interval model (its prior MTBF and first cost) until two checkpoints are seen
     auto: AutoInterval = field(default_factory=AutoInterval)
+    #: a restart's expected load time (earlier attempts' measured phases); 0 inside a running attempt
+    load_s: float = 0.0
+    #: the reserve the run's last budget stop reckoned: a restart never reckons less
+    floor_usd: float = 0.0
     _first: tuple[float, int] | None = None
     _last: tuple[float, int] | None = None
     _ckpt_times: list[float] = field(default_factory=list)
+    _step_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    _save_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    _unsubtracted_save_s: float = 0.0
 
     @classmethod
     def for_spec(cls, spec: Mapping[str, Any], hourly_usd: float, progress: Mapping[str, Any]) -> BudgetGuard:
@@ -79,12 +104,21 @@ class BudgetGuard:
     def observe_step(self, step: int, now: float) -> None:
         if self._first is None:
             self._first = (now, step)
+        if self._last is not None and step == self._last[1] + 1 and now > self._last[0]:
+            # one step's wall time, less a periodic save made between the two steps (reserved apart)
+            self._step_s.append(max(0.0, now - self._last[0] - self._unsubtracted_save_s))
+        self._unsubtracted_save_s = 0.0
         if self._last is None or step != self._last[1]:
             self._last = (now, step)
 
     def observe_checkpoint(self, at: float | None) -> None:
         if at and (not self._ckpt_times or at != self._ckpt_times[-1]):
             self._ckpt_times.append(at)
+
+    def observe_save(self, seconds: float) -> None:
+        """A save this attempt made took `seconds` of wall time (the stop's own save waits as long)."""
+        self._save_s.append(max(0.0, float(seconds)))
+        self._unsubtracted_save_s += max(0.0, float(seconds))
 
     def rate(self) -> float | None:
         if self._first and self._last and self._last[1] > self._first[1] and self._last[0] > self._first[0]:
@@ -100,19 +134,46 @@ class BudgetGuard:
             return self._ckpt_times[-1] - self._ckpt_times[-2]
         return self.auto.choose()[0]
 
+    def save_s(self) -> float:
+        """The stop's own save: the slowest recent one seen, never under the interval model's cost."""
+        return max(self.auto.cost_s or 0.0, max(self._save_s, default=0.0)) + self.auto.upload_s
+
+    def slowest_step_s(self) -> float:
+        return max(self._step_s, default=0.0)
+
+    def reserve_s(self) -> float:
+        """Seconds that must still fit in the budget (the module's docstring says which)."""
+        interval = self.interval_s() or 0.0
+        save = self.save_s()
+        # a periodic save may come before the next check (every N steps the observed rate counts it)
+        periodic = 0.0 if self.every_steps is not None else save
+        # between the last check that passed and the stop: up to a second, then the step under way
+        reaction = max(self.margin_s, CHECK_EVERY_S + self.slowest_step_s())
+        return interval + periodic + save + reaction + self.load_s
+
+    def reserve_usd(self) -> float:
+        return max(self.reserve_s() / 3600.0 * self.hourly_usd, self.floor_usd)
+
     def check(self, spent_usd: float) -> str | None:
-        """A reason starting with 'budget' when the run must stop now, else None."""
+        """A reason starting with 'budget' when the run must stop now, else None. It says nothing of a
+        checkpoint: the caller knows whether one is kept (`kept_line`)."""
         if self.budget_usd is None or self.hourly_usd <= 0:
             return None
-        save_s = (self.auto.cost_s or 0.0) + self.auto.upload_s  # the trainer's measured save adds to it
-        interval = (self.interval_s() or 0.0) + self.margin_s + save_s
-        next_cost = interval / 3600.0 * self.hourly_usd
+        next_cost = self.reserve_usd()
         if spent_usd + next_cost <= self.budget_usd:
             return None
+        load = f", the restart's load ({self.load_s:.0f} s)" if self.load_s else ""
         return (
-            f"budget: ${spent_usd:.4f} spent + ${next_cost:.4f} for the next checkpoint interval "
-            f"would pass budget_usd ${self.budget_usd:g}; checkpoint kept"
+            f"budget: ${spent_usd:.4f} spent + ${next_cost:.4f} for the next checkpoint interval (with its "
+            f"save, a step at the slowest recent pace{load}) would pass budget_usd ${self.budget_usd:g}"
         )
+
+
+def kept_line(step: int | None) -> str:
+    """What the budget stop kept: said only of a checkpoint that is there."""
+    if step is None:
+        return "no checkpoint was saved: a resume starts from step 0"
+    return f"checkpoint at step {step} kept"
 
 
 # ---- prices ----------------------------------------------------------------------------------------
@@ -262,27 +323,76 @@ class BudgetWatch:
         """The reason to leave before any work: the run is at its budget already."""
         return self.guard.check(self.spent(self.clock())) if self.active else None
 
-    def over(self, step: int, last_checkpoint_at: float | None) -> str | None:
+    def over(self, step: int, last_checkpoint_at: float | None, observe: bool = True) -> str | None:
+        """The reason to stop now, or None; `observe=False` before the first step (no step to time)."""
         if not self.active or self.reason:
             return None
         now = self.clock()
-        self.guard.observe_step(step, now)
+        if observe:
+            self.guard.observe_step(step, now)
         self.guard.observe_checkpoint(last_checkpoint_at)
         if now - self._alive >= ALIVE_EVERY_S:
             self._alive = now
             self.store.update_epoch_record(alive_at=now)
-        if now - self._checked < 1.0:
+        if now - self._checked < CHECK_EVERY_S:
             return None
         self._checked = now
         self.reason = self.guard.check(self.spent(now))
-        if self.reason:
-            self.store.update_epoch_record(stop_detail=self.reason, alive_at=now)
+        if self.reason:  # the reserve it reckoned: a restart under the same budget never reckons less
+            self.store.update_epoch_record(
+                stop_detail=self.reason, budget_reserve_usd=round(self.guard.reserve_usd(), 6), alive_at=now
+            )
         return self.reason
+
+    def observe_save(self, seconds: float) -> None:
+        self.guard.observe_save(seconds)
 
 
 def price_record(accelerator: str | None, started_at: float) -> dict[str, Any]:
     """The fields an attempt's epoch record starts with: its price (where known) and when it started."""
     return {**attempt_price(accelerator=accelerator), "started_at": started_at}
+
+
+def load_s(records: Mapping[int, Mapping[str, Any]]) -> float:
+    """A restart's expected load time: the slowest of the earlier attempts' measured start-up (process
+    start, model load, checkpoint read, first step: trainer/measure.py), 0 when none measured it."""
+    from trainer.measure import KEY
+
+    slowest = 0.0
+    for record in records.values():
+        phases = (record.get(KEY) or {}).get("phases") or {}
+        try:
+            slowest = max(slowest, sum(float(phases.get(k) or 0.0) for k in LOAD_PHASES))
+        except (TypeError, ValueError):  # a damaged record: it says nothing
+            continue
+    return slowest
+
+
+def last_reserve_usd(records: Mapping[int, Mapping[str, Any]]) -> float:
+    """The reserve the run's newest budget stop in training reckoned (0.0 when none did)."""
+    for _n, record in sorted(records.items(), reverse=True):
+        if record.get("stop_reason") == BUDGET and record.get("budget_reserve_usd") is not None:
+            try:
+                return max(0.0, float(record.get("budget_reserve_usd") or 0.0))
+            except (TypeError, ValueError):
+                return 0.0
+    return 0.0
+
+
+def restart_reason(
+    records: Mapping[int, Mapping[str, Any]],
+    job: Mapping[str, Any],
+    hourly_usd: float,
+    progress: Mapping[str, Any],
+) -> str | None:
+    """Before a restart (a new attempt, a relaunch): the reason not to begin it when the spend so far
+    (`records`: the earlier attempts) plus its expected load and the reserve of the rule would pass the
+    budget; None when it fits or the run has no budget or price. The one check of every restart path."""
+    if (job.get("resources") or {}).get("budget_usd") is None or not hourly_usd:
+        return None
+    guard = BudgetGuard.for_spec(job, float(hourly_usd), progress)
+    guard.load_s, guard.floor_usd = load_s(records), last_reserve_usd(records)
+    return guard.check(spend_usd(records))
 
 
 def over_at_start(store: Any, job: Mapping[str, Any], attempt: int, price: Mapping[str, Any]) -> str | None:
@@ -292,14 +402,40 @@ def over_at_start(store: Any, job: Mapping[str, Any], attempt: int, price: Mappi
         return None
     records = store.epoch_records()
     earlier = {n: r for n, r in records.items() if r.get("attempt") != attempt}
-    guard = BudgetGuard.for_spec(job, float(price["hourly_usd"]), store.read_progress() or {})
-    return guard.check(spend_usd(earlier))
+    return restart_reason(earlier, job, float(price["hourly_usd"]), store.read_progress() or {})
+
+
+def kept_note(store: Any) -> str:
+    """'; checkpoint at step N kept' (or that none was saved) from the store's newest complete
+    checkpoint; '' when the store cannot say: nothing is claimed then."""
+    try:
+        found = store.complete_checkpoints()
+    except Exception:  # noqa: BLE001 - advisory
+        return ""
+    return f"; {kept_line(found[-1].step if found else None)}"
+
+
+def relaunch_reason(store: Any) -> str | None:
+    """The cloud controller's check before it relaunches a run (a switch, a move): `restart_reason` at
+    the price the run last ran at (its newest priced epoch record); None when it fits or nothing says."""
+    try:
+        job = (store.read_json_or_none("spec.json") or {}).get("job") or {}
+        records = store.epoch_records()
+        progress = store.read_progress() or {}
+    except Exception:  # noqa: BLE001 - advisory: the trainer checks again at its start
+        return None
+    priced = [r for _n, r in sorted(records.items()) if r.get("hourly_usd")]
+    if not priced:
+        return None
+    over = restart_reason(records, job, float(priced[-1]["hourly_usd"]), progress)
+    return None if over is None else over + kept_note(store)
 
 
 def leave_at_start(store: Any, reason: str) -> None:
     """Record the stop (rank 0 holds the epoch) and raise BudgetReached: exit 0, one line."""
     from trainer.stops.interruptions import request_stop
 
+    reason += kept_note(store)
     if store.epoch:
         request_stop(store, BUDGET)
         store.update_epoch_record(

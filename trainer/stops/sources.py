@@ -23,10 +23,11 @@ class BudgetStop:
         self.watch, self.store, self.flag, self.checkpoints = watch, store, flag, checkpoints
         self.steps, self.log = steps, log
 
-    def poll(self, step: int) -> Stop | None:
+    def poll(self, step: int, observe: bool = True) -> Stop | None:
+        """`observe=False` before the first step: a slow start may have spent the budget already."""
         if step >= self.steps:
             return None
-        over = self.watch.over(step, self.checkpoints.last_time)
+        over = self.watch.over(step, self.checkpoints.last_time, observe)
         if not over:
             return None
         budget.stop_now(self.store, self.flag, over, self.log)  # a stop request, then the flag

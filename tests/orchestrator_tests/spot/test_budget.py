@@ -46,6 +46,38 @@ def test_the_rule_counts_the_next_checkpoint_interval() -> None:
     assert BudgetGuard(budget_usd=1.0, hourly_usd=0.0).check(1e9) is None  # free machines never stop
 
 
+def test_the_rule_leaves_room_for_the_slowest_step_and_save_and_a_restarts_load() -> None:
+    from trainer.stops.budget import restart_reason
+
+    guard = BudgetGuard(budget_usd=1.0, hourly_usd=360.0, every_steps=10)  # $0.10 per second
+    for step, at in enumerate([100.0, 100.5, 101.0, 104.0, 104.5]):  # one step of 3 s among 0.5 s ones
+        guard.observe_step(step, at)
+    assert guard.slowest_step_s() == 3.0
+    guard.observe_save(4.0)  # a periodic save of 4 s between steps 4 and 5: the save, not the step
+    guard.observe_step(5, 109.0)
+    assert guard.slowest_step_s() == 3.0 and guard.save_s() == 4.0
+    # the next interval (10 steps at 5 steps in 9 s = 18 s, the periodic save counted in the rate) +
+    # the stop's save + the reaction: a second between checks, then the slowest step (more than MARGIN_S)
+    assert guard.reserve_s() == pytest.approx(18.0 + 4.0 + (1.0 + 3.0))
+    timed = BudgetGuard(budget_usd=1.0, hourly_usd=360.0, every_seconds=5.0)
+    timed.observe_save(4.0)  # every 5 s: a periodic save may come before the next check, then the stop's
+    assert timed.reserve_s() == pytest.approx(5.0 + 4.0 + 4.0 + MARGIN_S)
+    reason = guard.check(0.0)
+    assert reason is not None and "with its save, a step at the slowest recent pace" in reason
+    assert "kept" not in reason  # the rule does not know what is kept; its callers say
+    # a restart: the load earlier attempts measured, and never less than the last budget stop's reserve
+    measured = {"phases": {"process_start_s": 5.0, "model_load_s": 20.0, "checkpoint_read_s": 4.0,
+                           "first_step_s": 1.0}}  # fmt: skip
+    job = {"resources": {"budget_usd": 1.0}, "checkpoint": {"every": 10}}
+    records = {1: {"started_at": 0.0, "ended_at": 3.0, "hourly_usd": 360.0, "measured": measured}}
+    assert restart_reason(records, job, 360.0, {"steps_per_s": 10.0}) is not None  # $0.30 + 33 s: over
+    assert restart_reason({1: {**records[1], "measured": {}}}, job, 360.0, {"steps_per_s": 10.0}) is None
+    stopped = {1: {**records[1], "measured": {}, "stop_reason": "budget", "budget_reserve_usd": 0.75}}
+    # the estimate now ($0.30 spent + 3 s) fits; the reserve the stop reckoned ($0.75) does not
+    assert restart_reason(stopped, job, 360.0, {"steps_per_s": 10.0}) is not None
+    assert restart_reason(stopped, {**job, "resources": {"budget_usd": 2.0}}, 360.0, {}) is None
+
+
 def _wait(job_id: str, predicate, timeout: float = 150.0) -> dict:  # type: ignore[no-untyped-def]
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -159,3 +191,31 @@ def test_a_frozen_supervisor_does_not_stop_the_budget_stop(
     assert detail["attempts"] == 1  # no new attempt
     assert detail["last_checkpoint_step"] == record["step"]
     assert detail["cost_usd"] <= budget, detail["cost_usd"]  # the frozen time is not billed
+
+
+def test_a_kill_in_the_budget_stops_checkpoint_never_reports_a_checkpoint(
+    tmp_path: Path, tiny_model: Path, ftorch_home: Path
+) -> None:
+    """B2: the trainer is killed inside the checkpoint of its budget stop (FTORCH_FAULTS
+    checkpoint-partial@*: its first checkpoint, whatever the step; no periodic one came before). The
+    job ends STOPPED at its budget, without a second attempt, and says no checkpoint was saved."""
+    from trainer.runstore.store import RunStore
+
+    data = write_data(tmp_path / "d.jsonl", "instruction", 64)
+    job = job_dict(
+        tiny_model, data, tmp_path / "runs", train={"max_steps": 100000}, checkpoint={"every": 100000},
+        resources={"budget_usd": 0.6}, local={"hourly_usd": 72.0},
+    )  # fmt: skip  # at $72/h: 30 s of this machine, start-up included
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job))
+    done = ftorch("launch", str(job_file), "--json", env={"FTORCH_FAULTS": "checkpoint-partial@*:1"})
+    assert done.returncode == 0, done.stderr
+    job_id = json.loads(done.stdout)["job_id"]
+    detail = _wait(job_id, lambda d: d["state"] in ("STOPPED", "FAILED", "SUCCEEDED", "CANCELLED"))
+    assert detail["state"] == "STOPPED" and detail["stop_reason"] == "budget", detail["reason"]
+    assert detail["checkpoints"] == [] and RunStore(detail["run_uri"]).complete_checkpoints() == []
+    assert "kept" not in detail["reason"], detail["reason"]
+    assert detail["reason"].endswith("no checkpoint was saved: a resume starts from step 0")
+    assert detail["attempts"] == 1  # the restart was not begun: the run is at its budget
+    record = next(r for r in RunStore(detail["run_uri"]).epoch_records().values() if r.get("attempt") == 1)
+    assert record["stop_detail"].startswith("budget: $") and "kept" not in record["stop_detail"]

@@ -221,3 +221,20 @@ def test_a_kill_between_cancel_and_launch_is_finished_by_the_next_controller(tmp
     assert len(client.launched) == 2 and client.live() == [2]
     assert client.launched[1]["resources"]["ordered"][0]["use_spot"] is False
     assert again.state.relaunch is None
+
+
+def test_a_relaunch_whose_load_would_pass_the_budget_is_not_begun(tmp_path: Path) -> None:
+    """B1: before a relaunch the controller counts the load time earlier attempts measured: $1.00 spent
+    of $1.05, and a restart that loads for 300 s ($0.083 at $1/h) would pass it; the next interval alone
+    (1 step, 60 s: $0.017) would not. The job ends at its budget; nothing is launched."""
+    client, ctl, clock = started(tmp_path)
+    job = {"resources": {"budget_usd": 1.05}, "checkpoint": {"every": 1}}
+    ctl.store.write_spec({"job": job, "run_id": "job-1", "output_uri": str(tmp_path / "out")})
+    trainer = RunStore(str(tmp_path / "run"))
+    loaded = {"phases": {"process_start_s": 60.0, "model_load_s": 230.0, "checkpoint_read_s": 10.0}}
+    trainer.claim_epoch({"attempt": 1, "hourly_usd": 1.0, "started_at": 0.0, "measured": loaded})
+    trainer.update_epoch_record(ended_at=3600.0)
+    client.place(1, "RECOVERING", recoveries=1)  # preempted: spot-fallback relaunches on demand
+    run_for(ctl, clock, 720)
+    assert len(client.launched) == 1 and ctl.state.ended == "budget", ctl.state
+    assert ctl.state.relaunch is None
