@@ -91,7 +91,13 @@ def test_importing_a_trace_moves_the_rate_toward_it_by_the_posterior_weight(tmp_
                    "--zone", "eu-west-1a", "--json")  # fmt: skip
     assert json.loads(again.stdout)["added"] == 0
     shown = ftorch(home, "hazards", "--json")
-    assert any(r["zone"] == "eu-west-1a" for r in json.loads(shown.stdout)["rows"])
+    rows = json.loads(shown.stdout)["rows"]
+    assert any(r["zone"] == "eu-west-1a" for r in rows)
+    (east,) = [r for r in rows if r["region"] == "us-east-1" and r["zone"] == "any (failover)"]
+    failover = bundled()["failover"]
+    (measured,) = [f for f in failover if f["regions"] == ["us-east-1"]]
+    assert east["rate_per_hour"] == pytest.approx(measured["interruptions"] / measured["hours"], rel=0.02)
+    assert east["expected_wait_s"] == pytest.approx((1 - east["availability"]) * east["mean_down_s"]) > 0
 
 
 def test_recorded_attempts_move_the_rate_by_the_posterior_weight(tmp_path: Path) -> None:
