@@ -38,11 +38,11 @@ def hazards_cmd(ctx: typer.Context, as_json: JsonOut = False) -> None:
     from rich.table import Table
 
     view = Table(title="spot hazards (per instance; N nodes see more: see the correlation below)")
-    for col in ("cloud", "instance", "region", "zone", "rate/h (90%)", "availability", "mean wait",
+    for col in ("cloud", "instance", "region", "zone", "rate/h (90%)", "availability", "expected wait",
                 "evidence", "source"):  # fmt: skip
         view.add_column(col)
     for r in rows:
-        wait = r["mean_down_s"]
+        wait = r["expected_wait_s"]
         view.add_row(
             r["cloud"], r["instance_type"] or f"{r['count']}x {r['accelerator']}", r["region"], r["zone"] or "-",
             f"{r['rate_per_hour']:.3f} ({r['low_per_hour']:.3f}-{r['high_per_hour']:.3f})",

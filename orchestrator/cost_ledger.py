@@ -81,7 +81,7 @@ def job_ledger(
         tokens=tokens,
         last_step_at=last_step_times(metrics),
     )
-    moved = _data_movement(job, records)
+    moved = _data_movement(job, records) if records else None  # the jobs table passes none: no store read
     if moved is not None:
         ledger["data_movement"] = moved
     return ledger
@@ -94,6 +94,8 @@ def _data_movement(job: Job, records: dict[int, dict[str, Any]]) -> dict[str, An
     from trainer.config import JobSpec
     from trainer.runstore.attempts import ATTEMPTS
 
+    if not ((job.spec or {}).get("checkpoint") or {}).get("region"):
+        return None  # nothing says where the store is: not priced (and no spec validation per job)
     try:
         store = store_of(JobSpec.model_validate(job.spec))
         if not store.known or store.how == "local":

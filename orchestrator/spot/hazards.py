@@ -588,7 +588,8 @@ class HazardTable:
         return 1.0 - none_up, (1.0 / exits if exits else 0.0), none_up
 
     def rows(self) -> list[dict[str, Any]]:
-        """Every key the table knows, for `ftorch hazards`: one row per (cloud, instance, region, zone)."""
+        """Every key the table knows, for `ftorch hazards`: one row per (cloud, instance, region, zone),
+        and one per measured region as a whole (a job failing over between its zones: what plans use)."""
         seen: dict[tuple[str, str, str, str, int], None] = {}
         for e in self.measured + self.user:
             seen[(e.cloud, e.instance_type, e.accelerator, e.region or "", e.count)] = None
@@ -601,8 +602,27 @@ class HazardTable:
                     "rate_per_hour": z.gamma.mean, "low_per_hour": z.gamma.quantile(0.05),
                     "high_per_hour": z.gamma.quantile(0.95), "hours": z.hours, "interruptions": z.interruptions,
                     "availability": z.availability, "mean_down_s": z.mean_down_s, "level": z.level,
+                    # arriving at a random time: no spot with 1 - availability, then the rest of a spell
+                    "expected_wait_s": (1 - z.availability) * z.mean_down_s
+                    if z.availability is not None and z.mean_down_s is not None else None,
                     "source": z.source,
                 })  # fmt: skip
+        for (cloud, itype, region, _nodes), (avail, down, _after) in sorted(self.capacity.items()):
+            measured = [
+                e for e in self.measured if (e.cloud, e.instance_type, e.region) == (cloud, itype, region)
+            ]
+            acc, count = (measured[0].accelerator, measured[0].count) if measured else ("", 0)
+            found = self._failover(cloud, itype, acc, count, [region])
+            if found is None:
+                continue
+            g, source = found
+            hours, events = self.failovers[(cloud, itype, (region,), 1)]
+            out.append({
+                "cloud": cloud, "instance_type": itype, "accelerator": acc, "count": count, "region": region,
+                "zone": "any (failover)", "rate_per_hour": g.mean, "low_per_hour": g.quantile(0.05),
+                "high_per_hour": g.quantile(0.95), "hours": hours, "interruptions": events, "availability": avail,
+                "mean_down_s": down, "level": "failover", "expected_wait_s": (1 - avail) * down, "source": source,
+            })  # fmt: skip
         return out
 
 

@@ -91,7 +91,14 @@ def test_importing_a_trace_moves_the_rate_toward_it_by_the_posterior_weight(tmp_
                    "--zone", "eu-west-1a", "--json")  # fmt: skip
     assert json.loads(again.stdout)["added"] == 0
     shown = ftorch(home, "hazards", "--json")
-    assert any(r["zone"] == "eu-west-1a" for r in json.loads(shown.stdout)["rows"])
+    rows = json.loads(shown.stdout)["rows"]
+    assert any(r["zone"] == "eu-west-1a" for r in rows)
+    (east,) = [r for r in rows if r["region"] == "us-east-1" and r["zone"] == "any (failover)"]
+    failover = bundled()["failover"]
+    (measured,) = [f for f in failover if f["regions"] == ["us-east-1"]]
+    assert east["rate_per_hour"] == pytest.approx(measured["interruptions"] / measured["hours"], rel=0.02)
+    assert east["expected_wait_s"] > 0
+    assert east["expected_wait_s"] == pytest.approx((1 - east["availability"]) * east["mean_down_s"])
 
 
 def test_recorded_attempts_move_the_rate_by_the_posterior_weight(tmp_path: Path) -> None:
@@ -186,3 +193,22 @@ def test_failover_is_measured_over_the_zones_together() -> None:
     assert (stats.hours, stats.interruptions) == (5.0, 2) and stats.availability == pytest.approx(5 / 6)
     # of the two losses (A at tick 2, B at tick 3) one found no zone up
     assert no_capacity_after_loss([a, b]) == pytest.approx(0.5)
+
+
+def test_multi_node_traces_measure_the_correlation(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "scripts"))
+    from build_hazards import build
+
+    one = ([1] * 99 + [0]) * 10
+    two = [2 if x else 0 for x in one]
+    two[50] = two[250] = 1  # two more losses of one node of the pair
+    for nodes, counts in ((1, one), (2, two)):
+        folder = tmp_path / "availability" / f"{nodes}-node" / "aws-01-01-2024"
+        folder.mkdir(parents=True)
+        trace(folder / "us-east-1a_v100_1.json", counts)
+    payload = build(tmp_path)
+    single, pair = measure(one, 600.0), measure(two, 600.0, nodes=2)
+    factor = pair.rate_per_hour / single.rate_per_hour
+    assert payload["correlation"]["source"].startswith("measured: 1 multi-node")
+    assert payload["correlation"]["rho"] == pytest.approx(1 - (factor - 1), abs=1e-4)
+    assert 0 < payload["correlation"]["rho"] < 1
