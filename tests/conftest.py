@@ -135,6 +135,7 @@ SLOW_FIRST = (
     "test_every_plan_runs.py",
     "test_exact_resume.py",
     "test_budget.py",
+    "test_budget_stop.py",
     "test_reshard.py",
     "test_supervisor.py",
     "test_qlora.py",

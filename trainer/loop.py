@@ -415,7 +415,6 @@ def fit(a: Attempt) -> int | None:
     eval_every = a.spec.train.eval_every if a.dataset.held_out else None
     # spot return (issue 19): records where this attempt landed; on demand, may probe back to spot
     spot_probe = SpotProbe.open(a.store, a.spec, a.resolved, a.number, log) if a.par.is_main else None
-    _check_budget(a, observe=False)  # a slow start may have spent the budget: stop before any step
     while a.state.step < a.steps:
         if a.par.any(a.flag.is_set()):  # all ranks stop at the same step
             code = _stop_on_notice(a)
@@ -456,11 +455,11 @@ def fit(a: Attempt) -> int | None:
     return None
 
 
-def _check_budget(a: Attempt, observe: bool = True) -> None:
-    """The budget stop (trainer/stops/budget.py), between steps: the flag the loop checkpoints and
+def _check_budget(a: Attempt) -> None:
+    """The budget stop (trainer/stops/budget.py), after each step: the flag the loop checkpoints and
     leaves on."""
     if a.budget is not None and a.state.step < a.steps:
-        over = a.budget.over(a.state.step, a.checkpoints.last_time, observe)
+        over = a.budget.over(a.state.step, a.checkpoints.last_time)
         if over:
             budget.stop_now(a.store, a.flag, over, log)
 
