@@ -56,6 +56,19 @@ def survivors(token: str) -> list[object]:
     return alive
 
 
+def settle(token: str, grace: float = 10.0) -> list[object]:
+    """The survivors once those ending by themselves have had `grace` seconds (a supervisor sending its
+    last notification when the last test ended)."""
+    import time
+
+    deadline = time.time() + grace
+    left = survivors(token)
+    while left and time.time() < deadline and not all(self_ending(p) for p in left):
+        time.sleep(0.2)
+        left = survivors(token)
+    return left
+
+
 def self_ending(proc: object) -> bool:
     import psutil
 

@@ -455,9 +455,6 @@ def fit(a: Attempt) -> int | None:
     a.stop_sources.extend(_stop_sources(a))
     a.watchdog = _start_watchdog(a)
     a.observers.insert(0, recorders.WatchdogObserver(a.watchdog, a.reporter))
-    for source in a.stop_sources:  # a slow start may have spent the budget: stop before any step
-        if isinstance(source, BudgetStop):
-            source.poll(a.state.step, observe=False)
     while a.state.step < a.steps:
         if a.par.any(a.flag.is_set()):  # all ranks stop at the same step
             a.watchdog.beat("checkpoint")  # the final save is timed as a checkpoint, not as a step

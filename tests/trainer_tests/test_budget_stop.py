@@ -107,6 +107,7 @@ def test_the_trainer_stops_at_its_budget_resumes_at_once_and_goes_on_with_more(
     assert again.returncode == 0, again.stdout[-2000:]
     lines = [line for line in again.stdout.splitlines() + again.stderr.splitlines() if "at once" in line]
     assert len(lines) == 1 and "budget_usd $0.3" in lines[0]
+    assert f"checkpoint at step {stopped_at} kept" in lines[0]  # said of the checkpoint the store holds
     assert "loading the model" not in again.stdout + again.stderr  # it left before any work
     assert _record(run_uri, 2)["stop_reason"] == "budget"
     assert store.complete_checkpoints()[-1].step == stopped_at

@@ -323,13 +323,11 @@ class BudgetWatch:
         """The reason to leave before any work: the run is at its budget already."""
         return self.guard.check(self.spent(self.clock())) if self.active else None
 
-    def over(self, step: int, last_checkpoint_at: float | None, observe: bool = True) -> str | None:
-        """The reason to stop now, or None; `observe=False` before the first step (no step to time)."""
+    def over(self, step: int, last_checkpoint_at: float | None) -> str | None:
         if not self.active or self.reason:
             return None
         now = self.clock()
-        if observe:
-            self.guard.observe_step(step, now)
+        self.guard.observe_step(step, now)
         self.guard.observe_checkpoint(last_checkpoint_at)
         if now - self._alive >= ALIVE_EVERY_S:
             self._alive = now

@@ -23,11 +23,10 @@ class BudgetStop:
         self.watch, self.store, self.flag, self.checkpoints = watch, store, flag, checkpoints
         self.steps, self.log = steps, log
 
-    def poll(self, step: int, observe: bool = True) -> Stop | None:
-        """`observe=False` before the first step: a slow start may have spent the budget already."""
+    def poll(self, step: int) -> Stop | None:
         if step >= self.steps:
             return None
-        over = self.watch.over(step, self.checkpoints.last_time, observe)
+        over = self.watch.over(step, self.checkpoints.last_time)
         if not over:
             return None
         budget.stop_now(self.store, self.flag, over, self.log)  # a stop request, then the flag
