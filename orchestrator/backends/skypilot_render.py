@@ -342,11 +342,14 @@ def pip_extras(spec: JobSpec) -> list[str]:
 
 
 def extra_pip(spec: JobSpec) -> str:
-    """Packages outside ftorch's extras: adlfs for az:// stores; flash-attn, which builds against the
-    installed torch (so without pip's build isolation), for flash_attention_2."""
+    """Packages outside ftorch's extras: adlfs for az:// stores; the packages of train.kernels; flash-attn,
+    which builds against the installed torch (so without pip's build isolation), for flash_attention_2."""
+    from trainer.kernels import PACKAGES
+
     extras = []
     if scheme(spec.checkpoint.uri) in ("az", "abfs", "abfss"):
         extras.append("adlfs")
+    extras += [PACKAGES[k] for k in spec.train.kernels]  # train.kernels (trainer/kernels.py)
     if spec.train.attn_implementation == "flash_attention_2":
         extras += ["--no-build-isolation", "flash-attn>=2.6"]
     return " ".join(extras)
