@@ -524,7 +524,7 @@ def flash_attention_problem(spec: JobSpec) -> str | None:
 
 def kernel_problems(spec: JobSpec) -> list[tuple[str, str]]:
     """train.kernels that cannot run this job: checked where the trainer runs (local); the LoRA head rule
-    everywhere. SkyPilot jobs install the kernels' packages (ftorch[kernels])."""
+    everywhere. SkyPilot jobs install the kernels' packages (orchestrator/backends/skypilot_render.py)."""
     from trainer.kernels import kernel_problem
 
     device = spec.local.device if spec.resources.backend == "local" else "cuda"

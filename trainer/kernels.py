@@ -61,7 +61,7 @@ def fused_loss(kernels: list[str], device_type: str) -> Any:
     def liger(head: Any, config: Any, hidden: Any, labels: Any) -> Any:
         import torch
 
-        if type(head) is not torch.nn.Linear:
+        if not isinstance(head, torch.nn.Linear) or hasattr(head, "lora_A"):  # FSDP2 subclasses Linear
             raise RuntimeError("train.kernels: liger_fused_ce needs a plain nn.Linear output layer")
         scale = getattr(config, "logit_scale", None)
         if isinstance(scale, (int, float)) and scale != 1:

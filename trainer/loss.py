@@ -128,7 +128,7 @@ def loss_sum(
 ) -> torch.Tensor:
     """Sum of the token cross-entropies (fp32) of the micro-batch: in chunks of `chunk` tokens (default:
     `CHUNK_ELEMENTS` logits per chunk) under checkpointing, or in one piece (`path` plain; auto: `loss_path`),
-    or by `fused(head, hidden, labels)` (a fused linear cross-entropy kernel, trainer/kernels.py)."""
+    or by `fused(head, config, hidden, labels)` (a fused linear cross-entropy, trainer/kernels.py)."""
     hidden = hidden_states(model, batch)
     if hidden is None:  # the model's own loss: sum = mean x 1 item
         return model(**model_inputs(batch), labels=batch["labels"], num_items_in_batch=1).loss

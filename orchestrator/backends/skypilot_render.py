@@ -356,12 +356,18 @@ def pip_extras(spec: JobSpec) -> list[str]:
 #: flash-attn has no wheels on PyPI (it builds against the installed torch), so it is outside the lock:
 #: pinned here, installed with --no-deps (its einops is in the lock); change it with the lock
 FLASH_ATTN = "flash-attn==2.8.3.post2"
+#: the kernel packages of train.kernels (trainer/kernels.py), outside the lock likewise: pure Python over
+#: Triton (which the lock's torch carries), installed with --no-deps; change them with the lock
+KERNEL_PINS = {"liger-kernel": "0.8.5"}
 
 
 def extra_pip(spec: JobSpec) -> str:
-    """Packages outside the lock: flash-attn, which builds against the installed torch (so without pip's
-    build isolation), for flash_attention_2. (adlfs, for az:// stores, is in the lock.)"""
-    extras = []
+    """Packages outside the lock, pinned and installed with --no-deps: the packages of train.kernels;
+    flash-attn, which builds against the installed torch (so without pip's build isolation), for
+    flash_attention_2. (adlfs, for az:// stores, is in the lock.)"""
+    from trainer.kernels import PACKAGES
+
+    extras = [f"{PACKAGES[k]}=={KERNEL_PINS[PACKAGES[k]]}" for k in spec.train.kernels]  # train.kernels
     if spec.train.attn_implementation == "flash_attention_2":
         extras += ["--no-build-isolation", FLASH_ATTN]
     return " ".join(extras)

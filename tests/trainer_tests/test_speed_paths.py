@@ -213,3 +213,15 @@ def test_threads_accepts_auto_and_refuses_other_words(tmp_path: Path, tiny_model
     assert caught.value.field == "local.threads", str(caught.value)
     quickstart = load_job(Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml")
     assert quickstart.local.threads == "auto"
+
+
+def test_a_cloud_job_installs_the_kernels_it_asks_for(tmp_path: Path, tiny_model: Path) -> None:
+    from orchestrator.backends.skypilot_render import extra_pip
+
+    plain_head = {**LORA, "target_modules": ["q_proj", "v_proj"]}
+    job = _job(tmp_path, tiny_model, lora=plain_head, train={"kernels": ["liger_fused_ce"]})
+    job["resources"] = {"backend": "skypilot", "gpus": 1}
+    job["checkpoint"] = {**job["checkpoint"], "uri": "s3://bucket/runs"}
+    spec = validate_job(job)  # on a cloud the package is installed there: not refused here
+    assert extra_pip(spec).split() == ["liger-kernel"]
+    assert extra_pip(validate_job({**job, "train": {**job["train"], "kernels": []}})) == ""
