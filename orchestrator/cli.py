@@ -11,12 +11,22 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli_common import JobFile, JsonOut, Sets
+from orchestrator.cli_common import (
+    BACKEND_NAMES,
+    JobFile,
+    JobId,
+    JsonOut,
+    Sets,
+    WorkflowGroup,
+    choices,
+    complete_job_id,
+)
 from orchestrator.cli_common import print_json as _print_json
 from orchestrator.errors import SpecError, UserError
 
 app = typer.Typer(
     name="ftorch",
+    cls=WorkflowGroup,  # commands listed in workflow order
     help="Fine-tune language models on the cheapest adequate (spot) GPUs, without losing work.",
     no_args_is_help=True,
     add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
@@ -44,7 +54,12 @@ def _root(
 @app.command()
 def launch(
     job_file: JobFile,
-    backend: Annotated[str | None, typer.Option(help="local | skypilot (default: the job file's)")] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="local | skypilot (default: the job file's)", autocompletion=choices(*BACKEND_NAMES)
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option(help="job name (default: the job file's)")] = None,
     set_: Sets = None,
     follow: Annotated[
@@ -78,7 +93,9 @@ def launch(
 
 @app.command()
 def status(
-    job: Annotated[str | None, typer.Argument(help="a job id (default: all jobs)")] = None,
+    job: Annotated[
+        str | None, typer.Argument(help="a job id (default: all jobs)", autocompletion=complete_job_id)
+    ] = None,
     as_json: JsonOut = False,
     show_all: Annotated[bool, typer.Option("--all", help="include older finished jobs")] = False,
     watch: Annotated[
@@ -130,7 +147,7 @@ def status(
 
 @app.command()
 def logs(
-    job: Annotated[str, typer.Argument(help="a job id")],
+    job: JobId,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines")] = False,
 ) -> None:
     """The trainer's log across all attempts."""
@@ -140,16 +157,29 @@ def logs(
 
 
 @app.command()
-def cancel(job: Annotated[str, typer.Argument(help="a job id")]) -> None:
-    """Stop a job; its checkpoints are kept."""
+def cancel(
+    jobs_: Annotated[
+        list[str] | None, typer.Argument(metavar="JOB...", help="job ids", autocompletion=complete_job_id)
+    ] = None,
+    every: Annotated[bool, typer.Option("--all", help="every job that has not ended")] = False,
+) -> None:
+    """Stop jobs; their checkpoints are kept."""
     from orchestrator import jobs
 
-    typer.echo(jobs.cancel(job))
+    if every == bool(jobs_):
+        raise UserError("JOB: give job ids or --all (not both)" if every else "JOB: give job ids, or --all")
+    for line in jobs.cancel_many(list(jobs_ or []), everything=every):
+        typer.echo(line)
 
 
 @app.command()
 def resume(
-    job: Annotated[str, typer.Argument(help="a job id, or a run store (RUN_URI) to attach and resume")],
+    job: Annotated[
+        str,
+        typer.Argument(
+            help="a job id, or a run store (RUN_URI) to attach and resume", autocompletion=complete_job_id
+        ),
+    ],
     set_: Sets = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="stream new progress until the job ends")
@@ -185,7 +215,9 @@ def resume(
 
 
 @app.command()
-def controller(job: Annotated[str, typer.Argument(help="a SkyPilot job id")]) -> None:
+def controller(
+    job: Annotated[str, typer.Argument(help="a SkyPilot job id", autocompletion=complete_job_id)],
+) -> None:
     """Run a SkyPilot job's controller in the foreground (on an always-on machine; docs/clouds.md)."""
     from orchestrator.backends import skypilot_controller
     from orchestrator.errors import UserError

@@ -10,7 +10,7 @@ import typer
 
 from orchestrator.backends.base import BACKENDS as BACKEND_CLASSES
 from orchestrator.backends.base import backend_for
-from orchestrator.cli_common import JobFile, JsonOut, Sets, print_json
+from orchestrator.cli_common import BACKEND_NAMES, JobFile, JsonOut, Sets, choices, print_json
 from orchestrator.errors import SpecError, UserError
 
 METHODS = ("lora", "qlora", "full")
@@ -56,7 +56,12 @@ def check_job(job_file: str, overrides: list[str]) -> dict[str, Any]:
 def validate_cmd(
     job_file: JobFile,
     set_: Sets = None,
-    backend: Annotated[str | None, typer.Option(help="local | skypilot (default: the job file's)")] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="local | skypilot (default: the job file's)", autocompletion=choices(*BACKEND_NAMES)
+        ),
+    ] = None,
     as_json: JsonOut = False,
 ) -> None:
     """Check a job file (schema, local files, and the plan on the skypilot backend); launch nothing."""
@@ -151,10 +156,16 @@ def starter_job(model: str, method: str, backend: str, data: str, fmt: str, name
 def init_cmd(
     out: Annotated[str, typer.Argument(help="the job file to write")] = "job.yaml",
     model: Annotated[str, typer.Option(help="hub id, local folder or bundled shape")] = "Qwen/Qwen2.5-0.5B",
-    method: Annotated[str, typer.Option(help="lora | qlora | full")] = "lora",
-    backend: Annotated[str, typer.Option(help="local | skypilot")] = "local",
+    method: Annotated[
+        str, typer.Option(help="lora | qlora | full", autocompletion=choices(*METHODS))
+    ] = "lora",
+    backend: Annotated[
+        str, typer.Option(help="local | skypilot", autocompletion=choices(*BACKEND_NAMES))
+    ] = "local",
     data: Annotated[str | None, typer.Option(help="the training data (JSONL)")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="text | instruction | chat")] = "instruction",
+    fmt: Annotated[
+        str, typer.Option("--format", help="text | instruction | chat", autocompletion=choices(*FORMATS))
+    ] = "instruction",
     force: Annotated[bool, typer.Option("--force", help="overwrite OUT")] = False,
 ) -> None:
     """Write a commented starter job for a model and method."""

@@ -10,11 +10,12 @@ from typing import Annotated, Any
 
 import typer
 
+from orchestrator.cli_common import JobId
 from orchestrator.errors import UserError
 
 
 def export_cmd(
-    job: Annotated[str, typer.Argument(help="a job id")],
+    job: JobId,
     step: Annotated[
         int | None, typer.Option(help="the checkpoint's step (default: the newest complete one)")
     ] = None,
@@ -104,10 +105,11 @@ def metric_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def metrics_cmd(
-    job: Annotated[str, typer.Argument(help="a job id")],
+    job: JobId,
     as_csv: Annotated[
         bool, typer.Option("--csv", help="CSV with a header row, for spreadsheets and pandas")
     ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="a JSON list, one object per logged step")] = False,
 ) -> None:
     """The metric history of JOB across all attempts: step, attempt, loss, lr, grad norm, held-out loss
     (train.eval_every), tokens/s."""
@@ -117,6 +119,13 @@ def metrics_cmd(
     record = jobs.get_job(job)
     options = record.spec.get("checkpoint", {}).get("storage_options") or {}
     rows = metric_rows(RunStore(record.run_uri, options).read_metrics())
+    if as_csv and as_json:
+        raise UserError("--csv, --json: choose one")
+    if as_json:
+        from orchestrator.cli_common import print_json
+
+        print_json(rows)
+        return
     if as_csv:
         writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS, lineterminator="\n")
         writer.writeheader()

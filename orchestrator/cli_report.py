@@ -6,9 +6,11 @@ from typing import Annotated
 
 import typer
 
+from orchestrator.cli_common import JobId
+
 
 def report_cmd(
-    job: Annotated[str, typer.Argument(help="a job id")],
+    job: JobId,
     html: Annotated[str, typer.Option("--html", metavar="FILE.html", help="where to write the page")],
 ) -> None:
     """Write JOB's report (loss and held-out curves, attempts, cost ledger, plan) as one HTML file."""

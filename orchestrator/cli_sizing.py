@@ -235,7 +235,46 @@ def plan_cmd(
         con.print(f"layout: {c.layout.describe()}{offload}", markup=False)
 
 
+def accelerator_rows(offers: list[Any]) -> list[dict[str, Any]]:
+    """One row per accelerator (`sky show-gpus` style): memory, tier, clouds, GPU counts per instance, the
+    cheapest spot and on-demand price per GPU-hour, how many offers; in the offers' order."""
+    rows: dict[str, dict[str, Any]] = {}
+    for o in offers:
+        row = rows.setdefault(
+            o.accelerator,
+            {"accelerator": o.accelerator, "tier": o.tier, "gpu_memory_gib": o.gpu_memory_gib, "clouds": set(),
+             "counts": set(), "spot_usd_per_gpu": None, "ondemand_usd_per_gpu": None, "offers": 0},
+        )  # fmt: skip
+        row["clouds"].add(o.cloud)
+        row["counts"].add(o.count)
+        row["offers"] += 1
+        for key, price in (("spot_usd_per_gpu", o.spot_usd), ("ondemand_usd_per_gpu", o.ondemand_usd)):
+            if price is not None and (row[key] is None or price / o.count < row[key]):
+                row[key] = round(price / o.count, 4)
+    return [{**r, "clouds": sorted(r["clouds"]), "counts": sorted(r["counts"])} for r in rows.values()]
+
+
+def _accelerators_table(rows: list[dict[str, Any]]) -> Any:
+    from rich.table import Table
+
+    from orchestrator.ui import usd
+
+    table = Table()
+    for col in ("tier", "accelerator", "GiB/GPU", "GPUs per instance", "clouds", "spot $/GPU-h", "on demand $/GPU-h",
+                "offers"):  # fmt: skip
+        table.add_column(col, justify="right" if "$" in col or col in ("GiB/GPU", "offers") else "left")
+    for r in rows:
+        table.add_row(
+            r["tier"], r["accelerator"], f"{r['gpu_memory_gib']:g}", ",".join(map(str, r["counts"])),
+            ", ".join(r["clouds"]), usd(r["spot_usd_per_gpu"]), usd(r["ondemand_usd_per_gpu"]), str(r["offers"]),
+        )  # fmt: skip
+    return table
+
+
 def gpus_cmd(
+    name: Annotated[
+        str | None, typer.Argument(help="an accelerator (e.g. H100): every instance that has it, with prices")
+    ] = None,
     min_memory: Annotated[
         float | None, typer.Option("--min-memory", help="only GPUs with at least this much memory (GiB)")
     ] = None,
@@ -252,7 +291,8 @@ def gpus_cmd(
     as_json: JsonOut = False,
     offline: Offline = False,
 ) -> None:
-    """The GPU catalog in use and where it came from, grouped by tier (consumer cards, then datacenter)."""
+    """The GPU catalog in use and where it came from: one row per accelerator (consumer cards, then
+    datacenter); `gpus NAME` lists that accelerator's instances."""
     from orchestrator.catalog import TIERS, load_catalog
 
     if tier is not None and tier not in TIERS:
@@ -262,13 +302,31 @@ def gpus_cmd(
     offers.sort(
         key=lambda o: (TIERS.index(o.tier), o.gpu_memory_gib, o.count, o.spot_usd or o.ondemand_usd or 1e9)
     )
+    if name is not None:
+        offers = [o for o in offers if o.accelerator.lower() == name.lower()]
+        if not offers:
+            import difflib
+
+            known = sorted({o.accelerator for o in catalog.offers})
+            near = difflib.get_close_matches(name, known, n=3, cutoff=0.4) or known[:8]
+            raise UserError(
+                f"NAME: no {name} offer in the catalog (with these filters); did you mean {', '.join(near)}?"
+            )
+    rows = accelerator_rows(offers)
     if as_json:
-        _print_json({"source": catalog.source, "live": catalog.live, "offers": [o.to_json() for o in offers]})
+        _print_json(
+            {"source": catalog.source, "live": catalog.live, "accelerators": rows,
+             "offers": [o.to_json() for o in offers]}
+        )  # fmt: skip
         return
     from orchestrator.ui import gpus_table
 
     con = _console()
     con.print(f"source: {catalog.source}", markup=False)
+    if name is None:
+        con.print(_accelerators_table(rows))
+        con.print(f"{len(rows)} accelerators in {len(offers)} offers; `ftorch gpus NAME` lists one's offers")
+        return
     con.print(gpus_table(offers))
     con.print(f"{len(offers)} offers")
 

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from orchestrator.cli_common import JobId
 from orchestrator.errors import UserError
 
 Step = Annotated[int | None, typer.Option(help="the checkpoint's step (default: the newest complete one)")]
@@ -31,7 +32,7 @@ def _session(job: str, step: int | None) -> Any:
 
 
 def generate_cmd(
-    job: Annotated[str, typer.Argument(help="a job id")],
+    job: JobId,
     prompt: Annotated[
         str, typer.Option("--prompt", "-p", help="the prompt, framed as the training data was")
     ],
@@ -45,7 +46,7 @@ def generate_cmd(
 
 
 def chat_cmd(
-    job: Annotated[str, typer.Argument(help="a job id")],
+    job: JobId,
     step: Step = None,
     max_new_tokens: MaxNew = 128,
     temperature: Temperature = 0.0,

@@ -179,6 +179,38 @@ def cancel(job_ref: str, wait_s: float = 90.0) -> str:
     return f"{job.job_id} {job.state} (checkpoints kept in {job.run_uri})"
 
 
+def cancel_many(job_refs: list[str], everything: bool = False, wait_s: float = 90.0) -> list[str]:
+    """Cancel several jobs (or, `everything`, every job that has not ended): every id is found before any
+    job is touched; all are asked to stop at once, then awaited together. One line per job."""
+    registry = Registry()
+    if everything:
+        targets = [reconcile(registry, j) for j in registry.jobs() if not j.state.terminal]
+        targets = [j for j in targets if not j.state.terminal]
+        if not targets:
+            return ["no job to cancel: every job has ended"]
+    else:
+        targets = [get_job(ref, registry) for ref in dict.fromkeys(job_refs)]
+    said: dict[str, str] = {}
+    for job in targets:
+        if job.state.terminal:
+            said[job.job_id] = f"{job.job_id} is already {job.state}; nothing to cancel"
+            continue
+        done = backend_for(job.backend).cancel(registry, job)
+        if done is not None:
+            said[job.job_id] = done
+    deadline = time.time() + wait_s
+    waiting = [j.job_id for j in targets if j.job_id not in said]
+    while waiting and time.time() < deadline:
+        waiting = [j for j in waiting if not reconcile(registry, registry.get(j)).state.terminal]
+        if waiting:
+            time.sleep(0.2)
+    for job in targets:
+        if job.job_id not in said:
+            job = registry.get(job.job_id)
+            said[job.job_id] = f"{job.job_id} {job.state} (checkpoints kept in {job.run_uri})"
+    return [said[j.job_id] for j in targets]
+
+
 def resume(job_ref: str, overrides: list[str], allow_change: bool = False, relock: bool = False) -> str:
     """Continue a job from its newest checkpoint. A --set that changes the math of a job with checkpoints
     (trainer/checkpoints/fingerprint.py), or other library versions (orchestrator/runenv.py), is refused,

@@ -4,6 +4,7 @@ then the same quickstart with every micro-batch over 8 examples running out of m
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ def test_quickstart_survives_two_preemptions_and_learns(quickstart_dir: Path, ft
     assert "preempted (with notice" in out and "preempted (without notice" in out
     assert "trained adapter:" in out and "held-out check:" in out
 
+    _readme_sample_is_this_output(out)
     job_id = out.splitlines()[0].strip()  # launch prints the job id first
     status = json.loads(ftorch("status", job_id, "--json").stdout)
     assert status["state"] == "SUCCEEDED" and status["preemptions"] == 2 and status["attempts"] == 3
@@ -42,6 +44,29 @@ def test_quickstart_survives_two_preemptions_and_learns(quickstart_dir: Path, ft
     # issue 21: the same quickstart where a micro-batch over 8 examples runs out of memory (the clean run
     # above is its reference, so the suite runs the quickstart twice, not three times)
     _out_of_memory_quickstart_matches(job, status)
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _shape(line: str) -> str:
+    """A line with what differs between runs and machines (ids, paths, timings, losses, percentages) blanked;
+    the counts the quickstart fixes (steps, attempts, preemptions, examples) stay."""
+    line = re.sub(r"quickstart-[0-9a-f]{6}", "quickstart-ID", line)
+    line = re.sub(r"(/\S*)?/runs/", "PATH/runs/", line)
+    line = re.sub(r"\d+\.\d+", "F", line)
+    return re.sub(r"\d+%", "P%", line).rstrip()
+
+
+def _readme_sample_is_this_output(out: str) -> None:
+    """The README's `--follow` sample is what the quickstart prints: every line of it, in order."""
+    text = README.read_text(encoding="utf-8")
+    block = text.split("prints where the adapter is and what the loss did:\n\n```\n", 1)[1].split("```", 1)[0]
+    sample = [_shape(line) for line in block.splitlines() if line.strip()]
+    printed = [_shape(line) for line in out.splitlines()]
+    assert len(sample) >= 6
+    start = printed.index(sample[0])  # the summary's first line
+    assert printed[start : start + len(sample)] == sample, "\n".join(printed[start:])
 
 
 def _out_of_memory_quickstart_matches(job: str, clean: dict) -> None:
