@@ -286,3 +286,24 @@ def test_the_ledger_records_what_each_attempt_paid_to_move_checkpoints() -> None
     rows = dict(ledger_lines({"data_movement": moved}))
     assert rows["data movement"].startswith("$27.00")
     assert attempt_movement(Store("aws", None, "unknown"), attempts, records, 100e9) is None
+
+
+def test_plan_json_gives_each_candidate_its_rate_source_egress_and_storage(ftorch_home) -> None:
+    import os
+
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "plan", str(EXAMPLES / "llama3-8b-full.yaml"), "--json",
+         "--no-trace", "--set", "checkpoint.region=us-east-1", "--set", "resources.clouds=[aws,gcp]"],
+        capture_output=True, text=True, cwd=REPO, env={**os.environ, "FTORCH_HOME": str(ftorch_home)},
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    candidates = json.loads(out.stdout)["candidates"]
+    assert candidates
+    for c in candidates:
+        assert c["interruption_rate_per_hour"] >= 0 and c["interruption_source"]
+        assert c["egress_usd"] >= 0 and c["storage_usd"] > 0
+        assert set(c["region_rates_per_hour"]) == set(c["regions"])
+    assert any(c["egress_usd"] > 0 for c in candidates if c["cloud"] == "gcp")  # internet egress to S3
+    spot = [c for c in candidates if c["spot"]]
+    assert spot and all(c["interruption_rate_per_hour"] > 0 for c in spot)
