@@ -68,8 +68,9 @@ class Launch:
 def prepare(spec: JobSpec, job_id: str, run_uri: str) -> Launch:
     """Render and preflight a launch. Nothing is recorded when this fails."""
     plan, task = render_job(spec, job_id, run_uri)
+    checked = checks.preflight(spec, run_uri, task)  # an unreachable store is said as such first
     require_region(spec, plan.candidates)  # spending money where the store's region decides the offer
-    return Launch(plan, checks.preflight(spec, run_uri, task))
+    return Launch(plan, checked)
 
 
 def _withdraw_stop(job: Job) -> None:

@@ -67,8 +67,10 @@ def test_an_unknowable_region_is_refused_where_it_decides_the_offer(ftorch_home,
 
 
 def test_a_launch_is_refused_in_one_line_and_nothing_is_written(ftorch_home, monkeypatch) -> None:
-    from orchestrator.backends import skypilot
+    from orchestrator.backends import skypilot, skypilot_sdk
 
+    # past the preflight (as tests/orchestrator_tests/backends/test_skypilot_launch.py: clouds enabled)
+    monkeypatch.setattr(skypilot_sdk, "enabled_clouds", lambda: ["aws", "gcp"])
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(ftorch_home / "none"))
