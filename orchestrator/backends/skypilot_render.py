@@ -206,8 +206,8 @@ def regions_of(plan: Any) -> dict[str, list[str]]:
 
 def interruption_envs(plan: Any) -> dict[str, str]:
     """The planner's interruption rates for the trainer's checkpoint interval (trainer/stops/interruptions.py):
-    per cloud and GPUs per node (the highest of the offers the task may land on), and the chosen offer's
-    MTBF as the fallback."""
+    per cloud and GPUs per node (the highest of the offers the task may land on), per cloud, region and
+    GPUs per node (the hazard model's rate there), and the chosen offer's MTBF as the fallback."""
     from trainer.stops.interruptions import mtbf_from_rate, rate_key
 
     rates: dict[str, float] = {}
@@ -215,6 +215,10 @@ def interruption_envs(plan: Any) -> dict[str, str]:
         rate = c.interruption_rate_per_hour if c.spot_hourly_usd is not None else 0.0
         key = rate_key(c.cloud, c.count)
         rates[key] = round(max(rates.get(key, 0.0), rate), 4)
+        for region, there in (getattr(c, "region_rates_per_hour", None) or {}).items():
+            key = rate_key(c.cloud, c.count, region)  # the hazard model's rate where it lands
+            there = there if c.spot_hourly_usd is not None else 0.0
+            rates[key] = round(max(rates.get(key, 0.0), there), 4)
     chosen = getattr(plan, "chosen", None)
     rate = chosen.interruption_rate_per_hour if chosen is not None and chosen.spot else 0.0
     envs = {

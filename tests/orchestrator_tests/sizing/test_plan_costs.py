@@ -240,6 +240,17 @@ def test_the_rebid_order_follows_the_hazard_model(ftorch_home, tmp_path) -> None
     moved = regions_of(after)["aws|H200|8"]
     assert moved.index(first) > moved.index(second)  # the spot price alone still puts it first
     assert node.region_prices[first][1] <= node.region_prices[second][1]
+    # the trainer's checkpoint interval starts from the same model's rate where SkyPilot placed it
+    from orchestrator.backends.skypilot_render import interruption_envs
+    from trainer.stops.interruptions import prior_mtbf_s
+
+    envs = interruption_envs(after)
+    for region in (first, second):
+        info = json.dumps({"cloud": "AWS", "region": region})
+        mtbf, source = prior_mtbf_s(
+            {**envs, "SKYPILOT_CLUSTER_INFO": info, "SKYPILOT_NUM_GPUS_PER_NODE": "8"}
+        )
+        assert mtbf == pytest.approx(3600 / now[region], rel=1e-3) and f"aws:{region}:8" in source
 
 
 def test_the_interval_weighs_a_saves_dollars_in_planner_and_trainer_alike() -> None:
