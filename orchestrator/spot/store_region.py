@@ -1,9 +1,11 @@
-"""The run store's region read from its bucket (S3 GetBucketLocation, GCS bucket metadata), cached.
+"""The run store's region read from its bucket (S3 GetBucketLocation), cached.
 
 The planner prices data movement from the store's region (orchestrator/spot/egress.py). When the job file
 does not give `checkpoint.region`, the bucket is asked once, within a short time limit, and the answer is
 kept per bucket (and endpoint) in $FTORCH_HOME/store_regions.json (owner-only). No credentials, no network
 or no answer in time: None (the plan then says the region is unknown, or refuses where it needs it).
+GCS and Azure buckets are not asked (gcsfs/adlfs are not dependencies): their region is
+`checkpoint.region`.
 """
 
 from __future__ import annotations
@@ -57,18 +59,9 @@ def _s3_region(bucket: str, options: Mapping[str, Any], timeout_s: float) -> str
     return "eu-west-1" if location == "EU" else str(location).lower()
 
 
-def _gcs_region(bucket: str, options: Mapping[str, Any], timeout_s: float) -> str | None:
-    import gcsfs
-
-    fs = gcsfs.GCSFileSystem(**dict(options))
-    meta = fs.call("GET", f"b/{bucket}", json_out=True)  # the bucket's metadata: location, e.g. US-EAST1
-    location = str(meta.get("location") or "").lower()
-    return location or None
-
-
 def _ask(scheme: str, bucket: str, options: Mapping[str, Any], timeout_s: float) -> str | None:
     """The bucket's region, or None when it cannot be known within `timeout_s` (errors are None too)."""
-    asker = {"s3": _s3_region, "s3a": _s3_region, "gs": _gcs_region, "gcs": _gcs_region}.get(scheme)
+    asker = {"s3": _s3_region, "s3a": _s3_region}.get(scheme)  # gs://, az://: checkpoint.region
     if asker is None:
         return None
     found: list[str | None] = []
