@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
-from orchestrator.home import private_dir, write_private
+from orchestrator.home import ftorch_home, private_dir, write_private
 
 CACHE_FILE = "store_regions.json"
 TIMEOUT_S = 3.0
@@ -85,7 +85,7 @@ def detect(uri: str, options: Mapping[str, Any] | None = None, timeout_s: float 
     if key is None:
         return None
     scheme, name = key
-    path = private_dir() / CACHE_FILE
+    path = ftorch_home() / CACHE_FILE  # made (owner-only) only when there is an answer to keep
     try:
         cache = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     except (OSError, ValueError):
@@ -99,5 +99,6 @@ def detect(uri: str, options: Mapping[str, Any] | None = None, timeout_s: float 
         _UNKNOWN.add(name)  # asked once per process: a plan of many offers waits at most once
     else:
         cache[name] = region
+        path = private_dir() / CACHE_FILE
         write_private(path, json.dumps(cache, indent=1, sort_keys=True).encode())
     return region

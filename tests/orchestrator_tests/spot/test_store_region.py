@@ -60,7 +60,7 @@ def test_an_unknowable_region_is_refused_where_it_decides_the_offer(ftorch_home,
         require_region(spread, plan.candidates)
     assert refused.value.field == "checkpoint.region"
     assert "us-east-1" in refused.value.message and "\n" not in str(refused.value)
-    assert not (ftorch_home / store_region.CACHE_FILE).exists()  # nothing kept of an unknown
+    assert not ftorch_home.exists()  # nothing kept of an unknown, not even the folder
     # pinned to one region, where the store is does not change the choice: nothing to refuse
     pinned = spec_for("s3://nobody-can-ask/runs", "resources.clouds=[aws]", "resources.regions=[us-east-1]")
     require_region(pinned, make_plan(pinned).candidates)
