@@ -89,15 +89,17 @@ def job_ledger(
 
 def _data_movement(job: Job, records: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """What the attempts paid to move checkpoints (orchestrator/spot/egress.py), when the run store's
-    region is known; None when it is not or the store cannot be read."""
+    region is known (checkpoint.region or the bucket's answer); None when it is not or the store cannot
+    be read."""
     from orchestrator.spot.egress import attempt_movement, store_of
     from trainer.config import JobSpec
     from trainer.runstore.attempts import ATTEMPTS
 
-    if not ((job.spec or {}).get("checkpoint") or {}).get("region"):
-        return None  # nothing says where the store is: not priced (and no spec validation per job)
+    uri = str(((job.spec or {}).get("checkpoint") or {}).get("uri") or "")
+    if "://" not in uri or uri.startswith("file://"):
+        return None  # a local store: nothing crosses a cloud (and no spec validation per job)
     try:
-        store = store_of(JobSpec.model_validate(job.spec))
+        store = store_of(JobSpec.model_validate(job.spec))  # checkpoint.region, else the bucket's (cached)
         if not store.known or store.how == "local":
             return None
         run = job.run_store(retry_seconds=2.0)

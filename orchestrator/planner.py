@@ -135,6 +135,9 @@ class Candidate:
     #: data movement per wall hour had the job run in each allowed region (the re-bid order weighs it:
     #: orchestrator/backends/skypilot_render.py regions_of); empty when egress is not priced
     data_usd_per_hour: dict[str, float] = field(default_factory=dict)
+    #: the hazard model's spot interruption rate (the job's nodes) had the job run in each allowed region:
+    #: the re-bid order weighs the hours an interruption there costs (skypilot_render.regions_of)
+    region_rates_per_hour: dict[str, float] = field(default_factory=dict)
     #: a save's transfer dollars as seconds of the hourly price (the trainer's interval adds it to C)
     save_cost_s: float = 0.0
     #: why the interval is not the model's choice (stretched to what the uploads allow) or the market
@@ -816,6 +819,9 @@ def _candidate(
         )  # fmt: skip
         if there.egress_usd is not None:
             per_region[region] = there.egress_usd / wall
+    region_rates = {
+        r: round(hazard_of(offer, layout.nodes, (r,), job.hazards).rate_per_hour, 5) for r in regions
+    }
     return Candidate(
         cloud=offer.cloud,
         instance_type=offer.instance_type,
@@ -856,6 +862,7 @@ def _candidate(
         storage_usd=moved.storage_usd,
         adjustments=adjustments,
         data_usd_per_hour=per_region,
+        region_rates_per_hour=region_rates,
         save_cost_s=moved.per_save_usd * 3600.0 / price if price else 0.0,
     )
 

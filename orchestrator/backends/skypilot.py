@@ -28,6 +28,7 @@ from orchestrator.backends.base import Backend
 from orchestrator.backends.skypilot_cost import offer_prices, ondemand_price
 from orchestrator.errors import SpecError, UserError, one_line
 from orchestrator.registry import Job, JobState, Registry
+from orchestrator.spot.egress import require_region
 from orchestrator.spot.policy import Mode
 from trainer.config import JobSpec
 from trainer.stops.interruptions import withdraw_stop
@@ -70,7 +71,9 @@ class Launch:
 def prepare(spec: JobSpec, job_id: str, run_uri: str) -> Launch:
     """Render and preflight a launch. Nothing is recorded when this fails."""
     plan, task = render_job(spec, job_id, run_uri)
-    return Launch(plan, checks.preflight(spec, run_uri, task))
+    checked = checks.preflight(spec, run_uri, task)  # an unreachable store is said as such first
+    require_region(spec, plan.candidates)  # spending money where the store's region decides the offer
+    return Launch(plan, checked)
 
 
 def _withdraw_stop(job: Job) -> None:
@@ -103,6 +106,7 @@ def start(registry: Registry, job: Job, launch: Launch | None = None) -> int:
             unfit = replanning.unfit if replanning else None
             lock = _run_lock(job)
             plan, rendered = render_job(spec, job.job_id, job.run_uri, unfit=unfit, lock=lock)
+            require_region(spec, plan.candidates)
             launch = Launch(plan, checks.usable_task(spec, rendered), unfit, lock)
         tasks = _controller_tasks(registry, job, spec, launch)
         first = tasks.get(Mode.SPOT, launch.task) if len(tasks) > 1 else launch.task

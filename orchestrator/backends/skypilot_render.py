@@ -173,12 +173,22 @@ def resource_entries(spec: JobSpec, plan: Any) -> list[dict[str, Any]]:
     return spot_entries + od_entries
 
 
+def rebid_loss(c: Any, region: str, spot: float | None) -> float:
+    """What an hour of progress costs in `region` per hour billed: 1 + the hazard model's spot rate
+    there (the candidate's `region_rates_per_hour`) x the hours an interruption loses (the restart and
+    half an interval of work). 1 on demand, or where the model gave no rate."""
+    rate = (getattr(c, "region_rates_per_hour", None) or {}).get(region, 0.0) if spot is not None else 0.0
+    lost_h = (float(c.restart_overhead_s) + float(c.checkpoint_interval_s) / 2.0) / 3600.0
+    return 1.0 + rate * lost_h
+
+
 def regions_of(plan: Any) -> dict[str, list[str]]:
     """The regions of each offer, keyed "cloud|GPU|count" as the task names them (region_order.entry_key):
     what a cloud-wide entry is spread over when the controller moves a lost region last. Cheapest
     first by the bundled snapshot's per-region prices (spot, else on-demand) plus what moving the job's
     checkpoints and data from there to the run store costs per hour (the plan's `data_usd_per_hour`,
-    per node); regions without a known price keep the plan's order, after the others."""
+    per node), times the hours the hazard model's interruptions there lose (`rebid_loss`); regions
+    without a known price keep the plan's order, after the others."""
     from orchestrator.catalog import bundled_catalog
 
     prices = {(o.cloud, o.instance_type): o.region_prices for o in bundled_catalog().offers}
@@ -191,15 +201,16 @@ def regions_of(plan: Any) -> dict[str, list[str]]:
         for region in getattr(c, "regions", None) or []:
             od, spot = by_region.get(region) or (None, None)
             price = spot if spot is not None else od
-            price = None if price is None else price + data.get(region, 0.0) / max(1, c.nodes)
+            if price is not None:
+                price = (price + data.get(region, 0.0) / max(1, c.nodes)) * rebid_loss(c, region, spot)
             known[region] = min(known.get(region, math.inf), math.inf if price is None else price)
     return {k: sorted(v, key=lambda r: v[r]) for k, v in best.items()}
 
 
 def interruption_envs(plan: Any) -> dict[str, str]:
     """The planner's interruption rates for the trainer's checkpoint interval (trainer/stops/interruptions.py):
-    per cloud and GPUs per node (the highest of the offers the task may land on), and the chosen offer's
-    MTBF as the fallback."""
+    per cloud and GPUs per node (the highest of the offers the task may land on), per cloud, region and
+    GPUs per node (the hazard model's rate there), and the chosen offer's MTBF as the fallback."""
     from trainer.stops.interruptions import mtbf_from_rate, rate_key
 
     rates: dict[str, float] = {}
@@ -207,6 +218,10 @@ def interruption_envs(plan: Any) -> dict[str, str]:
         rate = c.interruption_rate_per_hour if c.spot_hourly_usd is not None else 0.0
         key = rate_key(c.cloud, c.count)
         rates[key] = round(max(rates.get(key, 0.0), rate), 4)
+        for region, there in (getattr(c, "region_rates_per_hour", None) or {}).items():
+            key = rate_key(c.cloud, c.count, region)  # the hazard model's rate where it lands
+            there = there if c.spot_hourly_usd is not None else 0.0
+            rates[key] = round(max(rates.get(key, 0.0), there), 4)
     chosen = getattr(plan, "chosen", None)
     rate = chosen.interruption_rate_per_hour if chosen is not None and chosen.spot else 0.0
     envs = {

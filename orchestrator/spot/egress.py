@@ -6,8 +6,9 @@ that cloud's inter-region rate, one to a store in another cloud the GPU cloud's 
 or a data pull the other way pays the store's cloud. Same region: free. Storage: the checkpoints kept
 (`checkpoint.keep`) for the whole run, at the store's cloud's rate.
 
-The run store's region is `checkpoint.region` when the job file gives it; a local path has none (nothing
-crosses a cloud); otherwise it is unknown offline and data movement is not priced (the plan says so).
+The run store's region is `checkpoint.region` when the job file gives it, else what the bucket answers
+(orchestrator/spot/store_region.py, cached); a local path has none (nothing crosses a cloud); otherwise
+it is unknown and data movement is not priced (the plan says so; `require_region` refuses where needed).
 """
 
 from __future__ import annotations
@@ -45,16 +46,17 @@ class Store:
 
     cloud: str | None
     region: str | None
-    how: str  # checkpoint.region | local | unknown
+    how: str  # checkpoint.region | bucket | local | unknown
 
     @property
     def known(self) -> bool:
         return self.how != "unknown"
 
 
-def store_of(spec: Any) -> Store:
+def store_of(spec: Any, detect: bool = True) -> Store:
     """The run store's place from the job file: a local path is 'local' (no cloud transfer); an object
-    store's region is checkpoint.region, else unknown."""
+    store's region is checkpoint.region, else the bucket's own answer (orchestrator/spot/store_region.py,
+    with `detect`), else unknown."""
     uri = spec.checkpoint.uri
     scheme = urlparse(uri).scheme.lower() if "://" in uri else ""
     region = getattr(spec.checkpoint, "region", None)
@@ -63,6 +65,12 @@ def store_of(spec: Any) -> Store:
     cloud = STORE_CLOUDS.get(scheme)
     if region:
         return Store(cloud, region, "checkpoint.region")
+    if detect:
+        from orchestrator.spot.store_region import detect as ask_bucket
+
+        found = ask_bucket(uri, getattr(spec.checkpoint, "storage_options", None) or {})
+        if found:
+            return Store(cloud, found, "bucket")
     return Store(cloud, None, "unknown")
 
 
@@ -169,3 +177,25 @@ def attempt_movement(
         return None
     return {"store": f"{store.cloud} {store.region}", "attempts": rows,
             "gb": round(sum(r["gb"] for r in rows), 3), "total_usd": round(sum(r["usd"] for r in rows), 4)}  # fmt: skip
+
+
+def require_region(spec: Any, candidates: list[Any]) -> None:
+    """Refuse (SpecError on checkpoint.region, exit 2) a plan whose data movement cannot be priced but
+    matters: an object-store run store whose region neither the job file nor the bucket gives, while the
+    candidates run in more than one place (cloud and region), so that the choice depends on where the
+    store is. One place, or a local store: nothing to refuse."""
+    store = store_of(spec)
+    if store.known:
+        return
+    places = {(c.cloud, r) for c in candidates for r in (getattr(c, "regions", None) or [""])}
+    if len(places) <= 1:
+        return
+    same = sorted({r for cloud, r in places if cloud == store.cloud and r})
+    valid = ", ".join(same) if same else "the bucket's region"
+    from orchestrator.errors import SpecError
+
+    raise SpecError(
+        "checkpoint.region",
+        f"the region of {spec.checkpoint.uri} is unknown (the bucket could not be asked) and the offers span "
+        f"{len(places)} regions; set it to the bucket's region, one of: {valid}",
+    )

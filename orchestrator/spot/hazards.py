@@ -173,14 +173,20 @@ class Gamma:
         return Gamma(self.alpha, self.alpha / mean)
 
     def quantile(self, q: float) -> float:
-        """The `q` quantile (bisection on the regularized incomplete gamma function)."""
-        lo, hi = 0.0, self.mean * 10.0 + 10.0 / self.beta
-        while _gamma_cdf(self.alpha, hi * self.beta) < q:
-            hi *= 2.0
-        for _ in range(80):
-            mid = (lo + hi) / 2.0
-            lo, hi = (mid, hi) if _gamma_cdf(self.alpha, mid * self.beta) < q else (lo, mid)
-        return (lo + hi) / 2.0
+        """The `q` quantile: the unit-rate gamma's (cached per shape) scaled by 1 / beta."""
+        return _unit_quantile(self.alpha, q) / self.beta
+
+
+@lru_cache(maxsize=4096)
+def _unit_quantile(alpha: float, q: float) -> float:
+    """The `q` quantile of Gamma(alpha, 1) (bisection on the regularized incomplete gamma function)."""
+    lo, hi = 0.0, alpha * 10.0 + 10.0
+    while _gamma_cdf(alpha, hi) < q:
+        hi *= 2.0
+    for _ in range(80):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if _gamma_cdf(alpha, mid) < q else (lo, mid)
+    return (lo + hi) / 2.0
 
 
 def _gamma_cdf(a: float, x: float) -> float:
@@ -328,6 +334,10 @@ class HazardTable:
     #: (cloud, instance type, regions in the order tried, nodes) -> (hours held, interruptions) of a job
     #: failing over between their zones (`failover`)
     failovers: dict[tuple[str, str, tuple[str, ...], int], tuple[float, int]] = field(default_factory=dict)
+    #: zones_of answers, per key (the table is not changed after it is built; a plan asks per region)
+    _zones: dict[tuple[str, str, str, int, str], list[_Zone]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @classmethod
     def from_json(cls, payload: dict[str, Any], user: Iterable[Evidence] = ()) -> HazardTable:
@@ -432,6 +442,14 @@ class HazardTable:
         self, cloud: str, instance_type: str, accelerator: str, count: int, region: str
     ) -> list[_Zone]:
         """The zones of `region` the model knows for this instance (one region-level entry when none)."""
+        key = (cloud, instance_type, accelerator, count, region)
+        if key not in self._zones:
+            self._zones[key] = self._zones_of(cloud, instance_type, accelerator, count, region)
+        return list(self._zones[key])
+
+    def _zones_of(
+        self, cloud: str, instance_type: str, accelerator: str, count: int, region: str
+    ) -> list[_Zone]:
         prior, level, source, in_region = self.region_prior(cloud, instance_type, accelerator, count, region)
         names = sorted({e.zone for e in in_region if e.zone})
         if not names:

@@ -3,7 +3,8 @@ ended attempts count as interruptions.
 
 - The planner's per-offer interruption rates travel in the task (the SkyPilot renderer sets them):
   FTORCH_INTERRUPTION_RATES = {"<cloud>:<gpus per node>": interruptions per hour of the whole job, ...}
-  for every offer the task may land on, and FTORCH_AUTO_MTBF_S = 3600 / rate of the chosen offer. The
+  for every offer the task may land on (and "<cloud>:<region>:<gpus per node>": the hazard model's rate
+  in that region, preferred when SKYPILOT_CLUSTER_INFO names the region), and FTORCH_AUTO_MTBF_S = 3600 / rate of the chosen offer. The
   trainer looks its own offer up from SkyPilot's SKYPILOT_CLUSTER_INFO (cloud) and
   SKYPILOT_NUM_GPUS_PER_NODE; elsewhere it uses FTORCH_AUTO_MTBF_S (default 1 h).
 - A stop someone asked for (`ftorch cancel`, the budget guard, a policy switch) is not an interruption:
@@ -37,7 +38,11 @@ SPEND_RECORD = "control/spend.json"
 NOT_INTERRUPTIONS = ("finished", "stopped")
 
 
-def rate_key(cloud: str, gpus_per_node: int) -> str:
+def rate_key(cloud: str, gpus_per_node: int, region: str | None = None) -> str:
+    """ "cloud:gpus" (any region the task may land in), or "cloud:region:gpus" (the hazard model's rate
+    there, which the trainer prefers when SkyPilot says where it runs)."""
+    if region:
+        return f"{cloud.lower()}:{region}:{int(gpus_per_node)}"
     return f"{cloud.lower()}:{int(gpus_per_node)}"
 
 
@@ -53,12 +58,13 @@ def prior_mtbf_s(environ: Mapping[str, str] | None = None) -> tuple[float, str]:
     gpus = env.get("SKYPILOT_NUM_GPUS_PER_NODE")
     if rates and info and gpus:
         try:
-            cloud = str(json.loads(info).get("cloud", ""))
+            where = json.loads(info)
+            cloud, region = str(where.get("cloud", "")), str(where.get("region") or "")
             table = json.loads(rates)
-            key = rate_key(cloud, int(gpus))
-            if key in table:
-                rate = float(table[key])
-                return mtbf_from_rate(rate), f"planner's rate for {key}: {rate:.3f}/h"
+            for key in (rate_key(cloud, int(gpus), region), rate_key(cloud, int(gpus))):
+                if key in table:
+                    rate = float(table[key])
+                    return mtbf_from_rate(rate), f"planner's rate for {key}: {rate:.3f}/h"
         except (ValueError, TypeError, AttributeError):
             pass
     if env.get("FTORCH_AUTO_MTBF_S"):

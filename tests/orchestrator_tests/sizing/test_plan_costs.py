@@ -198,10 +198,59 @@ def test_the_rebid_order_weighs_moving_the_checkpoints() -> None:
     assert near.index("us-east-1") < near.index("us-west-2")  # ~100 GB per save from us-west-2 is not
     data = priced.chosen.data_usd_per_hour
     assert data["us-east-1"] == 0 < data["us-west-2"]
-    spot = {r: p[1] + data[r] for r, p in node.region_prices.items() if p[1] is not None and r in data}
+    c = priced.chosen
+    lost_h = (c.restart_overhead_s + c.checkpoint_interval_s / 2) / 3600
+    rates = c.region_rates_per_hour
+    assert set(rates) == set(data) and all(r > 0 for r in rates.values())
+    spot = {r: (p[1] + data[r]) * (1 + rates[r] * lost_h)
+            for r, p in node.region_prices.items() if p[1] is not None and r in data}  # fmt: skip
     assert [r for r in near if r in spot] == sorted(
         spot, key=spot.get
-    )  # GPU price plus moving data, per hour
+    )  # GPU price plus moving data, per hour, times the hours the model's interruptions there lose
+
+
+def test_the_rebid_order_follows_the_hazard_model(ftorch_home, tmp_path) -> None:
+    """A region whose rate imported evidence raises drops in the order the controller re-bids in."""
+    import os
+
+    from orchestrator.backends.skypilot_render import regions_of
+    from orchestrator.catalog import bundled_catalog
+
+    (node,) = [o for o in bundled_catalog().offers if o.instance_type == "p5en.48xlarge"]
+    offers = Catalog((node,), "test")
+    before = plan_of("llama3-8b-full.yaml", "checkpoint.uri=/tmp/ck", catalog=offers)
+    order = regions_of(before)["aws|H200|8"]
+    spot = {r: node.region_prices[r][1] for r in order if node.region_prices.get(r, (None, None))[1]}
+    pairs = [(a, b) for a, b in zip(order, order[1:], strict=False) if a in spot and b in spot]
+    first, second = min(pairs, key=lambda ab: spot[ab[1]] / spot[ab[0]])  # the closest two in price
+    assert spot[second] / spot[first] < 1.1
+    # a team's own log in the first region: interrupted every 20 minutes for 45 days
+    path = tmp_path / "team.json"
+    path.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": ([1] * 2 + [0]) * 2160}))
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "hazards", "import", str(path), "--cloud", "aws",
+         "--instance-type", "p5en.48xlarge", "--zone", f"{first}a"],
+        capture_output=True, text=True, cwd=REPO, env={**os.environ, "FTORCH_HOME": str(ftorch_home)},
+        timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    after = plan_of("llama3-8b-full.yaml", "checkpoint.uri=/tmp/ck", catalog=offers)
+    was, now = before.chosen.region_rates_per_hour, after.chosen.region_rates_per_hour
+    assert now[first] > 2 * was[first] and now[second] == pytest.approx(was[second])
+    moved = regions_of(after)["aws|H200|8"]
+    assert moved.index(first) > moved.index(second)  # the spot price alone still puts it first
+    assert node.region_prices[first][1] <= node.region_prices[second][1]
+    # the trainer's checkpoint interval starts from the same model's rate where SkyPilot placed it
+    from orchestrator.backends.skypilot_render import interruption_envs
+    from trainer.stops.interruptions import prior_mtbf_s
+
+    envs = interruption_envs(after)
+    for region in (first, second):
+        info = json.dumps({"cloud": "AWS", "region": region})
+        mtbf, source = prior_mtbf_s(
+            {**envs, "SKYPILOT_CLUSTER_INFO": info, "SKYPILOT_NUM_GPUS_PER_NODE": "8"}
+        )
+        assert mtbf == pytest.approx(3600 / now[region], rel=1e-3) and f"aws:{region}:8" in source
 
 
 def test_the_interval_weighs_a_saves_dollars_in_planner_and_trainer_alike() -> None:
@@ -248,3 +297,24 @@ def test_the_ledger_records_what_each_attempt_paid_to_move_checkpoints() -> None
     rows = dict(ledger_lines({"data_movement": moved}))
     assert rows["data movement"].startswith("$27.00")
     assert attempt_movement(Store("aws", None, "unknown"), attempts, records, 100e9) is None
+
+
+def test_plan_json_gives_each_candidate_its_rate_source_egress_and_storage(ftorch_home) -> None:
+    import os
+
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "plan", str(EXAMPLES / "llama3-8b-full.yaml"), "--json",
+         "--no-trace", "--set", "checkpoint.region=us-east-1", "--set", "resources.clouds=[aws,gcp]"],
+        capture_output=True, text=True, cwd=REPO, env={**os.environ, "FTORCH_HOME": str(ftorch_home)},
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    candidates = json.loads(out.stdout)["candidates"]
+    assert candidates
+    for c in candidates:
+        assert c["interruption_rate_per_hour"] >= 0 and c["interruption_source"]
+        assert c["egress_usd"] >= 0 and c["storage_usd"] > 0
+        assert set(c["region_rates_per_hour"]) == set(c["regions"])
+    assert any(c["egress_usd"] > 0 for c in candidates if c["cloud"] == "gcp")  # internet egress to S3
+    spot = [c for c in candidates if c["spot"]]
+    assert spot and all(c["interruption_rate_per_hour"] > 0 for c in spot)
