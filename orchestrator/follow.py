@@ -75,9 +75,12 @@ def live(
     from orchestrator import ui
 
     out = out or ui.console()
-    frame, done = _frame(job_id, show_all, out.width, with_log)
+    frame: Any = None
     outcome = "ended"
     try:
+        # the first read is inside the try too: a Ctrl-C while it runs (the slowest read: imports, the
+        # store) is a stop of the watching like any other, not an escaped KeyboardInterrupt (exit 130)
+        frame, done = _frame(job_id, show_all, out.width, with_log)
         with Live(frame, console=out, screen=out.is_terminal, auto_refresh=False, transient=False) as view:
             while not done:
                 sleep(poll_s)
@@ -85,7 +88,7 @@ def live(
                 view.update(frame, refresh=True)
     except KeyboardInterrupt:
         outcome = "interrupted"
-    if out.is_terminal:  # the alternate screen is gone: leave the last frame on the normal one
+    if out.is_terminal and frame is not None:  # the alternate screen is gone: the last frame stays
         out.print(frame)
     return outcome
 

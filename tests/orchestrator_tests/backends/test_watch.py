@@ -69,6 +69,39 @@ def test_watch_of_all_jobs_ends_when_none_is_active(running: Registry) -> None:
     assert "CANCELLED" in out.export_text()
 
 
+@pytest.mark.parametrize("on_read", [1, 3], ids=["during-the-first-read", "during-a-later-read"])
+def test_ctrl_c_while_a_frame_is_read_stops_the_watching_only(
+    running: Registry, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], on_read: int
+) -> None:
+    """A real SIGINT delivered while the view reads the job (the n-th `_frame`): the first read ran
+    outside the live view's try, so a Ctrl-C there escaped as KeyboardInterrupt (exit 130, no line)."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    real, reads = follow._frame, []
+
+    def reading(*args: object, **kwargs: object) -> object:
+        reads.append(1)
+        if len(reads) == on_read:
+            signal.raise_signal(signal.SIGINT)  # the terminal's Ctrl-C, in the middle of this read
+        return real(*args, **kwargs)
+
+    before = running.events("llama3-8b-support-a1b2c3")
+    monkeypatch.setattr(follow, "_frame", reading)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in `ftorch`
+    try:
+        code = follow.watch("llama3", out=terminal(), poll_s=0.05)
+    except KeyboardInterrupt:
+        pytest.fail(f"the Ctrl-C during read {on_read} escaped the watch (ftorch would exit 130)")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == 0
+    assert len(reads) == on_read  # stopped at that read, not later
+    assert "stopped watching; the job goes on" in capsys.readouterr().out
+    job = running.get("llama3-8b-support-a1b2c3")
+    assert job.state == "RUNNING" and not job.cancel_requested
+    assert running.events("llama3-8b-support-a1b2c3") == before
+
+
 def _set_size(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
