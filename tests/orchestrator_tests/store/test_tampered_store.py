@@ -65,7 +65,9 @@ def test_a_fence_record_with_values_of_the_wrong_type_is_skipped_with_a_warning(
     assert detail["last_checkpoint_step"] == 10 and detail["attempts"] == 1
 
 
-def test_a_fingerprint_that_is_no_record_refuses_the_resume(runs: Runs, tmp_path: Path, ftorch_home: Path) -> None:
+def test_a_fingerprint_that_is_no_record_refuses_the_resume(
+    runs: Runs, tmp_path: Path, ftorch_home: Path
+) -> None:
     """M2: a non-dict fingerprint does not turn the change check off: the CLI and the trainer refuse in
     one line naming it; --allow-change takes the job as it is."""
     store = _attached(runs, tmp_path)
