@@ -480,6 +480,7 @@ def _train_step(a: Attempt) -> tuple[float, float, float]:
 def _report_step(a: Attempt, step_loss: float, lr: float, grad_norm: float, log_every: int) -> None:
     step = a.state.step
     maybe_crash("crash", step)
+    a.reporter.last_checkpoint(a.checkpoints.durable_step)  # a background upload may have committed since
     a.reporter.step(step, step_loss, lr, a.state.tokens_seen, grad_norm)
     tokens_per_s = a.reporter.tokens_per_s()
     a.trackers.step(
