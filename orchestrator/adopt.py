@@ -11,12 +11,14 @@ No torch, no sky at import.
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from typing import Any
 
 from orchestrator.backends.base import backend_for
-from orchestrator.errors import SpecError, UserError
-from orchestrator.registry import Job, JobState, Outcome, Registry
+from orchestrator.errors import SpecError, UserError, quoted
+from orchestrator.registry import JobState, Outcome, Registry
 from orchestrator.run_records import attempts_from_store, store_log_lines  # noqa: F401 - store_log_lines: the backends
 
 ADOPTED = "adopted"
@@ -59,8 +61,8 @@ def derive_state(store: Any, resolved: dict[str, Any]) -> tuple[JobState, str]:
     from trainer.stops.interruptions import STOP_REQUEST
 
     progress = store.read_progress() or {}
-    output = str(resolved.get("output_uri") or "")
-    if progress.get("state") == "finished" and _has_output(store, output):
+    # the output in this store (spec.json's output_uri may name another store: never trusted, R1)
+    if progress.get("state") == "finished" and _has_output(store, ""):
         return JobState.SUCCEEDED, "finished (adopted from its run store)"
     stop = store.read_json_or_none(STOP_REQUEST)
     reason = stop.get("reason") if isinstance(stop, dict) else None
@@ -106,12 +108,62 @@ def _newest_step(store: Any) -> int:
     return found[-1].step if found else 0
 
 
+#: what a job id is (orchestrator/jobs.py new_job_id makes them): a run store's run_id must be one, since it
+#: names folders under $FTORCH_HOME
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def check_run_id(run_id: str) -> str:
+    """spec.json's run_id, validated like user input (it names folders on this machine)."""
+    if not JOB_ID.match(run_id) or ".." in run_id:
+        raise UserError(
+            f"RUN_URI: spec.json's run_id {quoted(run_id)} is not a job id (letters, digits, '.', '_', '-',"
+            " at most 100, no '..'); the run store is not attached"
+        )
+    return run_id
+
+
+def local_settings(spec: dict[str, Any], run_uri: str) -> tuple[dict[str, Any], list[str]]:
+    """The job spec as this machine takes it from a store, and a line per setting it did not take.
+
+    A store is data: whatever runs or is contacted from this machine (notify.command, notify.webhook)
+    comes only from this machine's user (`ftorch resume JOB --set ...`), and the run's records and output
+    stay in the store it was attached from (checkpoint.uri its parent, output.uri unset)."""
+    from trainer.runstore.storage import join_uri
+    from trainer.runstore.store import OUTPUT
+
+    spec = json.loads(json.dumps(spec))
+    left: list[str] = []
+    notify = spec.get("notify") or {}
+    for key in ("command", "webhook"):
+        if notify.get(key):
+            notify[key] = None
+            left.append(
+                f"not taken from the store: notify.{key} (set it here: `ftorch resume JOB --set notify.{key}=...`)"
+            )
+    if notify and not (notify.get("command") or notify.get("webhook")):
+        spec["notify"] = None
+    output = spec.get("output") or {}
+    if output.get("uri"):
+        left.append(
+            f"not taken from the store: output.uri {quoted(str(output['uri']))} (the output goes to "
+            f"{join_uri(run_uri, OUTPUT)}; `ftorch resume JOB --set output.uri=...` sends it elsewhere)"
+        )
+        output["uri"] = None
+    spec.setdefault("checkpoint", {})["uri"] = run_uri.rsplit("/", 1)[0] if "/" in run_uri else run_uri
+    return spec, left
+
+
 def attach(run_uri: str, name: str | None = None, storage_options: dict[str, Any] | None = None) -> str:
-    """Register the run in `run_uri`; the message for the user. Nothing is written when it is no run."""
+    """Register the run in `run_uri`; the message for the user. Nothing is written when it is no run, and
+    the registration is one transaction: a kill leaves the job registered in full or not at all."""
+    from trainer.runstore.storage import join_uri
+    from trainer.runstore.store import OUTPUT
+
     run_uri = normalize(run_uri)
     options = dict(storage_options or {})
     store, resolved, spec = read_run(run_uri, options)
-    job_id = resolved["run_id"]
+    job_id = check_run_id(resolved["run_id"])
     registry = Registry()
     known = registry.find(job_id)
     if known and known[0].job_id == job_id:
@@ -120,31 +172,35 @@ def attach(run_uri: str, name: str | None = None, storage_options: dict[str, Any
         raise UserError(
             f"RUN_URI: a job {job_id} is already registered with another run store ({known[0].run_uri})"
         )
+    spec, left = local_settings(spec, run_uri)
     if options:
-        spec.setdefault("checkpoint", {})["storage_options"] = {
-            **spec["checkpoint"].get("storage_options", {}),
-            **options,
-        }
+        spec["checkpoint"]["storage_options"] = {**spec["checkpoint"].get("storage_options", {}), **options}
     state, reason = derive_state(store, resolved)
     backend = spec.get("resources", {}).get("backend", "local")
-    job = registry.create_job(
-        job_id, name or spec.get("name") or job_id, backend, run_uri, str(resolved.get("output_uri")),
-        spec, hourly_usd=float(spec.get("local", {}).get("hourly_usd") or 0.0),
-        created_at=resolved.get("created_at") or None,
+    created = resolved.get("created_at")
+    job = registry.adopt_job(
+        {
+            "job_id": job_id, "name": name or spec.get("name") or job_id, "backend": backend,
+            "run_uri": run_uri, "output_uri": join_uri(run_uri, OUTPUT), "spec": spec,
+            "hourly_usd": _number(spec.get("local", {}).get("hourly_usd")),
+            "created_at": created if isinstance(created, int | float) and created > 0 else None,
+        },
+        state, reason, _attempt_rows(store, state), [(ADOPTED, run_uri)],
     )  # fmt: skip
-    _record_attempts(registry, job, store, state)
-    registry.set_state(job_id, state, reason)
-    registry.event(job_id, ADOPTED, run_uri)
-    job = registry.get(job_id)
     note = backend_for(backend).adopt(registry, job)
     job = registry.get(job_id)
-    said = f"{job_id} attached from {run_uri}: {job.state}"
-    return said + (f"\n{note}" if note else "")
+    lines = [f"{job_id} attached from {run_uri}: {job.state}", *left]
+    return "\n".join(lines + ([note] if note else []))
 
 
-def _record_attempts(registry: Registry, job: Job, store: Any, state: JobState) -> None:
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def _attempt_rows(store: Any, state: JobState) -> list[dict[str, Any]]:
+    """The attempts table's rows for the store's attempt records."""
+    rows = []
     for entry in attempts_from_store(store):
-        attempt = registry.start_attempt(job.job_id, None, instance="adopted")
         fields: dict[str, Any] = {"started_at": entry["started_at"], "end_step": entry.get("end_step")}
         if entry.get("ended_at") is None and state.terminal:
             entry["ended_at"] = time.time()
@@ -153,8 +209,9 @@ def _record_attempts(registry: Registry, job: Job, store: Any, state: JobState) 
                 entry.update(outcome=Outcome.SUCCEEDED, end_reason="succeeded")
         for key in ("ended_at", "end_reason", "outcome"):
             if entry.get(key) is not None:
-                fields[key] = entry[key]
-        registry.update_attempt(job.job_id, attempt.n, **{k: v for k, v in fields.items() if v is not None})
+                fields[key] = str(entry[key]) if key == "outcome" else entry[key]
+        rows.append({k: v for k, v in fields.items() if v is not None})
+    return rows
 
 
 def parse_options(items: list[str]) -> dict[str, Any]:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["SpecError", "SpecErrors", "UserError", "one_line"]
+__all__ = ["SpecError", "SpecErrors", "UserError", "one_line", "quoted", "QUOTE_LIMIT"]
+
+#: the most characters of a value an error line quotes (a 120 KB value must not fill the terminal)
+QUOTE_LIMIT = 200
 
 
 class SpecError(Exception):
@@ -59,3 +62,11 @@ def one_line(exc: BaseException, limit: int = 600) -> str:
         return line
     head = limit // 4
     return f"{line[:head]} ... {line[-(limit - head - 5) :]}"
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """`repr(value)`, at most about `limit` characters: a long one keeps its head and says how long it was."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 40]}... ({len(text)} characters)"

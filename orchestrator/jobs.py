@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.backends.base import backend_for, get_job, reconcile
 from orchestrator.errors import SpecError, UserError
 from orchestrator.registry import RESUMABLE, Job, JobState, Registry
-from trainer.checkpoints.fingerprint import ALLOWED_KEY, describe_allowance
+from trainer.checkpoints.fingerprint import ALLOWED_KEY, DamagedRecord, describe_allowance
 
 if TYPE_CHECKING:
     from trainer.checkpoints.fingerprint import Change
@@ -227,10 +227,16 @@ def resume(job_ref: str, overrides: list[str], allow_change: bool = False, reloc
     _refuse_unfit_local(job)
     from orchestrator.spec import apply_overrides, validate_job
 
+    had_output = (job.spec.get("output") or {}).get("uri")  # before the overrides (they edit in place)
     data = apply_overrides(dict(job.spec), overrides)
     spec = validate_job(data)
     store = job.run_store()
-    step, changes = changes_since_checkpoint(job, store, spec.model_dump(mode="json"))
+    try:
+        step, changes = changes_since_checkpoint(job, store, spec.model_dump(mode="json"))
+    except DamagedRecord as exc:  # a fingerprint that is no record: refused unless taken as it is
+        if not allow_change:
+            raise UserError(str(exc)) from None
+        step, changes = exc.step, []
     new_lock = None
     if relock:
         from orchestrator import runenv
@@ -240,6 +246,7 @@ def resume(job_ref: str, overrides: list[str], allow_change: bool = False, reloc
     changes = [*changes, *env_changes]
     if changes and not allow_change:
         raise UserError(changes[0].line())
+    output_uri = _output_for_resume(job, spec, had_output)
     from orchestrator import procs
 
     # one resume wins; until its supervisor runs, this process stands in for it (so no one judges the
@@ -256,6 +263,7 @@ def resume(job_ref: str, overrides: list[str], allow_change: bool = False, reloc
         raise UserError(f"JOB: {job.job_id} is {found}: another `ftorch resume` got there first")
     resolved = _resolved_spec_for_resume(job, store)
     resolved["job"] = spec.model_dump(mode="json")
+    resolved["output_uri"] = output_uri  # the registry's (an adopted run's own store), or --set output.uri
     allowance = None
     if allow_change and step is not None:
         allowance = _allowance(step, changes, overrides)
@@ -270,6 +278,7 @@ def resume(job_ref: str, overrides: list[str], allow_change: bool = False, reloc
         spec_json=json.dumps(spec.model_dump(mode="json")),
         cancel_requested=0,
         hourly_usd=spec.local.hourly_usd,
+        output_uri=output_uri,
     )
     registry.event(job.job_id, "resume", " ".join(overrides) or None)
     if allowance is not None:
@@ -280,6 +289,22 @@ def resume(job_ref: str, overrides: list[str], allow_change: bool = False, reloc
     if step is None and not _has_checkpoint(store):
         return f"{job.job_id} restarted: no checkpoint was saved, so it starts from step 0"
     return f"{job.job_id} resumed from its newest checkpoint{said}"
+
+
+def _output_for_resume(job: Job, spec: JobSpec, had_output: str | None) -> str:
+    """Where the resumed run's output goes: `output.uri` when this resume's spec sets one (a --set, probed
+    like at launch), else the registry's output_uri (never spec.json's: a moved or copied store names
+    its original's output there)."""
+    from trainer.runstore.storage import StoreError, preflight
+
+    wanted = spec.output.uri
+    if not wanted or (wanted == had_output and job.output_uri):
+        return job.output_uri
+    try:
+        preflight(wanted, spec.checkpoint.storage_options)
+    except StoreError as exc:
+        raise UserError(f"output.uri: the output folder is not writable: {exc}") from None
+    return wanted
 
 
 def _refuse_unfit_local(job: Job) -> None:
@@ -316,6 +341,8 @@ def changes_since_checkpoint(
 
     try:
         newest = fingerprint.newest_record(store)
+    except fingerprint.DamagedRecord:
+        raise
     except Exception as exc:  # noqa: BLE001 - unreadable now: the trainer checks at start
         sys.stderr.write(
             f"warning: cannot read the checkpoints in {job.run_uri} ({exc.__class__.__name__})\n"

@@ -177,6 +177,55 @@ class Registry:
             )
         return self.get(job_id)
 
+    def adopt_job(
+        self,
+        job: dict[str, Any],
+        state: JobState,
+        reason: str,
+        attempts: list[dict[str, Any]],
+        events: list[tuple[str, str | None]],
+    ) -> Job:
+        """Register a job adopted from its run store in one transaction (orchestrator/adopt.py): `job` is
+        create_job's arguments; it appears with its state, attempts and events, or (killed part way) not
+        at all, so a second attach completes what the first began."""
+        now = time.time()
+        ended = now if state in TERMINAL else None
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute(
+                    "INSERT INTO jobs (job_id, name, backend, state, reason, run_uri, output_uri, spec_json,"
+                    " created_at, updated_at, ended_at, hourly_usd) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        job["job_id"], job["name"], job["backend"], str(state), reason, job["run_uri"],
+                        job["output_uri"], json.dumps(job["spec"]), job.get("created_at") or now, now, ended,
+                        job.get("hourly_usd") or 0.0,
+                    ),
+                )  # fmt: skip
+                from trainer.faults import maybe_die
+
+                maybe_die("attach", 1)  # tests: a kill inside the transaction leaves nothing registered
+                for n, fields in enumerate(attempts, start=1):
+                    db.execute(
+                        "INSERT INTO attempts (job_id, n, started_at, instance, hourly_usd, ended_at,"
+                        " end_reason, end_step, outcome) VALUES (?, ?, ?, 'adopted', 0.0, ?, ?, ?, ?)",
+                        (
+                            job["job_id"], n, fields.get("started_at") or now, fields.get("ended_at"),
+                            fields.get("end_reason"), fields.get("end_step"), fields.get("outcome"),
+                        ),
+                    )  # fmt: skip
+                detail = f"{state}: {reason}"
+                for kind, text in [("state", detail), *events]:
+                    db.execute(
+                        "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+                        (job["job_id"], now, kind, text),
+                    )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return self.get(job["job_id"])
+
     def get(self, job_id: str) -> Job:
         with self._connect() as db:
             row = db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()

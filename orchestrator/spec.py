@@ -11,8 +11,11 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.aliases import ALIASES, alias_hint, near_miss
-from orchestrator.errors import SpecError, SpecErrors
+from orchestrator.errors import SpecError, SpecErrors, quoted
 from trainer.config import JobSpec, unsupported_features
+
+#: fields whose value is a secret (a chat webhook's token is in its URL): refusals never echo them
+SECRET_FIELDS = ("notify.webhook",)
 
 
 def _model_for_path(path: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -91,8 +94,10 @@ def _describe(error: dict[str, Any], brief: bool = False) -> SpecError:
     if kind == "value_error" and named:  # a cross-field check names its own field
         return SpecError(named.group(1), named.group(2))
     value = error.get("input")
+    if field in SECRET_FIELDS:  # a webhook URL carries its token: never echoed
+        return SpecError(field, f"{message} (value hidden)")
     if kind not in ("model_type", "dict_type") and not isinstance(value, dict | list):
-        message = f"{message} (got {value!r})"
+        message = f"{message} (got {quoted(value)})"  # a 120 KB value is not echoed whole
     return SpecError(field or "job", message)
 
 
@@ -146,7 +151,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def _resolve_local_path(value: str, base: Path) -> str:
-    """Relative local paths in the job file are relative to the job file's folder."""
+    """Relative local paths in the job file are relative to the job file's folder; `~` is the home."""
+    value = os.path.expanduser(value)
     if "://" in value or os.path.isabs(value):
         return value
     candidate = (base / value).resolve()

@@ -8,6 +8,7 @@ the whole schema stays in one module, so the reference (docs/job-file.md) and ev
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
@@ -27,6 +28,15 @@ Fallback = Literal["none", "on-demand"]
 Policy = Literal["spot-only", "spot-fallback", "deadline", "on-demand"]
 Cloud = Literal["aws", "gcp", "azure", "lambda", "runpod", "vast", "kubernetes"]
 Device = Literal["auto", "cpu", "cuda"]
+
+#: the most optimizer steps any step count may say (a billion: 1e26 is a typo, not a run)
+MAX_STEPS = 1_000_000_000
+
+
+def expand_home(value: str | None) -> str | None:
+    """A local path's leading `~` as the home folder, the same way wherever the job is read (C3)."""
+    return os.path.expanduser(value) if isinstance(value, str) and value.startswith("~") else value
+
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -213,10 +223,10 @@ class TrainSpec(_Strict):
     grad_accum: int = Field(1, ge=1, le=65536)
     epochs: float = Field(1.0, gt=0, le=10_000)
     #: stop after this many optimizer steps (overrides epochs)
-    max_steps: int | None = Field(None, ge=1)
+    max_steps: int | None = Field(None, ge=1, le=MAX_STEPS)
     lr: float = Field(2e-4, gt=0, le=10.0)
     weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int | None = Field(None, ge=0)
+    warmup_steps: int | None = Field(None, ge=0, le=MAX_STEPS)
     warmup_ratio: float = Field(0.03, ge=0.0, le=1.0)
     schedule: Schedule = "cosine"
     max_grad_norm: float | None = Field(1.0, gt=0)
@@ -226,12 +236,12 @@ class TrainSpec(_Strict):
     optimizer: Optimizer = "adamw"
     attn_implementation: Attention = "sdpa"
     #: log (and report progress) every N optimizer steps; 0 = automatic
-    log_every: int = Field(0, ge=0)
+    log_every: int = Field(0, ge=0, le=MAX_STEPS)
     #: experiment trackers, one run per job across attempts: TensorBoard in <run store>/tensorboard,
     #: W&B (run id = job id; WANDB_API_KEY, WANDB_PROJECT from the environment) (trainer/trackers.py)
     report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
     #: measure the held-out loss every N optimizer steps (needs a held-out set, data.eval_*)
-    eval_every: int | None = Field(None, ge=1)
+    eval_every: int | None = Field(None, ge=1, le=MAX_STEPS)
     #: CPU offload under FSDP2 (docs/distributed.md, "CPU offload"). params: FSDP2's CPUOffloadPolicy,
     #: the sharded parameters, their gradients and the optimizer state live in host RAM and the optimizer
     #: steps on the CPU; the GPU holds a layer in flight and the activations (any GPU count: one GPU runs
@@ -284,7 +294,7 @@ class TrainSpec(_Strict):
 class CheckpointSpec(_Strict):
     uri: str = Field(min_length=1)
     #: 'auto', a step count (e.g. 50), or a duration (e.g. '10m')
-    every: Literal["auto"] | Annotated[int, Field(ge=1)] | str = "auto"
+    every: Literal["auto"] | Annotated[int, Field(ge=1, le=MAX_STEPS)] | str = "auto"
     keep: int = Field(3, ge=1, le=1000)
     #: fsspec storage options (e.g. {endpoint_url: ...}); never put secrets here, use the environment
     storage_options: dict[str, Any] = Field(default_factory=dict)
@@ -292,6 +302,11 @@ class CheckpointSpec(_Strict):
     region: str | None = Field(None, min_length=1, pattern=r"^[a-z0-9-]+$")
 
     _uri_shorthand = model_validator(mode="before")(classmethod(lambda cls, data: _shorthand("uri", data)))
+
+    @field_validator("uri")
+    @classmethod
+    def _home(cls, value: str) -> str:
+        return expand_home(value) or value
 
     @field_validator("every")
     @classmethod
@@ -330,6 +345,11 @@ class OutputSpec(_Strict):
         return None if value is None else check_repo_id(value)
 
     _uri_shorthand = model_validator(mode="before")(classmethod(lambda cls, data: _shorthand("uri", data)))
+
+    @field_validator("uri")
+    @classmethod
+    def _home(cls, value: str | None) -> str | None:
+        return expand_home(value)
 
 
 class ResourcesSpec(_Strict):
@@ -398,7 +418,7 @@ class ChaosSpec(_Strict):
     """Simulated spot preemptions for the local backend."""
 
     #: preempt once the trainer reports each of these steps (each step fires once per run)
-    preempt_at_steps: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    preempt_at_steps: list[Annotated[int, Field(ge=1, le=MAX_STEPS)]] = Field(default_factory=list)
     #: with notice (SIGTERM, then SIGKILL after grace_s) or without (SIGKILL); one value or one per step
     notice: bool | list[bool] = True
     #: random preemptions: expected number per minute of training
@@ -467,8 +487,20 @@ class NotifySpec(_Strict):
     @field_validator("webhook")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://", value):
-            raise ValueError("must be an http:// or https:// URL")
+        if value is None:
+            return value
+        from urllib.parse import urlsplit
+
+        bad = any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value)
+        try:
+            parts = urlsplit(value)
+            scheme, host = parts.scheme, parts.hostname
+        except ValueError:  # e.g. a bracketed host that is no IPv6 address
+            scheme, host = "", None
+        if bad or scheme not in ("http", "https") or not host:
+            raise ValueError(
+                "must be an http:// or https:// URL with a host, without spaces or control characters"
+            )
         return value
 
 
@@ -551,6 +583,14 @@ def unsupported_features(spec: JobSpec) -> list[tuple[str, str]]:
         field = "resources.gpus" if spec.resources.gpus else "resources.nodes"
     if not layout.ok:
         problems.append((field, f"{layout.ranks} rank(s): {layout.reason}"))
+    if spec.resources.backend == "local" and spec.resources.nodes > 1:
+        problems.append(
+            (
+                "resources.nodes",
+                f"{spec.resources.nodes} nodes: the local backend runs on this one machine; use 1 (and"
+                " local.nproc for more processes here), or resources.backend: skypilot",
+            )
+        )
     if spec.train.attn_implementation == "flash_attention_2":
         problem = flash_attention_problem(spec)
         if problem:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,6 +27,8 @@ import torch
 from trainer.checkpoints import dcp_io
 from trainer.checkpoints.checkpoint import WEIGHTS
 from trainer.config import JobSpec
+from trainer.exportstage import publish, recover, stage_dir
+from trainer.faults import maybe_die
 from trainer.hub_push import PushError, push_folder
 from trainer.model import base_dtype, hide_bitsandbytes, load_tokenizer, lora_config, trainable_parameters
 from trainer.runstore.storage import Storage, StoreError, preflight
@@ -44,6 +48,8 @@ def check_target(to: str, storage_options: dict[str, Any] | None = None, force: 
     it), a place that cannot be written. Returns the files an earlier export there wrote (to replace)."""
     try:
         target = Storage(to, storage_options)
+        if target.is_local:
+            recover(target.root)  # a killed export's staging and set-aside folders: the previous state back
         if target.is_local and os.path.lexists(target.root) and not os.path.isdir(target.root):
             raise ExportError(f"--to: {to} is a file; give a folder (new or empty; it is created if missing)")
         names = target.listdir("")
@@ -66,6 +72,79 @@ def check_target(to: str, storage_options: dict[str, Any] | None = None, force: 
             with contextlib.suppress(OSError):
                 os.rmdir(target.root)
     return earlier
+
+
+def _foreign(output: Storage, earlier: list[str]) -> bool:
+    """Whether the local target holds files no ftorch export wrote (--force): then it is written file by
+    file beside them, never swapped whole."""
+    ours = {MARKER, *earlier}
+    for root, _dirs, files in os.walk(output.root):
+        for name in files:
+            if os.path.relpath(os.path.join(root, name), output.root) not in ours:
+                return True
+    return False
+
+
+def _marker(step: int, merge: bool, files: list[str], pending: bool) -> bytes:
+    record: dict[str, Any] = {"step": step, "merge": merge, "files": files}
+    if pending:
+        record["pending"] = True  # written before the files: an export that did not finish
+    return json.dumps(record).encode()
+
+
+def _expected(spec: JobSpec, merge: bool) -> set[str]:
+    """The files an export of this kind writes (what a pending marker promises to replace)."""
+    if spec.method == "full" or merge:
+        return {"config.json", "model.safetensors", "generation_config.json"}
+    return {"adapter_config.json", "adapter_model.safetensors", "README.md"}
+
+
+def _write(output: Storage, rel: str, data: bytes) -> None:
+    try:
+        output.write_bytes(rel, data)
+    except (OSError, StoreError) as exc:
+        raise ExportError(f"--to: cannot write {rel} there: {exc}") from None
+
+
+def _write_marker_file(folder: str, data: bytes) -> None:
+    with open(os.open(os.path.join(folder, MARKER), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+        f.write(data)
+
+
+def _save(
+    spec: JobSpec,
+    model: Any,
+    merge: bool,
+    folder: Any,
+    stage: str | None,
+    output: Storage,
+    step: int,
+    written: list[str],
+    records: Callable[[str], None],
+    push: Callable[[str], None],
+) -> None:
+    """Save the model and tokenizer into `folder`, then `records` (card, summary) and `push` (to the Hub)
+    from it; staged: marker, then the renames (exportstage.py); else each file into `output` (the pending
+    marker is already there)."""
+    with folder as tmp:
+        if spec.method == "full" or merge:
+            model.save_pretrained(tmp, safe_serialization=True)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False)
+        load_tokenizer(spec).save_pretrained(tmp)
+        records(tmp)
+        for root, _dirs, files in os.walk(tmp):
+            written.extend(os.path.relpath(os.path.join(root, name), tmp) for name in sorted(files))
+        push(tmp)
+        if stage is not None:
+            _write_marker_file(tmp, _marker(step, merge, sorted(written), False))
+            maybe_die("export", 2)  # tests: a kill with the export staged, before it is in place
+            publish(tmp, output.root)
+            return
+        for n, rel in enumerate(sorted(written), start=1):
+            with open(os.path.join(tmp, rel), "rb") as handle:
+                _write(output, rel, handle.read())
+            maybe_die("export", n + 10)  # tests: a kill part way through the files
 
 
 def pick_checkpoint(store: RunStore, step: int | None) -> Any:
@@ -160,40 +239,46 @@ def export(
     info = pick_checkpoint(store, step)
     model = build(spec, _weights(store, info), merge)
     output = output_store(to, run_uri, spec.checkpoint.storage_options)
+    stage = stage_dir(output.root) if output.is_local and not _foreign(output, earlier) else None
+    if stage is not None:
+        os.makedirs(stage, mode=0o700)
+    else:  # a bucket (or --force beside other files): a pending marker first, so that a killed export
+        # is seen as one (a re-run replaces it), the files, then the marker
+        _write(output, MARKER, _marker(info.step, merge, sorted(set(earlier) | _expected(spec, merge)), True))
     written: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="ftorch-export-") as tmp:
-        if spec.method == "full" or merge:
-            model.save_pretrained(tmp, safe_serialization=True)
-        else:
-            model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False)
-        load_tokenizer(spec).save_pretrained(tmp)
-        _write_record(store, spec, info.step, merge, tmp, run_uri)  # over PEFT's empty README template
-        for root, _dirs, files in os.walk(tmp):
-            for name in sorted(files):
-                rel = os.path.relpath(os.path.join(root, name), tmp)
-                with open(os.path.join(root, name), "rb") as handle:
-                    try:
-                        output.write_bytes(rel, handle.read())
-                    except (OSError, StoreError) as exc:
-                        raise ExportError(f"--to: cannot write {rel} there: {exc}") from None
-                written.append(rel)
-        pushed, refused = None, None
-        if push_to:  # from this folder: the export itself may have gone to a bucket
-            try:
-                pushed = push_folder(tmp, push_to, private, f"ftorch export of {spec.name}, step {info.step}")
-            except PushError as exc:  # the export stands (marker below); the push is reported after
-                refused = exc
-    for stale in sorted(set(earlier) - set(written)):  # what the earlier export wrote and this one does not
-        output.remove_file(stale)
-    output.write_bytes(
-        MARKER, json.dumps({"step": info.step, "merge": merge, "files": sorted(written)}).encode()
-    )
-    if refused is not None:
-        raise refused
+    folder = contextlib.nullcontext(stage) if stage else tempfile.TemporaryDirectory(prefix="ftorch-export-")
+    pushed: list[Any] = []
+    refused: list[PushError] = []
+
+    def records(tmp: str) -> None:  # over PEFT's empty README template
+        _write_record(store, spec, info.step, merge, tmp, run_uri)
+
+    def push(tmp: str) -> None:  # from this folder: the export itself may go to a bucket
+        if not push_to:
+            return
+        try:
+            pushed.append(
+                push_folder(tmp, push_to, private, f"ftorch export of {spec.name}, step {info.step}")
+            )
+        except PushError as exc:  # the export stands (marker below); the push is reported after
+            refused.append(exc)
+
+    try:
+        _save(spec, model, merge, folder, stage, output, info.step, written, records, push)
+    except BaseException:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        raise
+    if stage is None:
+        for stale in sorted(set(earlier) - set(written)):  # what the earlier export wrote, this one not
+            output.remove_file(stale)
+        _write(output, MARKER, _marker(info.step, merge, sorted(written), False))
+    if refused:
+        raise refused[0]
     kind = "merged model" if merge else ("model" if spec.method == "full" else "PEFT adapter")
     result = {"step": info.step, "kind": kind, "to": to, "files": sorted(written), "base_model": spec.model}
-    if pushed is not None:
-        result["pushed"] = pushed
+    if pushed:
+        result["pushed"] = pushed[0]
     return result
 
 

@@ -107,7 +107,35 @@ def post(url: str, body: bytes, timeout_s: float = WEBHOOK_TIMEOUT_S, tries: int
     worker.join(timeout_s + 1.0)
     if not outcome:
         return f"no answer within {timeout_s:g} s"
-    return outcome[0]
+    return None if outcome[0] is None else scrub(outcome[0], url)
+
+
+def where(url: str) -> str:
+    """A webhook URL as logs may show it: scheme and host only (the path and query carry the token)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        return f"{parts.scheme}://{parts.hostname or '?'}"
+    except ValueError:
+        return "<webhook>"
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` with any part of the webhook URL beyond its scheme and host removed (an error can quote
+    the URL or its path, e.g. urllib's InvalidURL)."""
+    from urllib.parse import urlsplit
+
+    text = text.replace(url, where(url))
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "could not be sent (the URL is malformed)"
+    for secret in (parts.path, parts.query, parts.fragment, parts.password or ""):
+        if len(secret) > 1:
+            text = text.replace(secret, "<hidden>")
+            text = text.replace(repr(secret)[1:-1], "<hidden>")
+    return text
 
 
 def _describe(exc: BaseException) -> str:

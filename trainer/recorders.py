@@ -34,6 +34,7 @@ class ReporterObserver(Observer):
         self.reporter, self.checkpoints = reporter, checkpoints
 
     def on_step(self, record: StepRecord) -> None:
+        self.reporter.last_checkpoint(self.checkpoints.durable_step)  # a background upload may have committed
         self.reporter.step(record.step, record.loss, record.lr, record.tokens_seen, record.grad_norm)
 
     def on_eval(self, step: int, result: dict[str, float]) -> None:

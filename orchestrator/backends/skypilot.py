@@ -172,12 +172,29 @@ def plan_record(plan: Any) -> dict[str, Any]:
     }
 
 
+def hide(value: Any, secret: str | None, label: str) -> Any:
+    """`value` (nested dicts, lists, strings) with every occurrence of `secret` replaced by `label`."""
+    if not secret:
+        return value
+    if isinstance(value, str):
+        return value.replace(secret, label)
+    if isinstance(value, dict):
+        return {k: hide(v, secret, label) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(hide(v, secret, label) for v in value)
+    return value
+
+
 def dry_run(spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:
     """What `launch --dry-run` shows: the plan and the task YAML. Nothing is written or launched.
     It refuses what a real launch refuses (a dry run that renders a job the launch rejects misleads)."""
     plan, task = render_job(spec, job_id, run_uri)
+    secret = spec.notify.webhook if spec.notify else None
+    task = hide(task, secret, "<hidden: notify.webhook>")  # its URL holds the chat's token (S3)
     return {
-        "controller": controller.dry_run_lines(spec, job_id, run_uri, task, render_job),
+        "controller": hide(
+            controller.dry_run_lines(spec, job_id, run_uri, task, render_job), secret, "<hidden>"
+        ),
         "plan": plan_record(plan),
         "template": render.template_of(task),
         "task": task,

@@ -56,6 +56,18 @@ class SpecChanged(ValueError):
         self.field = field
 
 
+class DamagedRecord(ValueError):
+    """The newest checkpoint's fingerprint record is there but is no record (damaged or tampered): a
+    changed job cannot be told, so a resume is refused unless --allow-change takes the job as it is."""
+
+    def __init__(self, step: int, found: Any) -> None:
+        super().__init__(
+            f"checkpoint step {step}: its manifest's {META_KEY} is a {type(found).__name__}, not a record"
+            f" (damaged or tampered), so a changed job cannot be told; {ADVICE}"
+        )
+        self.step = step
+
+
 @dataclass(frozen=True)
 class Change:
     field: str
@@ -167,15 +179,22 @@ def newest_record(store: Any, listing: Any = None) -> tuple[int, dict[str, Any]]
         return None
     info = complete[-1]
     recorded = info.meta.get(META_KEY)
-    return info.step, recorded if isinstance(recorded, dict) else {}
+    if recorded is not None and not isinstance(recorded, dict):
+        raise DamagedRecord(info.step, recorded)
+    return info.step, recorded or {}
 
 
 def allowed(resolved: dict[str, Any], step: int) -> dict[str, Any] | None:
     """The newest allowance `ftorch resume --allow-change` recorded for a resume from checkpoint `step`
     (or a later one: a fallback to an older checkpoint is covered too)."""
     entries = [e for e in resolved.get(ALLOWED_KEY) or [] if isinstance(e, dict)]
-    fitting = [e for e in entries if int(e.get("checkpoint_step") or 0) >= step]
+    fitting = [e for e in entries if _whole(e.get("checkpoint_step")) >= step]
     return fitting[-1] if fitting else None
+
+
+def _whole(value: Any) -> int:
+    """A recorded step; 0 for anything that is not a whole number (a damaged spec.json allows nothing)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def describe_allowance(entry: dict[str, Any]) -> str:
@@ -228,7 +247,14 @@ def check_start(
     in this attempt's epoch record (rank 0)."""
     job = resolved["job"]
     check = StartCheck(meta={META_KEY: record(job, identity)})
-    newest = newest_record(store, listing)
+    try:
+        newest = newest_record(store, listing)
+    except DamagedRecord as exc:
+        if allowed(resolved, exc.step) is None:
+            raise SpecChanged(str(exc), f"checkpoint step {exc.step}") from None
+        log(f"{exc}: resuming as `ftorch resume --allow-change` allowed")
+        check.allowed = True
+        return check
     if newest is None:
         return check
     step, recorded = newest

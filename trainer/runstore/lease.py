@@ -15,12 +15,23 @@ between the machines that may hold it (a few ticks of the controller, minutes). 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 LEASE_DIR = "control/lease"
+#: the furthest ahead a live lease's expiry can be: a holder renews `ttl_s` (minutes) ahead, so an expiry
+#: further away than this (a tampered or broken record) is treated as expired
+MAX_LEASE_S = 24 * 3600.0
+
+
+def _time(value: Any) -> float:
+    """A JSON time as a float; 0.0 (long past) for anything else: text, bools, NaN, infinities."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return 0.0
 
 
 class LeaseError(RuntimeError):
@@ -52,7 +63,7 @@ class LeaseRecord:
     released: bool = False
 
     def live(self, now: float) -> bool:
-        return not self.released and now < self.expires_at
+        return not self.released and now < self.expires_at <= now + MAX_LEASE_S
 
     @classmethod
     def from_json(cls, data: Any, generation: int) -> LeaseRecord:
@@ -60,8 +71,8 @@ class LeaseRecord:
         return cls(
             generation=generation,
             holder=str(data.get("holder") or "?"),
-            acquired_at=float(data.get("acquired_at") or 0.0),
-            expires_at=float(data.get("expires_at") or 0.0),
+            acquired_at=_time(data.get("acquired_at")),
+            expires_at=_time(data.get("expires_at")),
             released=bool(data.get("released")),
         )
 

@@ -130,7 +130,8 @@ class ProgressReporter:
         row["eval_loss"] = loss
 
     def last_checkpoint(self, step: int | None) -> None:
-        if step is not None:
+        """The newest durable checkpoint (unchanged: its time stays when it was first seen)."""
+        if step is not None and step != self.last_ckpt_step:
             self.last_ckpt_step = step
             self.last_ckpt_at = time.time()
 

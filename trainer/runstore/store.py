@@ -60,6 +60,20 @@ class Fenced(StoreError):
     """A newer attempt claimed this run: this attempt must stop writing."""
 
 
+def _relative(path: str) -> bool:
+    """A path that stays where it is joined: not absolute, no '..' part."""
+    return not path.startswith(("/", "\\")) and ".." not in path.replace("\\", "/").split("/")
+
+
+def _good_file(rel: Any, entry: Any) -> bool:
+    """A manifest's files entry: a relative path with a size and a sha256."""
+    return (
+        isinstance(rel, str) and bool(rel) and _relative(rel) and isinstance(entry, dict)
+        and isinstance(entry.get("size"), int) and not isinstance(entry.get("size"), bool)
+        and entry["size"] >= 0 and isinstance(entry.get("sha256"), str)
+    )  # fmt: skip
+
+
 def checkpoint_name(step: int) -> str:
     return f"{CHECKPOINT_PREFIX}{step:08d}"
 
@@ -100,6 +114,8 @@ class CheckpointListing:
     manifests: dict[str, CheckpointInfo]
     #: step folders that are links (local stores): never followed
     links: list[str] = field(default_factory=list)
+    #: name -> what is wrong with its manifest, for folders whose manifest is there but damaged
+    problems: dict[str, str] = field(default_factory=dict)
 
     @property
     def complete(self) -> list[CheckpointInfo]:
@@ -165,7 +181,20 @@ class RunStore(Storage):
         return sorted(found)
 
     def epoch_records(self) -> dict[int, dict[str, Any]]:
-        return {n: self.read_json_or_none(_epoch_rel(n)) or {} for n in self.epochs()}
+        """Each epoch's record, its values type-checked (runstore/recordcheck.py); a record that is a link
+        out of the store, or not an object, is history without facts (one warning line), never an error."""
+        from trainer.runstore.recordcheck import clean_epoch_record, warn
+
+        records: dict[int, dict[str, Any]] = {}
+        for n in self.epochs():
+            rel = _epoch_rel(n)
+            try:
+                raw = self.read_json_or_none(rel)
+            except LinkRefused:
+                warn(f"{self.run_uri}/{rel}", "a link out of the run store; skipped as history")
+                raw = None
+            records[n] = clean_epoch_record(raw, f"{self.run_uri}/{rel}")
+        return records
 
     def claim_epoch(self, record: dict[str, Any] | None = None) -> int:
         """Claim the next epoch of this run for this attempt (a conditional create: one winner)."""
@@ -256,22 +285,37 @@ class RunStore(Storage):
             self.write_bytes(rel, body, create=True)
         return name
 
-    def _manifest(self, name: str) -> CheckpointInfo | None:
+    def _manifest(self, name: str) -> CheckpointInfo | str | None:
+        """The checkpoint of step folder `name`; None without a manifest; what is wrong with a manifest
+        that is there but not a checkpoint's (damaged or tampered: every value is checked before use)."""
         manifest = self.read_json_or_none(f"{CHECKPOINTS}/{name}/{MANIFEST}")
         step = step_of(name)
-        if not isinstance(manifest, dict) or step is None or manifest.get("step") != step:
+        if manifest is None or step is None:
             return None
-        files = manifest.get("files")
-        if not isinstance(files, dict) or not files:
-            return None
+        if not isinstance(manifest, dict):
+            return "its manifest is not a JSON object"
+        if manifest.get("step") != step or isinstance(manifest.get("step"), bool):
+            return f"its manifest's step {str(manifest.get('step'))[:40]!r} is not the folder's step {step}"
+        files, meta, epoch, where = (manifest.get(k) for k in ("files", "meta", "epoch", "dir"))
+        if not isinstance(files, dict) or not files or not all(_good_file(r, f) for r, f in files.items()):
+            return "its manifest's files are not relative paths with sizes and checksums"
+        if meta is not None and not isinstance(meta, dict):
+            return "its manifest's meta is not an object"
+        if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0):
+            return "its manifest's epoch is not a number"
+        if where is not None and not (isinstance(where, str) and _relative(where)):
+            return "its manifest's dir is not a folder inside the checkpoint"
+        created = manifest.get("created_at")
         return CheckpointInfo(
             step=step,
             path=f"{CHECKPOINTS}/{name}",
-            created_at=float(manifest["created_at"]),
+            created_at=float(created)
+            if isinstance(created, int | float) and not isinstance(created, bool)
+            else 0.0,
             files=files,
-            meta=manifest.get("meta") or {},
-            epoch=int(manifest.get("epoch") or 0),
-            dir=str(manifest.get("dir") or ""),
+            meta=meta or {},
+            epoch=epoch or 0,
+            dir=where or "",
         )
 
     def _step_folders(self) -> tuple[list[str], list[str]]:
@@ -284,8 +328,10 @@ class RunStore(Storage):
     def list_checkpoints(self) -> CheckpointListing:
         """The step folders and their manifests: one listing, one read per manifest."""
         names, links = self._step_folders()
-        manifests = {n: info for n in names if (info := self._manifest(n)) is not None}
-        return CheckpointListing(names, manifests, links)
+        read = {n: self._manifest(n) for n in names}
+        manifests = {n: info for n, info in read.items() if isinstance(info, CheckpointInfo)}
+        problems = {n: info for n, info in read.items() if isinstance(info, str)}
+        return CheckpointListing(names, manifests, links, problems)
 
     def checkpoint_names(self) -> list[str]:
         return self._step_folders()[0]
@@ -332,7 +378,7 @@ class RunStore(Storage):
             info = listing.manifests.get(name)
             if info is None:
                 if on_skip:
-                    on_skip(name, "incomplete (no manifest)")
+                    on_skip(name, listing.problems.get(name) or "incomplete (no manifest)")
                 continue
             error: str | None = None
             try:
@@ -379,7 +425,7 @@ class RunStore(Storage):
             older = [e for e in entries if e.startswith("e") and e[1:].isdigit() and int(e[1:]) < self.epoch]
             for entry in older:
                 self.remove_tree(f"{folder}/{entry}")
-            if older and self._manifest(name) is None:
+            if older and not isinstance(self._manifest(name), CheckpointInfo):
                 removed.append(name)
                 if len(older) == len(entries):
                     self.remove_tree(folder)
@@ -419,6 +465,7 @@ class RunStore(Storage):
             if protect_above is not None and (step_of(name) or 0) > protect_above:
                 continue
             current = self._manifest(name)  # read again right before deleting
+            current = current if isinstance(current, CheckpointInfo) else None
             if current is not None and current.epoch > self.epoch:
                 continue
             if name in leftovers and current is not None:
