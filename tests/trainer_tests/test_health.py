@@ -222,3 +222,24 @@ def test_two_fsdp_ranks_with_a_non_finite_gradient_on_one_rank_end_unhealthy_tog
     adapter = load_file(str(tmp_path / "exported" / "adapter_model.safetensors"))
     assert all(bool(t.isfinite().all()) for t in adapter.values())
     _equals_checkpoint(store, healthy[-1], adapter)
+
+
+def test_a_notice_during_a_mid_run_evaluation_abandons_it() -> None:
+    """The loop's flag is checked between evaluation batches: a notice does not wait for a long eval."""
+    import torch
+
+    from trainer.config import TrainSpec
+    from trainer.loop import evaluate
+
+    model = torch.nn.Linear(2, 2)
+    model.train()
+    asked: list[int] = []
+
+    def stop() -> bool:
+        asked.append(1)
+        return True
+
+    spec = SimpleNamespace(train=TrainSpec(micro_batch_size=1))
+    held_out = SimpleNamespace(held_out=[object()] * 500, pad_id=0)
+    assert evaluate(model, held_out, torch.device("cpu"), spec, stop) == {}  # type: ignore[arg-type]
+    assert asked == [1] and model.training  # left at the first batch, in training mode again
