@@ -601,7 +601,8 @@ def finish(a: Attempt) -> int:
     a.reporter.finish(eval_before=state.extra.get("eval_before"), eval_after=state.extra.get("eval_after"))
     if a.par.is_main:
         _record_output(a.store, a.spec, a.resolved, a.steps, state, a.dataset, a.number, output_uri)
-    a.store.update_epoch_record(ended="finished", step=state.step)
+    health = {"health": a.health.rules.state.to_json()} if a.health is not None else {}
+    a.store.update_epoch_record(ended="finished", step=state.step, **health)
     a.measurer.record(a.store, a.checkpoints.writer)
     log(f"done: {a.steps} steps; output at {output_uri}")
     a.notifier.succeeded(state.step, getattr(a.reporter, "loss", None))

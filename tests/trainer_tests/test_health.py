@@ -116,6 +116,13 @@ def test_a_transient_nan_rolls_back_succeeds_finite_and_the_same_fault_twice_end
         assert (store.read_progress() or {})["state"] == "finished"
         record = next(iter(store.epoch_records().values()))
         assert record["ended"] == "finished" and record["health"]["rollbacks"][0]["to_step"] == 10
+        from trainer.ledger import compute_ledger, ledger_lines
+
+        ledger = compute_ledger(
+            store.epoch_records(), spent_usd=0.0, hourly_usd=0.0, ondemand_hourly_usd=None
+        )
+        assert ledger["health"]["skipped_steps"] == 4 and ledger["health"]["rollbacks"][0]["at_step"] == 15
+        assert "at step 15 to the healthy checkpoint of step 10" in dict(ledger_lines(ledger))["rollback"]
         rows = {r["step"]: r for r in store.read_metrics()}
         assert rows[12]["loss"] is None and rows[12]["nonfinite"]["loss"] == "NaN"  # metrics stay JSON
         final = final_weights(run_uri)
