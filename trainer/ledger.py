@@ -236,6 +236,20 @@ def compute_ledger(
         ),
         "preemptions": losses,
         "lost_s": round(sum(loss["total_s"] or 0.0 for loss in losses), 3) if losses else 0.0,
+        "health": _health(mine),
+    }
+
+
+def _health(mine: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """What the health checks did (trainer/health.py): steps skipped and rollbacks, over every attempt
+    (each record holds its attempt's counters, carried on from the checkpoint it resumed from)."""
+    recorded = [r["health"] for _n, r in sorted(mine.items()) if isinstance(r.get("health"), dict)]
+    health = recorded[-1] if recorded else None
+    if not isinstance(health, dict):
+        return {"skipped_steps": 0, "rollbacks": []}
+    return {
+        "skipped_steps": int(health.get("skipped") or 0),
+        "rollbacks": list(health.get("rollbacks") or []),
     }
 
 
@@ -273,6 +287,14 @@ def ledger_lines(ledger: dict[str, Any]) -> list[tuple[str, str]]:
     if moved:
         rows.append(("data movement", f"{fmt_usd(moved.get('total_usd'))} ({moved.get('gb', 0):.1f} GB to and from the "
                      f"run store in {moved.get('store')})"))  # fmt: skip
+    for rollback in (ledger.get("health") or {}).get("rollbacks") or []:
+        rows.append(
+            (
+                "rollback",
+                f"at step {rollback.get('at_step')} to the healthy checkpoint of step {rollback.get('to_step')}"
+                f" ({rollback.get('reason')})",
+            )
+        )
     for loss in ledger.get("preemptions") or []:
         cells = ", ".join(
             f"{name} {_s(loss.get(key))}"

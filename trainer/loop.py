@@ -454,10 +454,11 @@ def fit(a: Attempt) -> int | None:
     a.observers.extend(recorders.standard(a, log_every))
     a.stop_sources.extend(_stop_sources(a))
     a.watchdog = _start_watchdog(a)
-    a.observers.insert(0, recorders.WatchdogObserver(a.watchdog, a.reporter))
+    heartbeat = recorders.WatchdogObserver(a.watchdog, a.reporter)
+    a.observers.insert(0, heartbeat)
     while a.state.step < a.steps:
         if a.par.any(a.flag.is_set()):  # all ranks stop at the same step
-            a.watchdog.beat("checkpoint")  # the final save is timed as a checkpoint, not as a step
+            heartbeat.enter("checkpoint")  # the final save is timed as a checkpoint, not as a step
             code = _stop_on_notice(a)
             a.observers.stop(a.state.step, a.flag.reason)  # the budget stop, or a preemption notice
             return code
@@ -487,7 +488,7 @@ def fit(a: Attempt) -> int | None:
                 return stop.code
             a.flag.set(stop.reason)
         if eval_every and a.state.step % eval_every == 0 and a.state.step < a.steps:
-            a.watchdog.beat("eval")
+            heartbeat.enter("eval")
             stop = (
                 (lambda: a.par.any(a.flag.is_set())) if a.par.world > 1 else a.flag.is_set
             )  # all ranks alike
@@ -495,7 +496,7 @@ def fit(a: Attempt) -> int | None:
             if result:  # {}: a notice came during it; the loop saves at once
                 a.observers.eval(a.state.step, result)
             else:
-                a.watchdog.beat("step")
+                heartbeat.enter("step")
         saved = a.checkpoints.last_step == a.state.step  # a rollback checkpointed this step already
         if a.state.step < a.steps and not saved and a.checkpoints.due(a.state.step, time.time()):
             a.observers.checkpoint_start(a.state.step)
@@ -601,8 +602,9 @@ def _stop_on_notice(a: Attempt) -> int:
 def finish(a: Attempt) -> int:
     """The last checkpoint, the held-out evaluation, the output and its records."""
     state, output_uri = a.state, a.resolved["output_uri"]
-    if a.watchdog is not None:  # the last checkpoint, eval and output are bounded by the launcher's view
+    if a.watchdog is not None:  # the last checkpoint, eval and output: no stall rule (not steps)
         a.watchdog.close()
+    a.reporter.set_state("finishing")  # a launcher watching the heartbeat leaves this state alone
     if a.checkpoints.last_step != state.step:
         a.checkpoints.save(a.model, a.optimizer, a.scheduler, state, wait=True)
     a.checkpoints.wait()
@@ -619,7 +621,8 @@ def finish(a: Attempt) -> int:
     a.reporter.finish(eval_before=state.extra.get("eval_before"), eval_after=state.extra.get("eval_after"))
     if a.par.is_main:
         _record_output(a.store, a.spec, a.resolved, a.steps, state, a.dataset, a.number, output_uri)
-    a.store.update_epoch_record(ended="finished", step=state.step)
+    health = {"health": a.health.rules.state.to_json()} if a.health is not None else {}
+    a.store.update_epoch_record(ended="finished", step=state.step, **health)
     a.measurer.record(a.store, a.checkpoints.writer)
     log(f"done: {a.steps} steps; output at {output_uri}")
     a.notifier.succeeded(state.step, getattr(a.reporter, "loss", None))

@@ -108,19 +108,28 @@ class WatchdogObserver(Observer):
     def __init__(self, watchdog: Any, reporter: Any) -> None:
         self.watchdog, self.reporter = watchdog, reporter
 
+    def enter(self, phase: str, publish: bool = True) -> None:
+        """The loop starts `phase` (step, eval, checkpoint): its own timeout, published for the launcher
+        before the phase (a long eval must not look like a frozen step from outside)."""
+        self.watchdog.beat(phase)
+        self.reporter.extra["stall_timeout_s"] = round(self.watchdog.timeout(phase), 1)
+        if publish:
+            self.reporter.write_mirror()
+
     def on_step(self, record: StepRecord) -> None:
-        self.watchdog.beat("step")
         if record.step % 20 == 1 or "stall_timeout_s" not in self.reporter.extra:
-            self.reporter.extra["stall_timeout_s"] = round(self.watchdog.timeout("step"), 1)
+            self.enter("step", publish=False)  # the reporter writes the step's progress next
+        else:
+            self.watchdog.beat("step")
 
     def on_eval(self, step: int, result: dict[str, float]) -> None:
-        self.watchdog.beat("step")
+        self.enter("step")
 
     def on_checkpoint_start(self, step: int) -> None:
-        self.watchdog.beat("checkpoint")
+        self.enter("checkpoint", publish=False)  # the reporter's "checkpointing" state writes it
 
     def on_checkpoint(self, step: int, blocking_s: float) -> None:
-        self.watchdog.beat("step")
+        self.enter("step", publish=False)  # its "running" state writes it
 
     def on_stop(self, step: int, reason: str | None) -> None:
         self.watchdog.close()

@@ -82,6 +82,7 @@ class Supervisor:
         )
         self.crashes = 0
         self.stalled_at: int | None = None  # the newest checkpoint step at the last stall
+        self.attempt_n: int | None = None  # the running attempt (set when its trainer starts)
         self.start_step = 0  # the current attempt's start (the newest checkpoint when it began)
         self.proc: subprocess.Popen[bytes] | None = None
         self.budget_stop: str | None = None

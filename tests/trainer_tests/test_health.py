@@ -116,6 +116,13 @@ def test_a_transient_nan_rolls_back_succeeds_finite_and_the_same_fault_twice_end
         assert (store.read_progress() or {})["state"] == "finished"
         record = next(iter(store.epoch_records().values()))
         assert record["ended"] == "finished" and record["health"]["rollbacks"][0]["to_step"] == 10
+        from trainer.ledger import compute_ledger, ledger_lines
+
+        ledger = compute_ledger(
+            store.epoch_records(), spent_usd=0.0, hourly_usd=0.0, ondemand_hourly_usd=None
+        )
+        assert ledger["health"]["skipped_steps"] == 4 and ledger["health"]["rollbacks"][0]["at_step"] == 15
+        assert "at step 15 to the healthy checkpoint of step 10" in dict(ledger_lines(ledger))["rollback"]
         rows = {r["step"]: r for r in store.read_metrics()}
         assert rows[12]["loss"] is None and rows[12]["nonfinite"]["loss"] == "NaN"  # metrics stay JSON
         final = final_weights(run_uri)
@@ -222,3 +229,24 @@ def test_two_fsdp_ranks_with_a_non_finite_gradient_on_one_rank_end_unhealthy_tog
     adapter = load_file(str(tmp_path / "exported" / "adapter_model.safetensors"))
     assert all(bool(t.isfinite().all()) for t in adapter.values())
     _equals_checkpoint(store, healthy[-1], adapter)
+
+
+def test_a_notice_during_a_mid_run_evaluation_abandons_it() -> None:
+    """The loop's flag is checked between evaluation batches: a notice does not wait for a long eval."""
+    import torch
+
+    from trainer.config import TrainSpec
+    from trainer.loop import evaluate
+
+    model = torch.nn.Linear(2, 2)
+    model.train()
+    asked: list[int] = []
+
+    def stop() -> bool:
+        asked.append(1)
+        return True
+
+    spec = SimpleNamespace(train=TrainSpec(micro_batch_size=1))
+    held_out = SimpleNamespace(held_out=[object()] * 500, pad_id=0)
+    assert evaluate(model, held_out, torch.device("cpu"), spec, stop) == {}  # type: ignore[arg-type]
+    assert asked == [1] and model.training  # left at the first batch, in training mode again
