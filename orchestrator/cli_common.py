@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Annotated
 
 import typer
+
+from orchestrator import status_command
 
 JobFile = Annotated[str, typer.Argument(help="the job YAML file")]
 Sets = Annotated[
@@ -15,6 +15,4 @@ Sets = Annotated[
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
-
-def print_json(payload: object) -> None:
-    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+print_json = status_command.print_json
