@@ -39,6 +39,11 @@ def _armed(point: str, step: int) -> bool:
     return (point, step, None) in _POINTS or (point, step, _ATTEMPT) in _POINTS
 
 
+def named(point: str) -> bool:
+    """Whether `point@N` is set for any N (this attempt's, or every attempt's): a switch, not a step."""
+    return bool(_POINTS) and any(n == point and a in (None, _ATTEMPT) for n, _s, a in _POINTS)
+
+
 def maybe_die(point: str, step: int) -> None:
     if _POINTS and _armed(point, step):
         os.kill(os.getpid(), signal.SIGKILL)
