@@ -63,6 +63,8 @@ def test_the_fingerprint_records_the_resolved_path_and_the_cli_leaves_auto_to_th
     assert fingerprint.changes(recorded, job, 5) == []  # the CLI cannot tell what `auto` will resolve to
     elsewhere = {**job, "train": {**job["train"], "attn_implementation": "sdpa"}}  # resolved without flash
     assert [c.field for c in fingerprint.changes(recorded, elsewhere, 5)] == ["train.attn_implementation"]
+    older = {**recorded, "fields": {k: v for k, v in recorded["fields"].items() if "attn" not in k}}
+    assert fingerprint.changes(older, elsewhere, 5) == []  # a checkpoint from before the field was recorded
 
 
 def test_a_cpu_run_under_auto_trains_with_sdpa_and_its_checkpoints_say_so(

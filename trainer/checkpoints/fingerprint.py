@@ -147,8 +147,8 @@ def changes(
         if name not in before and name not in now:
             continue
         old, new = before.get(name), now.get(name)
-        if old == new or (name in RESOLVED_BY_TRAINER and new == "auto"):
-            continue
+        if old == new or (name in RESOLVED_BY_TRAINER and (new == "auto" or name not in before)):
+            continue  # `auto`: the trainer compares what it resolved; not in an older record: not known
         if name == "train.effective_batch":
             split = recorded.get("batch_split") or [None, None]
             train = job.get("train") or {}
