@@ -22,6 +22,7 @@ from orchestrator.cli_common import (
     complete_job_id,
 )
 from orchestrator.cli_common import print_json as _print_json
+from orchestrator.entry import fast_status as _fast_status  # the plain `status` forms, parsed without typer
 from orchestrator.errors import SpecError, UserError
 
 app = typer.Typer(
@@ -109,40 +110,11 @@ def status(
     ] = None,
 ) -> None:
     """All jobs, or one job in detail."""
-    from orchestrator import status as job_status
+    from orchestrator import status_command
 
-    if plot is not None and job is None:
-        raise UserError("--plot: give a JOB: `ftorch status JOB --plot loss.png`")
-    if plot is not None:
-        from orchestrator.charts import check_plot_target
-
-        check_plot_target(plot)
-    if watch:
-        from orchestrator import follow as follow_mod
-
-        raise typer.Exit(follow_mod.watch(job, show_all=show_all))
-    if job is None:
-        rows = job_status.status_all()
-        if as_json:
-            _print_json(rows)
-        else:
-            from orchestrator import sweep
-
-            sweep.print_status(rows, show_all=show_all)  # a sweep's jobs as their group, ranked
-        return
-    detail = job_status.status_one(job)
-    if plot is not None:
-        from orchestrator.charts import plot_png
-
-        plot_png(detail, plot)
-    if as_json:
-        _print_json(detail)
-    else:
-        from orchestrator import ui
-
-        ui.print_job_detail(detail)
-        if plot is not None:
-            typer.echo(f"loss plot: {plot}")
+    code = status_command.run(job, as_json, show_all, watch, plot)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -281,45 +253,11 @@ def _register_optional_commands() -> None:
 _register_optional_commands()
 
 
-def _fast_status(argv: list[str]) -> dict[str, object] | None:
-    """`ftorch status [JOB] [--json] [--all] [--watch] [--plot F]`, parsed without typer.
-
-    typer coerces parameters through pydantic, which costs more than the whole status read; the status
-    command is what people run most, so its plain forms skip that. Anything else (help, typos, other
-    commands) goes through typer as usual.
-    """
-    if not argv or argv[0] != "status":
-        return None
-    options: dict[str, object] = {
-        "job": None,
-        "as_json": False,
-        "show_all": False,
-        "watch": False,
-        "plot": None,
-    }
-    flags = {"--json": "as_json", "--all": "show_all", "--watch": "watch"}
-    rest = iter(argv[1:])
-    for token in rest:
-        if token in flags:
-            options[flags[token]] = True
-        elif token == "--plot":
-            options["plot"] = next(rest, None)
-            if options["plot"] is None:
-                return None
-        elif token.startswith("--plot="):
-            options["plot"] = token.split("=", 1)[1]
-        elif not token.startswith("-") and options["job"] is None:
-            options["job"] = token
-        else:
-            return None
-    return options
-
-
 def main() -> None:
     try:
         fast = _fast_status(sys.argv[1:])
         if fast is not None:
-            status(**fast)  # type: ignore[arg-type]
+            status(**fast)  # type: ignore[arg-type]  # (orchestrator/entry.py also skips typer's import)
         else:
             # with standalone_mode=False click returns a command's `typer.Exit` code instead of exiting
             code = app(standalone_mode=False)

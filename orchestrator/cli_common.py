@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
+
+from orchestrator import status_command
 
 JobFile = Annotated[str, typer.Argument(help="the job YAML file")]
 Sets = Annotated[
@@ -38,8 +38,7 @@ JobId = Annotated[str, typer.Argument(help="a job id", autocompletion=complete_j
 BACKEND_NAMES = ("local", "skypilot")  # resources.backend's values (a test keeps them the schema's)
 
 
-def print_json(payload: object) -> None:
-    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+print_json = status_command.print_json
 
 
 #: `ftorch --help` lists the commands in the order a job goes through them (others after, by name)

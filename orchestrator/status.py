@@ -15,9 +15,6 @@ from typing import Any
 from orchestrator.backends.base import backend_for, get_job, reconcile
 from orchestrator.records import attempt_cost, cost_usd, preempted
 from orchestrator.registry import ACTIVE, Attempt, Job, JobState, Outcome, Registry
-from orchestrator.replan import replanned_lines
-from orchestrator.run_records import attempts_from_store
-from trainer import oom
 from trainer.stops.watchdog import stale
 
 CACHE_KIND = "final_progress"
@@ -382,6 +379,10 @@ def _attach_measured(
 def status_one(job_ref: str) -> dict[str, Any]:
     """One job in detail: the row, the attempt timeline, checkpoints, loss and cost curves, events."""
     import sys
+
+    from orchestrator.replan import replanned_lines  # the detail's alone: the jobs list loads less
+    from orchestrator.run_records import attempts_from_store
+    from trainer import oom
 
     registry = Registry()
     job = get_job(job_ref, registry)

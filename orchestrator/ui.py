@@ -15,13 +15,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.charts import loss_chart
 from orchestrator.registry import RESUMABLE, TERMINAL
-from trainer.checkpoints.fingerprint import describe_allowance
-from trainer.measure import describe as describe_measured
 from trainer.memory.facts import GIB
-from trainer.memory.load_memory import host_peak_bytes
-from trainer.oom import describe as oom_describe
 
 STATE_STYLE = {
     "PENDING": "dim",
@@ -299,6 +294,8 @@ def _attempts(d: dict[str, Any], width: int, now: float) -> RenderableType:
 
 def _measured_lines(rows: list[dict[str, Any]]) -> list[Text]:
     """A short 'measured' line per attempt that recorded one (trainer/measure.py)."""
+    from trainer.measure import describe as describe_measured  # detail only: the jobs table loads less
+
     return [
         Text(f"#{a['n']} measured: {describe_measured(a['measured'])}", style="dim")
         for a in rows
@@ -354,6 +351,9 @@ def render_detail(d: dict[str, Any], width: int) -> RenderableType:
     lost = d.get("lost_time_s") or []
     if lost:
         parts.append(Text(f"{pad}time lost per preemption: " + ", ".join(duration(s) for s in lost)))
+    from trainer.checkpoints.fingerprint import describe_allowance  # detail only, as below
+    from trainer.oom import describe as oom_describe
+
     for entry in d.get("allowed_changes") or []:
         parts.append(Text(f"{pad}resumed with an {describe_allowance(entry)}", style="yellow"))
     for entry in d.get("adaptations") or []:  # out of memory: a smaller micro-batch (trainer/oom.py)
@@ -382,6 +382,8 @@ def render_detail(d: dict[str, Any], width: int) -> RenderableType:
     parts += [Text(""), _attempts(d, width, now), Text(""), _checkpoints(d, width, now), Text("")]
     curve = d.get("loss_curve") or []
     parts.append(Text("loss", style="bold"))
+    from orchestrator.charts import loss_chart
+
     chart = loss_chart(
         curve, width - 1, height=6 if width >= NARROW else 4, markers=d.get("preemption_steps") or []
     )
@@ -505,6 +507,8 @@ def estimate_view(spec: Any, shape: Any, est: Any, trace: dict[str, Any] | None,
     if est.offload == "params" or (trace and trace.get("host_gib")):
         # traced: the larger of every rank's offloaded state and rank 0's loading copy, which it frees as
         # it sends (trainer/memory/load_memory.py host_peak_bytes); the processes are not traced
+        from trainer.memory.load_memory import host_peak_bytes
+
         host_traced = (
             sum(
                 host_peak_bytes(

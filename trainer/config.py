@@ -22,7 +22,7 @@ DataFormat = Literal["text", "instruction", "chat"]
 Precision = Literal["fp32", "bf16", "bf16-mixed", "fp16-mixed"]
 Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "sgd", "adafactor"]
 Schedule = Literal["cosine", "linear", "constant"]
-Attention = Literal["sdpa", "eager", "flash_attention_2"]
+Attention = Literal["auto", "sdpa", "eager", "flash_attention_2"]  # auto: trainer/attention.py
 Backend = Literal["local", "skypilot"]
 Fallback = Literal["none", "on-demand"]
 Policy = Literal["spot-only", "spot-fallback", "deadline", "on-demand"]
@@ -234,7 +234,9 @@ class TrainSpec(_Strict):
     precision: Precision = "bf16-mixed"
     gradient_checkpointing: bool = False
     optimizer: Optimizer = "adamw"
-    attn_implementation: Attention = "sdpa"
+    #: auto: flash_attention_2 where flash-attn is installed and the device is CUDA, else sdpa (resolved
+    #: per attempt, on the trainer's machine: trainer/attention.py); or one of them outright
+    attn_implementation: Attention = "auto"
     #: log (and report progress) every N optimizer steps; 0 = automatic
     log_every: int = Field(0, ge=0, le=MAX_STEPS)
     #: experiment trackers, one run per job across attempts: TensorBoard in <run store>/tensorboard,

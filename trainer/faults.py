@@ -68,6 +68,11 @@ def maybe_slow(point: str) -> None:
         time.sleep(seconds)
 
 
+def named(point: str) -> bool:
+    """Whether `point@N` is set for any N (this attempt's, or every attempt's): a switch, not a step."""
+    return bool(_POINTS) and any(n == point and a in (None, _ATTEMPT) for n, _s, a in _POINTS)
+
+
 def maybe_die(point: str, step: int) -> None:
     if _POINTS and _armed(point, step):
         os.kill(os.getpid(), signal.SIGKILL)

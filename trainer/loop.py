@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from trainer import envlock, exitcodes, ledger, oom, recorders, resume_check
+from trainer.attention import resolve as resolve_attention
 from trainer.checkpoints import fingerprint
 from trainer.checkpoints.checkpoint import TrainerState
 from trainer.checkpoints.checkpointer import Checkpointer
@@ -275,7 +276,8 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     # the spec fingerprint (trainer/checkpoints/fingerprint.py): a job or data changed since the newest
     # checkpoint is refused (exit 2) unless `ftorch resume --allow-change` allowed it; every checkpoint records it
     identity = data_identity(spec.data, spec.checkpoint.storage_options)
-    start_check = fingerprint.check_start(store, resolved, identity, log, listing)
+    spec, as_run = _resolve_attention(spec, resolved, device.type)
+    start_check = fingerprint.check_start(store, as_run, identity, log, listing)
     # the library versions (trainer/envlock.py): recorded with the attempt and every checkpoint; a resume
     # under other versions than the newest checkpoint's is refused (exit 2) unless --allow-change allowed it
     versions = envlock.check_start(store, resolved, log, listing)
@@ -357,6 +359,24 @@ def _open_store(
     if over:
         budget.leave_at_start(store, over)  # raises BudgetReached: exit 0 with one line
     return store, resolved, spec
+
+
+def _resolve_attention(
+    spec: JobSpec, resolved: dict[str, Any], device_type: str
+) -> tuple[JobSpec, dict[str, Any]]:
+    """train.attn_implementation resolved on this device (trainer/attention.py): the spec the attempt
+    runs, and the resolved spec with it that the fingerprint records (spec.json keeps `auto`)."""
+    requested = spec.train.attn_implementation
+    chosen = resolve_attention(requested, device_type)
+    if chosen == requested:
+        return spec, resolved
+    log(f"attention: {chosen} (train.attn_implementation: {requested})")
+    spec = spec.model_copy(update={"train": spec.train.model_copy(update={"attn_implementation": chosen})})
+    job = {
+        **resolved["job"],
+        "train": {**(resolved["job"].get("train") or {}), "attn_implementation": chosen},
+    }
+    return spec, {**resolved, "job": job}
 
 
 def _gpu_name() -> str | None:

@@ -58,6 +58,13 @@ def needs_bitsandbytes(spec: JobSpec) -> bool:
     return spec.method == "qlora" or spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit")
 
 
+def resolve(requested: str, device_type: str) -> str:
+    """train.attn_implementation for this device (trainer/attention.py; the trainer passes it resolved)."""
+    from trainer.attention import resolve as resolve_attention
+
+    return resolve_attention(requested, device_type)
+
+
 def hide_bitsandbytes() -> None:
     """peft imports bitsandbytes whenever it is installed (about a second, mostly torch._inductor), on every
     attempt's start. A job that does not use it gets it hidden: `import` fails and find_spec says None."""
@@ -78,7 +85,9 @@ def load_model(spec: JobSpec, device: torch.device) -> torch.nn.Module:
         model = load_quantized(spec, device)
     else:
         model = AutoModelForCausalLM.from_pretrained(
-            spec.model, dtype=base_dtype(spec), attn_implementation=spec.train.attn_implementation
+            spec.model,
+            dtype=base_dtype(spec),
+            attn_implementation=resolve(spec.train.attn_implementation, device.type),
         )
     return prepare_model(model, spec, device)
 

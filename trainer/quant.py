@@ -86,12 +86,14 @@ def load_quantized(spec: JobSpec, device: torch.device) -> torch.nn.Module:
     """The base model, quantized to 4 bits as it loads, made ready for adapter training."""
     from transformers import AutoModelForCausalLM
 
+    from trainer.attention import resolve as resolve_attention
+
     check_available(device)
     model = AutoModelForCausalLM.from_pretrained(
         spec.model,
         quantization_config=bnb_config(spec),
         dtype=COMPUTE[spec.quantization.compute_dtype],
-        attn_implementation=spec.train.attn_implementation,
+        attn_implementation=resolve_attention(spec.train.attn_implementation, device.type),
         device_map={"": device},
     )
     return prepare_quantized(model, spec)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from trainer.attention import planned as planned_attention  # the trainer passes auto resolved
 from trainer.config import JobSpec
 from trainer.model import base_dtype, hide_bitsandbytes, load_model, needs_bitsandbytes, prepare_model
 
@@ -36,7 +37,9 @@ def meta_model(spec: JobSpec) -> torch.nn.Module:
     config = AutoConfig.from_pretrained(spec.model)
     with META:
         model = AutoModelForCausalLM.from_config(
-            config, dtype=base_dtype(spec), attn_implementation=spec.train.attn_implementation
+            config,
+            dtype=base_dtype(spec),
+            attn_implementation=planned_attention(spec.train.attn_implementation),
         )
         return prepare_model(model, spec, META)
 
@@ -113,7 +116,7 @@ def quantized_meta_model(spec: JobSpec, packed: dict[str, torch.Size], config: A
         model = AutoModelForCausalLM.from_config(
             config,
             dtype=COMPUTE[spec.quantization.compute_dtype],
-            attn_implementation=spec.train.attn_implementation,
+            attn_implementation=planned_attention(spec.train.attn_implementation),
         )
         quantizer.preprocess_model(model, device_map={"": META}, dtype=model.dtype)
         for name, module in model.named_modules():

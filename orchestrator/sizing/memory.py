@@ -37,6 +37,7 @@ from typing import Any
 
 from orchestrator.errors import SpecError
 from orchestrator.sizing.shapes import ModelShape, resolve_shape
+from trainer.attention import planned as planned_attention
 from trainer.memory import facts
 from trainer.memory.facts import GIB
 from trainer.memory.load_memory import (
@@ -533,7 +534,7 @@ def settings_from_spec(spec: Any, n_gpus: int | None = None, offload: str | None
         micro_batch=layout.micro_batch,
         seq_len=spec.data.max_seq_len,
         grad_ckpt=spec.train.gradient_checkpointing,
-        attn=spec.train.attn_implementation,
+        attn=planned_attention(spec.train.attn_implementation),  # auto counted as SDPA
         packing=spec.data.packing,
         lora_r=spec.lora.r,
         lora_targets=targets if isinstance(targets, str) else tuple(targets),

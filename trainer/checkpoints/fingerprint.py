@@ -34,12 +34,16 @@ FIELDS = (
     "train.precision", "train.optimizer",
     "train.optimizer_in_backward",  # one optimizer per parameter: its state and schedule differ in shape
     "train.loss", "train.kernels",  # the loss's path and fused kernels round differently (trainer/loss.py)
+    "train.attn_implementation",  # attention kernels round differently; `auto` is recorded resolved
 )  # fmt: skip
+#: fields whose `auto` the trainer resolves on its machine (trainer/attention.py) and records resolved:
+#: only the trainer, which knows what it resolves to, compares them (the CLI skips `auto`)
+RESOLVED_BY_TRAINER = ("train.attn_implementation",)
 #: settings that stay free on resume (the rest of the schema): a test checks that every field is in one
 FREE = (
     "name", "data.tokens", "data.eval_path", "data.eval_split", "data.num_proc",
     "train.micro_batch_size", "train.grad_accum",  # free while their product, the effective batch, is kept
-    "train.gradient_checkpointing", "train.attn_implementation", "train.log_every", "train.report_to",
+    "train.gradient_checkpointing", "train.log_every", "train.report_to",
     "train.eval_every", "train.offload", "train.health", "checkpoint", "output", "resources", "local", "notify",
 )  # fmt: skip
 #: spec.json's list of changes `ftorch resume --allow-change` allowed
@@ -155,8 +159,8 @@ def changes(
         if name not in before and name not in now:
             continue
         old, new = before.get(name), now.get(name)
-        if old == new:
-            continue
+        if old == new or (name in RESOLVED_BY_TRAINER and (new == "auto" or name not in before)):
+            continue  # `auto`: the trainer compares what it resolved; not in an older record: not known
         if name == "train.effective_batch":
             split = recorded.get("batch_split") or [None, None]
             train = job.get("train") or {}

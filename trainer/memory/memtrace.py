@@ -421,7 +421,9 @@ def trace(
 
     started, cpu = time.perf_counter(), time.process_time()
     notes = []
-    attn = spec.train.attn_implementation
+    from trainer.attention import planned
+
+    attn = planned(spec.train.attn_implementation)  # auto: traced as SDPA, as the estimate counts it
     if attn == "flash_attention_2":
         attn = "sdpa"
         notes.append("flash_attention_2 traced as SDPA's flash path (same saved tensors)")

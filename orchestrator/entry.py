@@ -1,0 +1,80 @@
+"""The `ftorch` console script: the commands that must answer at once, without the CLI framework.
+
+`ftorch --help` (and bare `ftorch`) print orchestrator/cli_help.py's list; the plain `ftorch status` forms
+run orchestrator/status_command.py. Importing typer (with click, rich's markdown, pydantic) costs more than
+a status read over 1,000 jobs, so these skip it; everything else (other commands, `status --help`, typos)
+goes to orchestrator.cli, which parses and reports as before.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def fast_status(argv: list[str]) -> dict[str, object] | None:
+    """`ftorch status [JOB] [--json] [--all] [--watch] [--plot F]` parsed as typer would, or None for
+    anything else (help, usage errors, other commands: typer handles and reports those)."""
+    if not argv or argv[0] != "status":
+        return None
+    options: dict[str, object] = {
+        "job": None,
+        "as_json": False,
+        "show_all": False,
+        "watch": False,
+        "plot": None,
+    }
+    flags = {"--json": "as_json", "--all": "show_all", "--watch": "watch"}
+    rest = iter(argv[1:])
+    for token in rest:
+        if token in flags:
+            options[flags[token]] = True
+        elif token == "--plot":
+            options["plot"] = next(rest, None)
+            if options["plot"] is None:
+                return None
+        elif token.startswith("--plot="):
+            options["plot"] = token.split("=", 1)[1]
+        elif not token.startswith("-") and options["job"] is None:
+            options["job"] = token
+        else:
+            return None
+    return options
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv in ([], ["--help"]):  # typer: help on stdout; exit 2 without arguments (no_args_is_help)
+        from orchestrator.cli_help import render
+
+        sys.stdout.write(render("ftorch") + "\n")
+        sys.exit(2 if not argv else 0)
+    fast = fast_status(argv)
+    if fast is None:
+        from orchestrator import cli
+
+        cli.main()
+        return
+    from orchestrator.errors import SpecError, UserError
+
+    try:
+        code = _status(fast)
+    except (SpecError, UserError) as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # as orchestrator.cli.main reports it
+        sys.stderr.write(f"error: {exc.__class__.__name__}: {exc}\n")
+        sys.exit(1)
+    if code:
+        sys.exit(code)
+
+
+def _status(options: dict[str, object]) -> int:
+    from orchestrator import status_command
+
+    return status_command.run(**options)  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    main()
