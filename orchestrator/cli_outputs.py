@@ -34,11 +34,19 @@ def export_cmd(
 ) -> None:
     """Write a PEFT adapter (or, with --merge, a merged model) from a checkpoint of JOB."""
     from orchestrator import jobs
-    from trainer.runstore.storage import join_uri
 
     record = jobs.get_job(job)
     options = record.spec.get("checkpoint", {}).get("storage_options") or {}
+    from orchestrator.progress import quiet_libraries, spinner
+
+    with spinner(f"exporting {record.job_id}: loading the base model and the checkpoint"), quiet_libraries():
+        result = _export(record, step, merge, to, force, options)
+    typer.echo(f"{result['kind']} from step {result['step']} of {record.job_id}: {result['to']}")
+
+
+def _export(record: Any, step: int | None, merge: bool, to: str | None, force: bool, options: dict) -> dict:
     from trainer.export import ExportError, export, pick_checkpoint  # torch: only for this command
+    from trainer.runstore.storage import join_uri
     from trainer.runstore.store import RunStore
 
     try:
@@ -47,10 +55,9 @@ def export_cmd(
             to = join_uri(record.run_uri, "exports", f"step-{chosen:08d}" + ("-merged" if merge else ""))
         elif "://" not in to:
             to = os.path.abspath(to)
-        result = export(record.run_uri, to, step=step, merge=merge, storage_options=options, force=force)
+        return export(record.run_uri, to, step=step, merge=merge, storage_options=options, force=force)
     except ExportError as exc:
         raise UserError(str(exc)) from None
-    typer.echo(f"{result['kind']} from step {result['step']} of {record.job_id}: {result['to']}")
 
 
 COLUMNS = ("step", "attempt", "loss", "lr", "grad_norm", "eval_loss", "tokens", "tokens_per_s", "time")
