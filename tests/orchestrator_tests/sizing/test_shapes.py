@@ -143,6 +143,10 @@ def test_unknown_lora_target_is_a_spec_error():
         bundled_shape("llama-3.1-8b").lora_params(8, ["c_attn"])
     with pytest.raises(SpecError, match="query_key_value"):  # Falcon's names are its own, not Llama's
         bundled_shape("falcon-7b").lora_params(8, ["q_proj", "v_proj"])
+    with pytest.raises(SpecError, match="c_attn is not a linear layer"):  # one of several: not ignored
+        bundled_shape("llama-3.1-8b").lora_params(8, ["q_proj", "c_attn"])
+    shape = bundled_shape("llama-3.1-8b")  # modules outside the layers and dotted suffixes are PEFT's too
+    assert shape.lora_params(8, ["self_attn.q_proj", "lm_head"]) == shape.lora_params(8, ["q_proj"])
 
 
 def test_fused_and_two_matrix_architectures_are_not_sized_as_llama():
