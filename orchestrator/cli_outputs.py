@@ -50,7 +50,6 @@ def export_cmd(
     """Write a PEFT adapter (or, with --merge, a merged model) from a checkpoint of JOB, with its model
     card and training_summary.json; optionally push it to the Hugging Face Hub."""
     from orchestrator import jobs
-    from trainer.runstore.storage import join_uri
 
     record = jobs.get_job(job)
     options = record.spec.get("checkpoint", {}).get("storage_options") or {}
@@ -62,8 +61,29 @@ def export_cmd(
             check_repo_id(repo)
         except ValueError as exc:
             raise UserError(f"--push-to-hub: {exc}") from None
-    from trainer.export import ExportError, export, pick_checkpoint  # torch: only for this command
+    from orchestrator.progress import quiet_libraries, spinner
     from trainer.hub_push import PushError
+
+    try:
+        with (
+            spinner(f"exporting {record.job_id}: loading the base model and the checkpoint"),
+            quiet_libraries(),
+        ):
+            result = _export(record, step, merge, to, force, options, repo, public)
+    except PushError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        raise typer.Exit(1) from None
+    typer.echo(f"{result['kind']} from step {result['step']} of {record.job_id}: {result['to']}")
+    if result.get("pushed"):
+        typer.echo(f"pushed to {result['pushed']['url']}")
+
+
+def _export(
+    record: Any, step: int | None, merge: bool, to: str | None, force: bool, options: dict,
+    repo: str | None, public: bool,
+) -> dict:  # fmt: skip
+    from trainer.export import ExportError, export, pick_checkpoint  # torch: only for this command
+    from trainer.runstore.storage import join_uri
     from trainer.runstore.store import RunStore
 
     try:
@@ -72,18 +92,12 @@ def export_cmd(
             to = join_uri(record.run_uri, "exports", f"step-{chosen:08d}" + ("-merged" if merge else ""))
         elif "://" not in to:
             to = os.path.abspath(to)
-        result = export(
+        return export(
             record.run_uri, to, step=step, merge=merge, storage_options=options, force=force,
             push_to=repo, private=not public,
         )  # fmt: skip
     except ExportError as exc:
         raise UserError(str(exc)) from None
-    except PushError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        raise typer.Exit(1) from None
-    typer.echo(f"{result['kind']} from step {result['step']} of {record.job_id}: {result['to']}")
-    if result.get("pushed"):
-        typer.echo(f"pushed to {result['pushed']['url']}")
 
 
 COLUMNS = ("step", "attempt", "loss", "lr", "grad_norm", "eval_loss", "tokens", "tokens_per_s", "time")

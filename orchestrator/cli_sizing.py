@@ -62,9 +62,11 @@ def estimate_cmd(
     est, offloaded = _offload_as_plan_does(spec, shape, est)
     traced, why = None, None
     if trace:
+        from orchestrator.progress import spinner
         from orchestrator.sizing.tracing import trace_job
 
-        result = trace_job(spec, shape, [est.n_gpus], load=True)
+        with spinner(f"tracing the training step of {spec.model} on fake tensors (cached after the first)"):
+            result = trace_job(spec, shape, [est.n_gpus], load=True)
         traced, why = result.results.get(est.n_gpus), result.error
     measured = measured_for(spec, est.n_gpus)
     if as_json:
@@ -172,9 +174,11 @@ def plan_cmd(
 ) -> None:
     """Rank the offers by expected cost: fits or why not, hours, cost on spot and on demand, the choice."""
     from orchestrator.planner import make_plan
+    from orchestrator.progress import spinner
 
     spec = _load(job_file, set_)
-    plan = make_plan(spec, offline=offline, online_shapes=online, trace=not no_trace)
+    with spinner("planning: reading the catalog and tracing the close calls (cached after the first)"):
+        plan = make_plan(spec, offline=offline, online_shapes=online, trace=not no_trace)
     if as_json:
         _print_json(plan.to_json())
         if plan.chosen is None:

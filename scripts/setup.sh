@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# Create (or reuse) .venv in the repository and install ftorch into it, editable.
-#   scripts/setup.sh [EXTRAS]     EXTRAS defaults to "test" (what the test suite needs)
+# Create (or reuse) a virtual environment and install ftorch into it, editable: the README's install route.
+#   scripts/setup.sh [EXTRAS]     EXTRAS defaults to "test" (what the test suite needs); e.g. s3,plot,skypilot
+# FTORCH_VENV chooses the environment's folder (default .venv in the repository).
 # torch is installed first, pinned (FTORCH_TORCH overrides, e.g. FTORCH_TORCH="torch==2.9.1"), unless the
-# venv already has one: an unpinned torch would pull a multi-GB CUDA build on a CPU-only machine.
+# venv already has one. On a machine without an NVIDIA GPU it comes from PyTorch's CPU index: PyPI's Linux
+# torch is the CUDA build, several GB of CUDA libraries a CPU machine cannot use.
+# With the skypilot extra, pip gets scripts/constraints-skypilot.txt (SkyPilot 0.14 pins click<8.2; without
+# the constraints pip backtracks for many minutes, see bench/install_time.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-test}"
 python="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-  "$python" -m venv .venv
+venv="${FTORCH_VENV:-.venv}"
+if [ ! -x "$venv/bin/python" ]; then
+  "$python" -m venv "$venv"
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
-  .venv/bin/python -m pip install --quiet "${FTORCH_TORCH:-torch==2.13.0}"
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+  torch_index=()
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    torch_index=(--index-url "${FTORCH_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}")
+  fi
+  "$venv/bin/python" -m pip install --quiet "${FTORCH_TORCH:-torch==2.13.0}" "${torch_index[@]}"
 fi
-.venv/bin/python -m pip install --quiet -e ".[${extras}]"
-.venv/bin/python -c "import torch, transformers, peft, orchestrator, trainer" \
+constraints=()
+case ",$extras," in
+  *,skypilot,*) constraints=(-c scripts/constraints-skypilot.txt) ;;
+esac
+"$venv/bin/python" -m pip install --quiet -e ".[${extras}]" "${constraints[@]}"
+"$venv/bin/python" -c "import torch, transformers, peft, orchestrator, trainer" \
   || { echo "setup failed: the venv cannot import ftorch's dependencies" >&2; exit 1; }
-echo "ftorch is set up in .venv ($(.venv/bin/ftorch --help >/dev/null && echo .venv/bin/ftorch works))"
+echo "ftorch is set up in $venv ($("$venv/bin/ftorch" --help >/dev/null && echo "$venv/bin/ftorch works"))"

@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.checkpoints.fingerprint import SpecChanged
     from trainer.data.dataset import DataError
     from trainer.layout import LayoutError
+    from trainer.model_check import DeviceUnavailable, LoraTargetMissing, ModelUnavailable
+    from trainer.quant import QuantUnavailable
     from trainer.runstore.progress import log
     from trainer.runstore.storage import LinkRefused
     from trainer.runstore.store import Fenced, StoreGone
@@ -58,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         options = json.loads(os.environ.get("FTORCH_STORAGE_OPTIONS") or "{}")
         return run(args.run_uri, args.attempt, options)
     except (DataError, LayoutError, SpecChanged, ValidationError) as exc:
+        log(f"error: {exc}")
+        return exitcodes.BAD_CONFIG
+    except (ModelUnavailable, LoraTargetMissing, DeviceUnavailable, QuantUnavailable) as exc:  # no retry
+        # changes these: a gated/missing/uncached model, a LoRA target it lacks, a device not here
         log(f"error: {exc}")
         return exitcodes.BAD_CONFIG
     except (FileNotFoundError, LinkRefused, StoreGone) as exc:  # no retry helps: a link out of the

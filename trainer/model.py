@@ -25,7 +25,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def pick_device(preference: str) -> torch.device:
     if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise RuntimeError("local.device: cuda was asked for but no CUDA device is visible")
+            from trainer.model_check import DeviceUnavailable
+
+            raise DeviceUnavailable("local.device: cuda was asked for but no CUDA device is visible")
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
 
@@ -44,7 +46,9 @@ def base_dtype(spec: JobSpec) -> torch.dtype:
 def load_tokenizer(spec: JobSpec) -> Any:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(spec.model)
+    from trainer.model_check import from_hub
+
+    tokenizer = from_hub(spec, AutoTokenizer.from_pretrained)
     if spec.data.chat_template:  # data.chat_template replaces the model's (and is saved with the output)
         from trainer.data.check import chat_template_text
 
@@ -84,8 +88,11 @@ def load_model(spec: JobSpec, device: torch.device) -> torch.nn.Module:
 
         model = load_quantized(spec, device)
     else:
-        model = AutoModelForCausalLM.from_pretrained(
-            spec.model,
+        from trainer.model_check import from_hub
+
+        model = from_hub(
+            spec,
+            AutoModelForCausalLM.from_pretrained,
             dtype=base_dtype(spec),
             attn_implementation=resolve(spec.train.attn_implementation, device.type),
         )
@@ -105,6 +112,9 @@ def prepare_model(model: torch.nn.Module, spec: JobSpec, device: torch.device) -
     if spec.method in ("lora", "qlora"):
         from peft import get_peft_model
 
+        from trainer.model_check import check_targets
+
+        check_targets(model, spec.lora.target_modules, spec.model)
         if spec.train.gradient_checkpointing:
             model.enable_input_require_grads()
         torch.manual_seed(spec.train.seed)

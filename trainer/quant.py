@@ -87,10 +87,12 @@ def load_quantized(spec: JobSpec, device: torch.device) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     from trainer.attention import resolve as resolve_attention
+    from trainer.model_check import from_hub
 
     check_available(device)
-    model = AutoModelForCausalLM.from_pretrained(
-        spec.model,
+    model = from_hub(
+        spec,
+        AutoModelForCausalLM.from_pretrained,
         quantization_config=bnb_config(spec),
         dtype=COMPUTE[spec.quantization.compute_dtype],
         attn_implementation=resolve_attention(spec.train.attn_implementation, device.type),
@@ -130,3 +132,18 @@ def quantized_modules(model: torch.nn.Module) -> int:
     except ImportError:
         return 0
     return sum(1 for m in model.modules() if isinstance(m, bnb.nn.Linear4bit))
+
+
+def device_problem(method: str, device: str) -> tuple[str, str] | None:
+    """Why this machine cannot run the job: local.device: cuda needs a CUDA GPU, QLoRA a bitsandbytes
+    that supports the device the job would run on (trainer/quant.py's own check, asked before a launch)."""
+    cuda = torch.cuda.is_available()
+    if device == "cuda" and not cuda:
+        return "local.device", "cuda was asked for but no CUDA device is visible here; use auto or cpu"
+    if method != "qlora":
+        return None
+    try:
+        check_available(torch.device("cuda" if cuda and device != "cpu" else "cpu"))
+    except QuantUnavailable as exc:
+        return "method", str(exc).removeprefix("method: ")
+    return None

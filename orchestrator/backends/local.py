@@ -12,11 +12,15 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import procs
 from orchestrator.backends.base import Backend
 from orchestrator.logtail import LogTail
 from orchestrator.registry import Job, JobState, Outcome, Registry
+
+if TYPE_CHECKING:
+    from trainer.config import JobSpec
 
 
 def start_supervisor(registry: Registry, job: Job) -> int:
@@ -87,6 +91,17 @@ class LocalBackend(Backend):
     """Jobs run by a detached supervisor process on this machine."""
 
     name = "local"
+
+    def check(self, spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:
+        from orchestrator.backends.local_preflight import preflight
+
+        return preflight(spec)
+
+    def prepare(self, spec: JobSpec, job_id: str, run_uri: str) -> Any:
+        from orchestrator.backends.local_preflight import preflight
+
+        preflight(spec)
+        return None
 
     def start(self, registry: Registry, job: Job, prepared: object = None) -> None:
         wait_for_previous_trainer(registry, job)

@@ -3,8 +3,9 @@
 names; they are kept side by side so a new family is added next to the ones it resembles.)
 
 A shape comes from a local folder with `config.json`, from the bundled table of popular architectures
-(`orchestrator/data/shapes.json`, works offline), or from the Hugging Face Hub (config only, opt-in with
-`online=True`, cached under `$FTORCH_HOME/hub`). Parameter counts are computed from the architecture per
+(`orchestrator/data/shapes.json`, works offline), from the Hugging Face cache (huggingface_hub's: HF_HOME,
+HF_HUB_CACHE), or from the Hub (config only, opt-in with `online=True`, into that cache; HF_TOKEN,
+HF_ENDPOINT and HF_HUB_OFFLINE apply: orchestrator/hub_check.py). Parameter counts are computed from the architecture per
 family with the architecture's real module names (llama, mistral, mixtral, qwen2, gemma, gemma2, phi,
 phi3, falcon with its fused query_key_value and 2-matrix MLP, gpt_neox, stablelm);
 `tests/orchestrator_tests/sizing/test_shapes.py` checks them against transformers models built on the meta device.
@@ -14,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import SpecError
-from orchestrator.home import ftorch_home, private_dir, write_private
+from orchestrator.hub_check import cached_config, download_config, looks_like_hub_id
 
 #: families whose layer layout is modelled exactly; other llama-like configs are sized approximately
 FAMILIES = (
@@ -41,7 +40,6 @@ FAMILIES = (
 )
 #: families whose norms are LayerNorm with a bias (2 x hidden parameters each)
 NORM_BIAS = ("phi", "falcon", "gpt_neox", "stablelm")
-HUB_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +65,16 @@ class Linear:
     @property
     def params(self) -> int:
         return self.weight_params + (self.d_out * self.per_layer if self.bias else 0)
+
+
+#: modules outside the decoder layers that LoRA may adapt too (not counted by the estimate)
+OUTSIDE_LAYERS = frozenset({"lm_head", "embed_tokens", "embed_out", "wte", "word_embeddings"})
+
+
+def _same_module(name: str, target: str) -> bool:
+    """PEFT's match of a target_modules entry (the module's name or a dotted suffix of it), either way
+    round, since shapes name modules relative to the layer ('experts.down_proj')."""
+    return name == target or name.endswith(f".{target}") or target.endswith(f".{name}")
 
 
 @dataclass(frozen=True)
@@ -151,7 +159,18 @@ class ModelShape:
         if target_modules == "all-linear":
             return candidates
         wanted = set(target_modules)
-        chosen = [lin for lin in candidates if lin.name in wanted]
+        chosen = [lin for lin in candidates if any(_same_module(lin.name, t) for t in wanted)]
+        unknown = sorted(
+            t
+            for t in wanted
+            if t not in OUTSIDE_LAYERS and not any(_same_module(n.name, t) for n in candidates)
+        )
+        if unknown and chosen and not self.approximate:  # PEFT would silently adapt fewer layers
+            names = ", ".join(lin.name for lin in candidates)
+            raise SpecError(
+                "lora.target_modules",
+                f"{', '.join(unknown)} is not a linear layer of {self.name} ({self.family}); valid: {names}",
+            )
         if not chosen:
             names = ", ".join(lin.name for lin in candidates)
             raise SpecError(
@@ -360,44 +379,10 @@ def bundled_shape(name: str) -> ModelShape | None:
     return shape_from_config(cfg, key, "bundled")
 
 
-# ---- hub (opt-in) ------------------------------------------------------------------------------------
-def _hub_cache_path(repo_id: str) -> Path:
-    return ftorch_home() / "hub" / repo_id.replace("/", "--") / "config.json"
-
-
-def _write_hub_cache(repo_id: str, cfg: dict) -> None:
-    folder = private_dir("hub", repo_id.replace("/", "--"))
-    write_private(folder / "config.json", json.dumps(cfg).encode())
-
-
-def _looks_like_hub_id(model: str) -> bool:
-    parts = model.split("/")
-    return len(parts) == 2 and all(parts) and not model.startswith((".", "/", "~"))
-
-
-def fetch_hub_config(repo_id: str, timeout_s: float = HUB_TIMEOUT_S) -> dict[str, Any]:
-    """Download only config.json from the Hub (HF_TOKEN is used for gated models) and cache it."""
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-    request = urllib.request.Request(f"{endpoint}/{repo_id}/resolve/main/config.json")
-    token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (https only)
-            cfg = json.loads(response.read().decode("utf-8"))
-    except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
-        raise SpecError(
-            "model",
-            f"could not fetch {repo_id}/config.json from the Hub ({exc}); "
-            "give a local folder with config.json or a bundled shape name",
-        ) from None
-    _write_hub_cache(repo_id, cfg)
-    return cfg
-
-
 # ---- resolution --------------------------------------------------------------------------------------
 def resolve_shape(model: str, *, online: bool = False) -> ModelShape:
-    """A local folder (or config.json) first, then the bundled table, the Hub cache, and the Hub if online."""
+    """A local folder (or config.json) first, then the bundled table, the Hugging Face cache, and the Hub
+    if online (into that cache)."""
     path = Path(os.path.expanduser(model))
     if path.is_dir() and (path / "config.json").is_file():
         return _from_file(path / "config.json", path.name)
@@ -406,14 +391,19 @@ def resolve_shape(model: str, *, online: bool = False) -> ModelShape:
     shape = bundled_shape(model)
     if shape is not None:
         return shape
-    if _looks_like_hub_id(model):
-        cached = _hub_cache_path(model)
-        if cached.is_file():
+    if looks_like_hub_id(model):
+        cached = cached_config(model)
+        if cached is not None:
             return _from_file(cached, model, source="hub (cached)")
         if online:
-            return shape_from_config(fetch_hub_config(model), model, "hub")
+            return _from_file(download_config(model), model, source="hub")
     examples = ", ".join(bundled_names()[:6])
-    hint = "pass --online to fetch its config.json from the Hub" if _looks_like_hub_id(model) else ""
+    hint = (
+        "it is not in the Hugging Face cache either (HF_HOME / HF_HUB_CACHE); pass --online to fetch its "
+        "config.json from the Hub"
+        if looks_like_hub_id(model)
+        else ""
+    )
     raise SpecError(
         "model",
         f"{model!r} is not a folder with config.json nor a bundled shape (e.g. {examples}, ...)"

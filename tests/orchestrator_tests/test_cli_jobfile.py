@@ -19,7 +19,25 @@ from orchestrator.registry import Registry
 
 @pytest.mark.parametrize("backend", ["local", "skypilot"])
 @pytest.mark.parametrize("method", ["lora", "qlora", "full"])
-def test_every_starter_job_validates(tmp_path: Path, method: str, backend: str) -> None:
+def test_every_starter_job_validates(
+    tmp_path: Path, method: str, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a local job's model must be on this machine: its config in the Hugging Face cache, as `hf download`
+    # leaves it (the local preflight refuses a model that is neither cached nor reachable)
+    import json
+
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    from orchestrator.sizing.shapes import bundled_configs
+
+    repo = tmp_path / "hf" / repo_folder_name(repo_id="meta-llama/Llama-3.1-8B", repo_type="model")
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("e" * 40)
+    (repo / "snapshots" / ("e" * 40)).mkdir(parents=True)
+    cfg = {k: v for k, v in bundled_configs()["llama-3.1-8b"].items() if k != "aliases"}
+    (repo / "snapshots" / ("e" * 40) / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.jsonl").write_text('{"instruction": "a", "output": "b"}\n')
     out = tmp_path / "job.yaml"

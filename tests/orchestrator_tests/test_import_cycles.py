@@ -171,6 +171,7 @@ FLOORS = {
     "orchestrator.follow": STATUS,
     "orchestrator.ui": STATUS,
     "orchestrator.charts": STATUS,
+    "orchestrator.progress": STATUS,  # the CLI's spinner and library-noise silencer
     # the CLI
     "orchestrator.cli": CLI,
     "orchestrator.cli_common": CLI,

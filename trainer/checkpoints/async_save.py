@@ -54,6 +54,8 @@ class AsyncCheckpointer:
         self.store = store
         self.keep = keep
         self.log = log
+        #: the steps whose "saved" line is logged (the Checkpointer chooses); None: every step's
+        self.loud_steps: set[int] | None = None
         #: the manifest's `meta` (checkpointer.manifest_meta)
         self.meta = dict(meta or {})
         self.asynchronous = asynchronous
@@ -133,7 +135,10 @@ class AsyncCheckpointer:
             except Exception as exc:  # noqa: BLE001 - pruning is housekeeping; the next save retries it
                 self.log(f"pruning old checkpoints failed ({exc.__class__.__name__}: {exc}); will retry")
             size = sum(len(b) for b in blobs.values())
-            self.log(f"checkpoint {snap.step} saved ({_size(size)})")
+            loud = self.loud_steps is None or snap.step in self.loud_steps
+            (self.log if loud else debug)(f"checkpoint {snap.step} saved ({_size(size)})")
+            if self.loud_steps is not None:
+                self.loud_steps.discard(snap.step)
             debug(
                 f"checkpoint {name}: training blocked {result.blocking_s * 1000:.0f} ms, "
                 f"upload {result.upload_s * 1000:.0f} ms, {size} bytes"

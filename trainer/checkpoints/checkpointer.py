@@ -92,6 +92,12 @@ class Checkpointer:
         self.resumed_from: CheckpointInfo | None = None
         self.auto = AutoInterval(history=History.from_epochs(store.epoch_records(), store.epoch, time.time()))
         self.interval_s: float | None = None
+        # "checkpoint N saved" at info level for the first save, a save that ends the attempt and the first
+        # after the interval changes; the rest at debug (they were most of a run's log)
+        self._loud_next = True
+        self._told_interval: float | None = None
+        if hasattr(self.writer, "loud_steps"):
+            self.writer.loud_steps = set()
         self._uploaded = self.writer.last
         #: called before each save: what must be in the store before the checkpoint's manifest
         self.before_save: list[Callable[[], None]] = []
@@ -173,10 +179,15 @@ class Checkpointer:
 
     def _auto_interval(self) -> float:
         interval, why = self.auto.choose()
-        if self.interval_s is None:  # the first choice; later re-estimates only at debug level
+        told = self._told_interval
+        if told is None:
             log(f"checkpoint every {interval:.0f} s (auto; FTORCH_LOG_LEVEL=debug says why)")
-        if self.interval_s is None or abs(interval - self.interval_s) > 0.2 * self.interval_s:
+        elif abs(interval - told) > 0.2 * told:  # the log's figure stays the interval in use
+            log(f"checkpoint every {interval:.0f} s now (auto, from the measured save and upload times)")
+        if told is None or abs(interval - told) > 0.2 * told:
             debug(f"checkpoint interval (auto) {why}")
+            self._told_interval = interval
+            self._loud_next = True
         self.interval_s = interval
         return interval
 
@@ -192,6 +203,10 @@ class Checkpointer:
         for flush in self.before_save:
             flush()
         maybe_slow("slow-save")  # FTORCH_FAULTS=slow-save@MS (tests: a slow store on demand)
+        loud = getattr(self.writer, "loud_steps", None)
+        if loud is not None and (wait or self._loud_next):
+            loud.add(state.step)
+            self._loud_next = False
         try:
             result = self.writer.save(model, optimizer, scheduler, state, wait=wait)
             if wait:

@@ -117,6 +117,8 @@ class ShardedWriter:
         self.durable_step: int | None = None
         #: the newest committed save (rank 0), with its measured upload time
         self.last: SaveResult | None = None
+        #: the steps whose "saved" line is logged (the Checkpointer chooses); None: every step's
+        self.loud_steps: set[int] | None = None
 
     def poll(self) -> None:
         """Rank 0 commits a finished background save at the next step boundary."""
@@ -199,7 +201,12 @@ class ShardedWriter:
         pending.result.upload_s = elapsed
         self.last = pending.result
         size = sum(meta["dcp_files"].values()) + sum(len(b) for b in pending.blobs.values())
-        log(f"checkpoint {pending.step} saved ({size / 1024:.0f} KiB, sharded over {self.par.world} ranks)")
+        loud = self.loud_steps is None or pending.step in self.loud_steps
+        (log if loud else debug)(
+            f"checkpoint {pending.step} saved ({size / 1024:.0f} KiB, sharded over {self.par.world} ranks)"
+        )
+        if self.loud_steps is not None:
+            self.loud_steps.discard(pending.step)
         debug(f"checkpoint {checkpoint_name(pending.step)}: {elapsed * 1000:.0f} ms from save to commit")
 
     def _dcp_files(self, step: int) -> dict[str, int]:

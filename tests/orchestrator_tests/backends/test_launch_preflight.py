@@ -37,7 +37,12 @@ class FakeHub(BaseHTTPRequestHandler):
 
 
 @pytest.fixture()
-def hub() -> Iterator[str]:
+def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The stand-in Hub on 127.0.0.1; huggingface_hub's offline switch (the suite sets HF_HUB_OFFLINE so
+    that nothing reaches the real Hub) is turned off for requests to it."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -57,7 +62,10 @@ def test_gated_or_missing_models_are_refused_before_a_vm(hub: str) -> None:
         check_hub_model("nobody/nothing", {"HF_ENDPOINT": hub, "HF_TOKEN": "good"})
 
 
-def test_a_hub_that_does_not_answer_does_not_hang_the_launch() -> None:
+def test_a_hub_that_does_not_answer_does_not_hang_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(1)  # accepts, never answers

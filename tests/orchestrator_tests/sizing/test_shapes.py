@@ -143,6 +143,10 @@ def test_unknown_lora_target_is_a_spec_error():
         bundled_shape("llama-3.1-8b").lora_params(8, ["c_attn"])
     with pytest.raises(SpecError, match="query_key_value"):  # Falcon's names are its own, not Llama's
         bundled_shape("falcon-7b").lora_params(8, ["q_proj", "v_proj"])
+    with pytest.raises(SpecError, match="c_attn is not a linear layer"):  # one of several: not ignored
+        bundled_shape("llama-3.1-8b").lora_params(8, ["q_proj", "c_attn"])
+    shape = bundled_shape("llama-3.1-8b")  # modules outside the layers and dotted suffixes are PEFT's too
+    assert shape.lora_params(8, ["self_attn.q_proj", "lm_head"]) == shape.lora_params(8, ["q_proj"])
 
 
 def test_fused_and_two_matrix_architectures_are_not_sized_as_llama():
@@ -178,37 +182,111 @@ def test_aliases_and_hub_ids_resolve_offline(monkeypatch):
         resolve_shape("some-org/unknown-model")
 
 
-def test_hub_config_cache_is_used(ftorch_home: Path, monkeypatch):
-    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+def hf_cache_entry(hub_cache: Path, repo_id: str, cfg: dict, revision: str = "a" * 40) -> Path:
+    """config.json of `repo_id` in a Hugging Face cache, laid out by huggingface_hub's own conventions:
+    models--org--name/snapshots/<revision>/config.json, and refs/main naming that revision."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = hub_cache / repo_folder_name(repo_id=repo_id, repo_type="model")
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(revision)
+    snapshot = folder / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(cfg))
+    return snapshot / "config.json"
+
+
+def test_a_model_in_the_standard_hugging_face_cache_resolves_offline(tmp_path: Path, monkeypatch):
+    """Where users keep models: HF_HOME's hub cache, read by huggingface_hub, with nothing online."""
+    from huggingface_hub import constants
+
     cfg = {k: v for k, v in bundled_configs()["mistral-7b"].items() if k != "aliases"}
-    cached = ftorch_home / "hub" / "acme--mistral-finetune" / "config.json"
-    cached.parent.mkdir(parents=True)
-    cached.write_text(json.dumps(cfg))
+    hf_cache_entry(tmp_path / "hf" / "hub", "acme/mistral-finetune", cfg)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
     shape = resolve_shape("acme/mistral-finetune")
     assert shape.source == "hub (cached)" and shape.params == PUBLISHED["mistral-7b"]
+    with pytest.raises(SpecError, match="not in the Hugging Face cache"):
+        resolve_shape("acme/other-model")
 
 
-def test_online_fetch_caches_the_config(ftorch_home: Path, monkeypatch):
+def test_the_cli_sizes_a_model_from_hf_home_offline(tmp_path: Path):
+    """Through the real CLI, in a fresh process: HF_HOME (a tmp folder) and HF_HUB_OFFLINE=1 as a user
+    sets them; a qwen3-style config that is in no bundled table is sized from that cache."""
+    from helpers import REPO, ftorch
+
+    cfg = {k: v for k, v in bundled_configs()["qwen2.5-7b"].items() if k != "aliases"}
+    hf_cache_entry(tmp_path / "hf-home" / "hub", "acme/qwen-private", cfg)
+    env = {"HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": "1", "FTORCH_HOME": str(tmp_path / "f")}
+    job = REPO / "examples" / "llama3-8b-qlora.yaml"
+    done = ftorch("estimate", str(job), "--json", "--set", "model=acme/qwen-private", env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["params"] == bundled_shape("qwen2.5-7b").params
+    env["HF_HOME"] = str(tmp_path / "empty")
+    done = ftorch("estimate", str(job), "--set", "model=acme/qwen-private", env=env)
+    assert done.returncode == 2 and "not in the Hugging Face cache" in done.stderr
+
+
+def test_online_fetch_goes_into_the_hugging_face_cache(tmp_path: Path, monkeypatch):
+    """--online fetches config.json through huggingface_hub (HF_ENDPOINT: a stand-in Hub on 127.0.0.1)
+    into the standard cache, where the next resolution finds it without the Hub."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from huggingface_hub import constants
+
     cfg = {k: v for k, v in bundled_configs()["smollm2-360m"].items() if k != "aliases"}
+    body = json.dumps(cfg).encode()
+    seen: list[str] = []
 
-    class Response:
-        def __enter__(self):
-            return self
+    class Hub(BaseHTTPRequestHandler):
+        def _head(self) -> None:
+            seen.append(f"{self.command} {self.path}")
+            if not self.path.startswith("/acme/tiny-lm/resolve/main/config.json"):
+                self.send_response(404)
+                self.send_header("X-Error-Code", "RepoNotFound")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("X-Repo-Commit", "b" * 40)
+            self.send_header("ETag", '"cfg-etag"')
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
 
-        def __exit__(self, *exc):
-            return False
+        def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+            self._head()
 
-        def read(self):
-            return json.dumps(cfg).encode()
+        def do_GET(self) -> None:  # noqa: N802
+            self._head()
+            if self.path.startswith("/acme/tiny-lm/"):
+                self.wfile.write(body)
 
-    seen = {}
+        def log_message(self, *_args: object) -> None:
+            pass
 
-    def fake_urlopen(request, timeout):
-        seen["url"], seen["timeout"] = request.full_url, timeout
-        return Response()
-
-    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
-    shape = resolve_shape("acme/tiny-lm", online=True)
-    assert shape.params == bundled_shape("smollm2-360m").params
-    assert seen["url"].endswith("/acme/tiny-lm/resolve/main/config.json") and seen["timeout"] <= 5
-    assert (ftorch_home / "hub" / "acme--tiny-lm" / "config.json").is_file()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        monkeypatch.setattr(
+            constants,
+            "HUGGINGFACE_CO_URL_TEMPLATE",
+            constants.ENDPOINT + "/{repo_id}/resolve/{revision}/{filename}",
+        )
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        shape = resolve_shape("acme/tiny-lm", online=True)
+        assert shape.params == bundled_shape("smollm2-360m").params and shape.source == "hub"
+        assert any(
+            s.startswith(("HEAD", "GET")) and "/acme/tiny-lm/resolve/main/config.json" in s for s in seen
+        )
+        assert list((tmp_path / "hub").glob("models--acme--tiny-lm/snapshots/*/config.json"))
+        with pytest.raises(SpecError, match="nobody/nothing is gated, private or missing .* HF_TOKEN"):
+            resolve_shape("nobody/nothing", online=True)
+        server.shutdown()  # the Hub is gone: the cache answers
+        server.server_close()
+        assert resolve_shape("acme/tiny-lm").source == "hub (cached)"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -123,10 +123,18 @@ def test_a_hub_id_is_loaded_through_load_dataset_with_its_split_and_subset(
 
 
 def write_job(tmp_path: Path, data: dict, train: dict | None = None) -> str:
+    import json
+
     import yaml
 
+    from orchestrator.sizing.shapes import bundled_configs
+
+    model = tmp_path / "model"  # a model folder on this machine, as a local job's preflight needs
+    model.mkdir(exist_ok=True)
+    cfg = {k: v for k, v in bundled_configs()["smollm2-135m"].items() if k != "aliases"}
+    (model / "config.json").write_text(json.dumps(cfg))
     job = {
-        "model": "some/model",
+        "model": str(model),
         "data": {"format": "chat", **data},
         "train": train or {},
         "checkpoint": {"uri": str(tmp_path / "runs")},
