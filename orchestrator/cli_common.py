@@ -43,8 +43,8 @@ print_json = status_command.print_json
 
 #: `ftorch --help` lists the commands in the order a job goes through them (others after, by name)
 WORKFLOW = (
-    "init", "convert", "validate", "estimate", "plan", "gpus", "launch", "sweep", "status", "logs", "metrics",
-    "report", "export", "generate", "chat", "cancel", "resume", "attach", "simulate", "history", "controller",
+    "init", "convert", "validate", "estimate", "plan", "gpus", "hazards", "launch", "sweep", "status", "logs",
+    "metrics", "report", "env", "export", "generate", "chat", "cancel", "resume", "attach", "simulate", "history", "controller",
 )  # fmt: skip
 
 

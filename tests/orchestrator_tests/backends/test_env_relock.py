@@ -16,7 +16,7 @@ import pytest
 from helpers import REPO
 
 from orchestrator import jobs, runenv
-from orchestrator.backends import skypilot_sdk
+from orchestrator.backends import skypilot_controller, skypilot_sdk
 from orchestrator.errors import UserError
 from orchestrator.registry import JobState, Registry
 from orchestrator.spec import load_job
@@ -61,6 +61,9 @@ def test_a_cloud_run_keeps_its_lock_and_moves_only_with_relock_and_allow_change(
     monkeypatch.setattr(skypilot_sdk, "enabled_clouds", lambda: ["gcp", "aws", "lambda", "runpod"])
     monkeypatch.setattr(skypilot_sdk, "submit", lambda _j, task, _s: submitted.append(task) or 8)
     monkeypatch.setattr(skypilot_sdk, "queue", lambda *_a, **_k: [{"job_id": 8, "status": "PENDING"}])
+    # each relaunch's controller (a detached process that would outlive the test) is only recorded
+    controllers: list[str] = []
+    monkeypatch.setattr(skypilot_controller, "spawn", lambda _reg, j: controllers.append(j.job_id) or 1)
 
     registry.set_state("q-1", JobState.FAILED, "SkyPilot FAILED")
     jobs.resume("q-1", [])  # a plain resume installs the run's own lock, not the newer one
@@ -81,6 +84,7 @@ def test_a_cloud_run_keeps_its_lock_and_moves_only_with_relock_and_allow_change(
     text, info = runenv.read_lock(store)
     assert text == other and info["source"] == f"file:{tmp_path / 'newer.txt'}"
     assert _pins_of(submitted[-1])["transformers"].version == "9.9.9"
+    assert controllers == ["q-1", "q-1"]  # each relaunch starts the job's controller
     allowed = store.read_spec()["allowed_changes"][-1]["changes"]
     assert allowed == [
         {
