@@ -152,7 +152,7 @@ FLOORS = {
     "orchestrator.catalog": SIZING,
     "orchestrator.history": SIZING,  # measured facts kept in the registry, read by the planner
     # planning and spot decisions: the planner, policies, their simulator and the cloud controller
-    "orchestrator.spot": PLANNING,  # policy, simulator, traces, region_order, controller, budget
+    "orchestrator.spot": PLANNING,  # policy, simulator, traces, region_order, controller
     "orchestrator.planner": PLANNING,
     "orchestrator.replan": PLANNING,  # a re-plan after "does not fit": what the planner refuses
     # backends: where jobs run
