@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from trainer.data.dataset import IGNORE, Example
+from trainer.labels import IGNORE, Example
 
 #: logit elements per chunk: 2**26 is 256 MiB in fp32 (523 tokens for a 128k vocabulary)
 CHUNK_ELEMENTS = 1 << 26
