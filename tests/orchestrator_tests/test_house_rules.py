@@ -102,3 +102,17 @@ def test_backend_differences_are_backend_properties() -> None:
     local, cloud = backend_for("local"), backend_for("skypilot")
     assert (local.has_controller, cloud.has_controller) == (False, True)
     assert (local.job_sends_events, cloud.job_sends_events) == (False, True)
+
+
+def test_a_local_job_has_no_controller(ftorch_home: Path, tmp_path: Path) -> None:
+    """`ftorch controller` asks the job's backend (`has_controller`): a local job is refused in one line."""
+    from fakejobs import add_job
+    from helpers import ftorch
+
+    from orchestrator.registry import Registry
+
+    add_job(Registry(), tmp_path / "runs", "demo-abc123", "RUNNING", 10)
+    done = ftorch("controller", "demo-abc123", env={"FTORCH_HOME": str(ftorch_home)})
+    assert done.returncode == 2, done.stderr
+    assert "runs on the local backend; only SkyPilot jobs have a controller" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
