@@ -44,20 +44,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from support.tiny_model import tiny_llama  # noqa: E402
 
 #: dense bf16 peak FLOP/s by device name fragment (no sparsity)
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12}
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-    "vocab_size": 512,
-    "tie_word_embeddings": False,
-    "max_position_embeddings": 256,
-}
+#: the tests' tiny Llama shape (tests/support/tiny_model.py), with room for the CPU mode's sequences
+TINY = tiny_llama(max_position_embeddings=256)
 
 
 @dataclass

@@ -192,12 +192,13 @@ def controller(
 ) -> None:
     """Run a SkyPilot job's controller in the foreground (on an always-on machine; docs/clouds.md)."""
     from orchestrator.backends import skypilot_controller
+    from orchestrator.backends.base import backend_for
     from orchestrator.errors import UserError
     from orchestrator.jobs import get_job
     from orchestrator.registry import Registry
 
     found = get_job(job, Registry())
-    if found.backend != "skypilot":
+    if not backend_for(found.backend).has_controller:
         raise UserError(
             f"JOB: {job} runs on the {found.backend} backend; only SkyPilot jobs have a controller"
         )

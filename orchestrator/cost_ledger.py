@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.backends.base import backend_for
 from orchestrator.records import Attempt, Job, preempted
 from orchestrator.registry import Registry
 from trainer.ledger import compute_ledger
@@ -54,8 +53,14 @@ def job_ledger(
     records: dict[int, dict[str, Any]] | None = None,
     metrics: list[dict[str, Any]] | None = None,
     tokens: int | None = None,
+    *,
+    ondemand_hourly_usd: float | None = None,
+    attempt_times: dict[int, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """The job's ledger; `records` and `metrics` are read from the run store when not given."""
+    """The job's ledger; `records` and `metrics` are read from the run store when not given. The
+    backend's facts come from the caller (`backends.base.ledger_facts`): the on-demand price the
+    savings are measured against, and each attempt's times where the backend knows them better than the
+    registry (None: n/a, the registry's times)."""
     if records is None or metrics is None:
         try:
             store = job.run_store(retry_seconds=2.0)
@@ -63,21 +68,13 @@ def job_ledger(
             metrics = store.read_metrics() if metrics is None else metrics
         except Exception:  # noqa: BLE001 - an unreachable store: the ledger from the registry alone
             records, metrics = records or {}, metrics or []
-    try:
-        ondemand = backend_for(job.backend).ondemand_hourly_usd(registry, job)
-    except Exception:  # noqa: BLE001 - a backend that cannot say: n/a
-        ondemand = None
-    try:
-        times = backend_for(job.backend).attempt_times(registry, job)
-    except Exception:  # noqa: BLE001 - a backend that cannot say: the registry's times
-        times = {}
     hourly = attempts[-1].hourly_usd if attempts else job.hourly_usd
     ledger = compute_ledger(
         records,
         spent_usd=spent_usd,
         hourly_usd=hourly,
-        ondemand_hourly_usd=ondemand,
-        attempts=attempt_dicts(attempts, times),
+        ondemand_hourly_usd=ondemand_hourly_usd,
+        attempts=attempt_dicts(attempts, attempt_times or {}),
         tokens=tokens,
         last_step_at=last_step_times(metrics),
     )

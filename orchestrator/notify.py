@@ -112,7 +112,9 @@ def job_sent(registry: Any, job: Any, event: str) -> bool:
     cancelled). A local job's trainer leaves a marker in the run store for what it delivered."""
     if event in LAUNCHER_EVENTS:
         return False
-    if (job.spec.get("resources") or {}).get("backend") == "skypilot":
+    from orchestrator.backends.base import backend_for
+
+    if backend_for(job.backend).job_sends_events:
         return True
     if event not in TRAINER_EVENTS:
         return False

@@ -439,6 +439,7 @@ def ledger_for(
     progress: dict[str, Any],
 ) -> dict[str, Any]:
     """One job's cost ledger (`ledger` in `status JOB --json`); what it measured goes to the history."""
+    from orchestrator.backends.base import ledger_facts
     from orchestrator.cost_ledger import job_ledger
     from orchestrator.history import learn_from_job
     from orchestrator.spot.hazards import learn_from_job as learn_hazards
@@ -447,7 +448,8 @@ def ledger_for(
         learn_from_job(registry, job)  # partial, and the history keeps each attempt's first row)
         learn_hazards(registry, job)  # and its spot attempts' hours and ends (orchestrator/spot/hazards.py)
     tokens = progress.get("tokens_seen") if isinstance(progress.get("tokens_seen"), int) else None
-    return job_ledger(registry, job, attempts, row.get("cost_usd"), metrics=metrics, tokens=tokens)
+    facts = ledger_facts(registry, job)
+    return job_ledger(registry, job, attempts, row.get("cost_usd"), metrics=metrics, tokens=tokens, **facts)
 
 
 def with_savings(
@@ -455,9 +457,11 @@ def with_savings(
 ) -> dict[str, Any]:
     """`savings_usd`/`savings_pct` for the jobs table: the ledger from the registry alone (no run store
     read: restart losses are not subtracted, `ftorch status JOB` has the full ledger)."""
+    from orchestrator.backends.base import ledger_facts
     from orchestrator.cost_ledger import job_ledger
 
-    ledger = job_ledger(registry, job, attempts, row.get("cost_usd"), records={}, metrics=[])
+    facts = ledger_facts(registry, job)
+    ledger = job_ledger(registry, job, attempts, row.get("cost_usd"), records={}, metrics=[], **facts)
     row["savings_usd"], row["savings_pct"] = ledger["savings_usd"], ledger["savings_pct"]
     return row
 

@@ -45,7 +45,7 @@ from trainer.memory import allocator
 from trainer.model import autocast_dtype, count_parameters, load_tokenizer, pick_device
 from trainer.notify import TrainerNotifier
 from trainer.observers import Observers, StepRecord, StopSource, poll_all
-from trainer.optim import adamw
+from trainer.optim import make_optimizer
 from trainer.recorders import fmt_eval as _fmt_eval
 from trainer.runstore.progress import ProgressReporter, log
 from trainer.runstore.store import RunStore, check_output, output_store
@@ -84,28 +84,6 @@ def lr_lambda_for(spec: JobSpec, steps: int) -> Any:
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
-
-
-def make_optimizer(spec: JobSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if spec.train.optimizer_in_backward:  # one optimizer per parameter, stepped in its gradient hook
-        from trainer.optim_in_backward import InBackwardOptimizer
-
-        return InBackwardOptimizer(params, lambda group: optimizer_for(spec, group))
-    return optimizer_for(spec, params)
-
-
-def optimizer_for(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The job's optimizer (train.optimizer) over `params`."""
-    if spec.train.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
-        from trainer.quant import make_8bit_optimizer
-
-        return make_8bit_optimizer(spec, params)
-    if spec.train.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=spec.train.lr, momentum=0.9, weight_decay=spec.train.weight_decay)
-    if spec.train.optimizer == "adafactor":  # factored second moments, no first moment: ~4 B/param or less
-        return torch.optim.Adafactor(params, lr=spec.train.lr, weight_decay=spec.train.weight_decay)
-    return adamw(spec, params)  # fused on CUDA, the per-tensor loop elsewhere (trainer/optim.py)
 
 
 @torch.no_grad()

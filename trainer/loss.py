@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from trainer.data.dataset import IGNORE, Example
 from trainer.kernels import CHUNK_ELEMENTS, loss_path
+from trainer.labels import IGNORE, Example
 
 
 def label_tokens(examples: Sequence[Example]) -> int:

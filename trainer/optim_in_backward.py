@@ -82,11 +82,6 @@ class InBackwardOptimizer(torch.optim.Optimizer):
             if param.grad is not None:
                 self._step_one(param)
 
-    def remove_hooks(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         """The format of one optimizer over all parameters in one group: state by parameter index."""
         state: dict[int, Any] = {}

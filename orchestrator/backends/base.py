@@ -36,6 +36,10 @@ class Backend:
     name: str = ""
     #: runs away from this machine: data, model and run store must be reachable from there (URLs)
     remote: bool = False
+    #: a job of this backend can have its spot controller run in the foreground (`ftorch controller`)
+    has_controller: bool = False
+    #: the job delivers its own webhook events from where it runs (the launcher sends only its own)
+    job_sends_events: bool = False
 
     def dry_run(self, spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:
         """What `launch --dry-run` adds to the summary. Nothing is written or launched."""
@@ -120,6 +124,21 @@ def backend_for(name: str) -> Backend:
         module, cls = target.split(":")
         _loaded[name] = getattr(importlib.import_module(module), cls)()
     return _loaded[name]
+
+
+def ledger_facts(registry: Registry, job: Job) -> dict[str, Any]:
+    """What the cost ledger needs from the job's backend, as `job_ledger` keywords: its on-demand price
+    and its attempts' times (a backend that cannot say: n/a, and the registry's times)."""
+    backend = backend_for(job.backend)
+    try:
+        ondemand = backend.ondemand_hourly_usd(registry, job)
+    except Exception:  # noqa: BLE001 - a backend that cannot say: n/a
+        ondemand = None
+    try:
+        times = backend.attempt_times(registry, job)
+    except Exception:  # noqa: BLE001 - a backend that cannot say: the registry's times
+        times = {}
+    return {"ondemand_hourly_usd": ondemand, "attempt_times": times}
 
 
 def reconcile(registry: Registry, job: Job) -> Job:

@@ -222,10 +222,12 @@ def record_run_facts(registry: Registry, job_id: str, spent_usd: float) -> None:
 
 def _ledger(registry: Registry, job: Any, spent_usd: float) -> dict[str, Any] | None:
     """The job's cost ledger, after keeping what its attempts measured (orchestrator/history.py)."""
+    from orchestrator.backends.base import ledger_facts
     from orchestrator.cost_ledger import job_ledger
     from orchestrator.history import learn_from_job
     from orchestrator.spot.hazards import learn_from_job as learn_hazards
 
     learn_from_job(registry, job)
     learn_hazards(registry, job)  # the spot attempts' hours and ends (orchestrator/spot/hazards.py)
-    return job_ledger(registry, job, registry.attempts(job.job_id), round(spent_usd, 4))
+    facts = ledger_facts(registry, job)
+    return job_ledger(registry, job, registry.attempts(job.job_id), round(spent_usd, 4), **facts)

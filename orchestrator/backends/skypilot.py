@@ -255,6 +255,10 @@ def adopt(registry: Registry, job: Job) -> str | None:
 
 class SkyPilotBackend(Backend):
     name = "skypilot"
+    has_controller = True  # orchestrator/backends/skypilot_controller.py
+    #: the trainer (succeeded, budget, a preemption notice) and SkyPilot's jobs controller through the
+    #: task's event_callback (preempted, failed, cancelled) send every event from the cloud
+    job_sends_events = True
     remote = True
 
     def check(self, spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:

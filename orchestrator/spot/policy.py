@@ -37,40 +37,19 @@ class Mode(str, Enum):
     ON_DEMAND = "on-demand"
 
 
-@dataclass(slots=True)
-class Observation:
-    """Everything a policy may look at. Times are seconds on one clock (epoch or simulation time)."""
+@dataclass(slots=True, kw_only=True)
+class Observation(Progress):
+    """Everything a policy may look at: where the job stands (`Progress`, the facts the shared
+    return-to-spot rule reads: times, work, restart overhead, tick, unsaved work, preemptions) and what
+    only an outside observer sees. Times are seconds on one clock (epoch or simulation time)."""
 
-    now_s: float
-    #: when the job was launched (the uniform-progress line starts here)
-    start_s: float
-    #: when the output must exist; None = no deadline
-    deadline_s: float | None
-    #: compute seconds done and kept (checkpointed or not), and needed in all, on the job's instance
-    work_done_s: float
-    work_total_s: float
-    #: seconds from asking for an instance to training again (boot, setup, load checkpoint)
-    restart_overhead_s: float
     #: can spot capacity be had right now (in any zone the job may use)
     spot_available: bool
     #: what the job runs on now; Mode.NONE after a preemption
     mode: Mode
-    #: work since the last checkpoint: lost if spot is taken away before the next decision
-    unsaved_work_s: float = 0.0
-    #: seconds until the policy is asked again (the supervisor's loop period; the trace's tick)
-    tick_s: float = 0.0
-    #: spot preemptions so far in this run
-    preemptions: int = 0
     #: where each start landed, and which were the trainer's probes back to spot (the run store's record;
     #: only `no-observer` reads it)
     landings: tuple[Landing, ...] = ()
-
-    def progress(self) -> Progress:
-        """The numbers the shared return-to-spot rule reads (trainer/stops/spot_return.py)."""
-        return Progress(
-            self.now_s, self.start_s, self.deadline_s, self.work_done_s, self.work_total_s,
-            self.restart_overhead_s, self.tick_s, self.unsaved_work_s, self.preemptions,
-        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +118,12 @@ _D_WAIT = Decision(Mode.NONE, "no spot capacity, on or ahead of uniform progress
 def _safety_net(obs: Observation) -> bool:
     """True when waiting one more tick, losing the unsaved work and paying one restart would leave too
     little time to finish on demand."""
-    return rule.too_late(obs.progress())
+    return rule.too_late(obs)
 
 
 def _line(obs: Observation, at_s: float) -> float:
     """The uniform-progress line: work that should be done at time `at_s`."""
-    return rule.uniform_line(obs.progress(), at_s)
+    return rule.uniform_line(obs, at_s)
 
 
 @dataclass(frozen=True)
@@ -205,7 +184,7 @@ class DeadlinePolicy:
     name: str = "deadline"
 
     def margin_s(self, obs: Observation) -> float:
-        return self._margin(obs.progress())
+        return self._margin(obs)
 
     def _margin(self, p: Progress) -> float:
         return rule.margin_s(
@@ -222,7 +201,7 @@ class DeadlinePolicy:
         if _safety_net(obs):
             return _D_SAFETY
         if obs.mode is Mode.ON_DEMAND:
-            return _D_BACK if obs.spot_available and self.back_to_spot(obs.progress()) else _D_HOLD
+            return _D_BACK if obs.spot_available and self.back_to_spot(obs) else _D_HOLD
         if obs.spot_available:
             return _D_SPOT
         lead = obs.work_done_s - _line(obs, obs.now_s)
@@ -273,7 +252,7 @@ class NoObserverPolicy:
         if obs.mode is Mode.SPOT:
             return _N_STAY_SPOT
         due = rule.next_probe_at(obs.landings, self.probe_base_s, self.probe_factor, self.probe_cap_s)
-        if obs.now_s >= due and self.returns.back_to_spot(obs.progress(), restarts=2.0):
+        if obs.now_s >= due and self.returns.back_to_spot(obs, restarts=2.0):
             return self._walk(obs, "ahead enough: the trainer probes for spot (checkpoint, exit 75)", True)
         return _N_STAY_OD
 

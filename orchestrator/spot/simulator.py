@@ -218,8 +218,9 @@ def simulate(
         limit = min(limit, start_tick + max_ticks)
     run = _Run(job, gap)
     obs = Observation(
-        0.0, 0.0, job.deadline_s, 0.0, job.work_s, job.restart_overhead_s, False, Mode.NONE, 0.0, gap, 0
-    )
+        now_s=0.0, start_s=0.0, deadline_s=job.deadline_s, work_done_s=0.0, work_total_s=job.work_s,
+        restart_overhead_s=job.restart_overhead_s, tick_s=gap, spot_available=False, mode=Mode.NONE,
+    )  # fmt: skip
     decide = policy.decide
     now = 0.0
     for tick in range(start_tick, limit):

@@ -1,6 +1,6 @@
 """One checkpoint-cost and interval model: the planner prices it (orchestrator/planner.py), the trainer
 runs it for `checkpoint.every: auto` (trainer/checkpoints/checkpointer.py), the budget guard expects it
-(orchestrator/spot/budget.py). No torch here.
+(trainer/stops/budget.py). No torch here.
 
 What one checkpoint costs (`CheckpointCost`), two terms that enter differently:
 

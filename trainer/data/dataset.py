@@ -21,19 +21,12 @@ from trainer.config import DataSpec
 from trainer.data.check import DataError, check_row, read_jsonl, text_field
 from trainer.data.packing import Packed, pack
 from trainer.data.packing import collate as _collate_packed
+from trainer.labels import IGNORE, Example
 
 __all__ = ["DataError", "Dataset", "Example", "collate", "encode_row", "load_dataset", "read_jsonl"]
 
-IGNORE = -100
-
 INSTRUCTION_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
 INSTRUCTION_PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
-
-
-@dataclass
-class Example:
-    input_ids: list[int]
-    labels: list[int]
 
 
 def _ids(tokenizer: Any, text: str) -> list[int]:

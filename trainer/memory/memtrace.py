@@ -3,7 +3,7 @@
 the allocator replay is already its own module, trainer/memory/cuda_allocator.py.)
 
 The trainer's own code runs: `trainer.model.prepare_model` (gradient checkpointing, LoRA adapters, the
-dtypes of trainable weights), `trainer.quant.prepare_quantized` (QLoRA), `trainer.loop.make_optimizer`,
+dtypes of trainable weights), `trainer.quant.prepare_quantized` (QLoRA), `trainer.optim.make_optimizer`,
 the trainer's step (`trainer.step.accumulate` and `update`: autocast, the chunked loss, backward, clipping,
 `optimizer.step()`; with train.optimizer_in_backward each parameter's step runs in its gradient hook during
 backward, trainer/optim_in_backward.py), then `zero_grad(set_to_none=True)`. Only the base model's weights are not read: it is
@@ -224,8 +224,8 @@ def _build(spec: JobSpec, config: dict[str, Any], attn: str) -> torch.nn.Module:
 
 def _run_step(spec: JobSpec, model: torch.nn.Module, live: LiveBytes, hf_loss: bool) -> tuple[int, int]:
     from trainer.data.dataset import Example
-    from trainer.loop import make_optimizer
     from trainer.model import autocast_dtype, count_parameters
+    from trainer.optim import make_optimizer
 
     params, trainable = count_parameters(model)
     for p in model.parameters():

@@ -336,12 +336,6 @@ class RunStore(Storage):
     def checkpoint_names(self) -> list[str]:
         return self._step_folders()[0]
 
-    def linked_checkpoint_names(self) -> list[str]:
-        """Step folders that are links (local stores): never followed; pruning removes the link."""
-        if not self.is_local:
-            return []
-        return self._step_folders()[1]
-
     def complete_checkpoints(self, listing: CheckpointListing | None = None) -> list[CheckpointInfo]:
         """Checkpoints with a readable manifest, oldest first (files not verified yet)."""
         return (listing or self.list_checkpoints()).complete

@@ -280,14 +280,6 @@ def budget_stop_of(store: Any, attempt: int) -> dict[str, Any] | None:
     return None
 
 
-def newest_stop_reason(store: Any) -> str | None:
-    """The stop reason of the run's newest attempt (epoch record), e.g. 'budget'."""
-    records = store.epoch_records()
-    if not records:
-        return None
-    return str(records[max(records)].get("stop_reason") or "") or None
-
-
 # ---- in the trainer --------------------------------------------------------------------------------
 class BudgetWatch:
     """The trainer's budget stop (rank 0): `over(step, now, last_checkpoint_at)` once a step; a reason
@@ -318,10 +310,6 @@ class BudgetWatch:
 
     def spent(self, now: float) -> float:
         return self.past_usd + max(0.0, now - self.started) * self.hourly / 3600.0
-
-    def at_start(self) -> str | None:
-        """The reason to leave before any work: the run is at its budget already."""
-        return self.guard.check(self.spent(self.clock())) if self.active else None
 
     def over(self, step: int, last_checkpoint_at: float | None) -> str | None:
         if not self.active or self.reason:

@@ -35,9 +35,11 @@ PROBE_CAP_S = 8 * 3600.0
 SPOT, ON_DEMAND = "spot", "on-demand"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Progress:
-    """Where a job stands. Seconds on one clock; work in compute seconds on the job's instance."""
+    """Where a job stands: the facts the return-to-spot rule reads. Seconds on one clock; work in compute
+    seconds on the job's instance. The orchestrator's policy `Observation` extends it (one type, one
+    set of names); the trainer's probe builds it directly."""
 
     now_s: float
     start_s: float
@@ -48,7 +50,7 @@ class Progress:
     #: seconds until the rule is asked again
     tick_s: float = 0.0
     #: work since the last checkpoint (lost if the instance goes before the next one)
-    unsaved_s: float = 0.0
+    unsaved_work_s: float = 0.0
     preemptions: int = 0
 
 
@@ -64,7 +66,7 @@ def too_late(p: Progress, restarts: float = 1.0) -> bool:
     would leave too little time to finish on demand."""
     remaining = max(p.work_total_s - p.work_done_s, 0.0)
     time_left = p.deadline_s - p.now_s if p.deadline_s is not None else math.inf
-    return time_left - p.tick_s - remaining - p.unsaved_s - restarts * p.restart_overhead_s < 1e-6
+    return time_left - p.tick_s - remaining - p.unsaved_work_s - restarts * p.restart_overhead_s < 1e-6
 
 
 def margin_s(

@@ -424,16 +424,44 @@ def test_a_multi_gpu_plan_is_one_the_trainer_can_run() -> None:
     assert not [f for f, _ in unsupported_features(probe) if f == "local.nproc"]
 
 
-def test_accelerator_names_are_skypilots_catalog_names(sky: Any) -> None:
-    """AWS g7e's GPU: the offer table says "RTX PRO Server 6000", SkyPilot's catalog `RTXPRO6000`
-    (its own AWS catalog fetcher renames it); either name in the job file plans the same offers."""
-    import inspect
-
+def _aws_catalog_row(monkeypatch: pytest.MonkeyPatch, gpu_name: str) -> dict[str, Any]:
+    """The row SkyPilot's own AWS catalog fetcher makes for g7e.48xlarge when EC2 reports its GPU as
+    `gpu_name`: its real processing, with the five EC2/pricing calls (network) answered by one row each."""
+    import pandas as pd
     from sky.catalog.data_fetchers import fetch_aws
 
+    gpus = {
+        "Gpus": [{"Name": gpu_name, "Manufacturer": "NVIDIA", "Count": 8, "MemoryInfo": {"SizeInMiB": 98304}}]
+    }
+    described = {
+        "InstanceType": "g7e.48xlarge", "GpuInfo": gpus, "VCpuInfo": {"DefaultVCpus": 192},
+        "MemoryInfo": {"SizeInMiB": 2097152}, "ProcessorInfo": {"SupportedArchitectures": ["x86_64"]},
+        "InstanceStorageSupported": False, "NetworkInfo": {"EfaSupported": False},
+    }  # fmt: skip
+    zone = {"InstanceType": "g7e.48xlarge", "AvailabilityZoneName": "us-east-1a"}
+    zones = {"AvailabilityZoneName": "us-east-1a", "AvailabilityZone": "use1-az1"}
+    price = {"InstanceType": "g7e.48xlarge", "Price": 33.1, "vCPU": 192.0, "Memory": "2048 GiB"}
+    answers = {
+        "_get_availability_zones": pd.DataFrame([zones]),
+        "_get_instance_types": pd.DataFrame([described]),
+        "_get_instance_type_offerings": pd.DataFrame([zone]),
+        "_get_pricing_table": pd.DataFrame([price]),
+        "_get_spot_pricing_table": pd.DataFrame([{**zone, "SpotPrice": 14.4}]).set_index(list(zone)),
+    }
+    for name, frame in answers.items():
+        monkeypatch.setattr(fetch_aws, name, lambda _region, frame=frame: frame)
+    table = fetch_aws._get_instance_types_df("us-east-1")
+    assert not isinstance(table, str), f"SkyPilot's AWS fetcher failed for {table}"
+    return dict(table.iloc[0])
+
+
+def test_accelerator_names_are_skypilots_catalog_names(sky: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """AWS g7e's GPU: the offer table says "RTX PRO Server 6000", SkyPilot's catalog `RTXPRO6000`
+    (its own AWS catalog fetcher renames it); either name in the job file plans the same offers."""
     from orchestrator.sky_names import check_sky_name
 
-    assert "acc_name = 'RTXPRO6000'" in inspect.getsource(fetch_aws)  # SkyPilot's own name for it
+    row = _aws_catalog_row(monkeypatch, "RTX PRO Server 6000")  # what EC2 calls it
+    assert (row["AcceleratorName"], row["AcceleratorCount"]) == ("RTXPRO6000", 8)  # SkyPilot's own name
     path = REPO / "examples/mistral-7b-lora.yaml"
     tasks = []
     for name in ("RTX PRO Server 6000", "RTXPRO6000"):

@@ -135,16 +135,50 @@ def test_prices_match_cloud_gpus_and_spot() -> None:
     assert skypilot_cost.price_for(offers, {"cloud": "gcp", "accelerators": {"L4": 1}}) is None
 
 
-def test_spot_and_nodes_come_from_the_launched_cluster() -> None:
+_CLUSTER_RESOURCES = """
+import json, sys
+import sky
+from sky import backends
+from sky.utils import resources_utils
+
+out = {}
+for spot in (True, False):
+    launched = sky.Resources(
+        infra="aws/us-east-1", instance_type="g7e.48xlarge", accelerators={"RTXPRO6000": 8}, use_spot=spot
+    )
+    handle = backends.CloudVmRayResourceHandle(
+        cluster_name="c", cluster_name_on_cloud="c", cluster_yaml=None, launched_nodes=2,
+        launched_resources=launched,
+    )
+    # what sky.jobs.utils puts in a managed job's record as `cluster_resources`
+    out["spot" if spot else "on-demand"] = resources_utils.get_readable_resources_repr(handle)[0]
+json.dump(out, sys.stdout)
+"""
+
+
+def _sky_cluster_resources(home: Path) -> dict[str, str]:
+    """SkyPilot's own `cluster_resources` for 2 nodes of g7e.48xlarge, spot and on demand: real
+    `Resources` and a real resource handle, in a subprocess with a private HOME holding a one-row AWS
+    catalog (no network)."""
+    catalog = home / ".sky/catalogs/v8/aws"
+    catalog.mkdir(parents=True)
+    (catalog / "vms.csv").write_text(
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,Region,"
+        "AvailabilityZone,GpuInfo\ng7e.48xlarge,RTXPRO6000,8,192,2048,33.1,14.4,us-east-1,us-east-1a,\n"
+    )
+    env = {**_clean(dict(os.environ)), "HOME": str(home), "SKYPILOT_DISABLE_LOCAL_API_SERVER": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _CLUSTER_RESOURCES], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_spot_and_nodes_come_from_the_launched_cluster(tmp_path: Path) -> None:
     """A task mixing spot and on-demand reads `[On-demand|Spot]` in `resources`; SkyPilot's
-    `cluster_resources` says what it launched: f"{nodes}x" + "[spot]" for spot only (its own format)."""
-    import inspect
-
-    from sky.utils import resources_utils
-
-    source = inspect.getsource(resources_utils)
-    assert "spot = '[spot]' if resource.use_spot else ''" in source
-    assert "f'{handle.launched_nodes}x{resource_str_simple}'" in source
+    `cluster_resources` says what it launched: f"{nodes}x" + "[spot]" for spot only (its own format,
+    made here by SkyPilot itself from a launched cluster's handle)."""
+    real = _sky_cluster_resources(tmp_path / "home")
 
     class Plan:  # the planner's prices are for the whole job: 2 nodes
         candidates = [
@@ -167,6 +201,9 @@ def test_spot_and_nodes_come_from_the_launched_cluster() -> None:
     base = {"cloud": "aws", "accelerators": {"RTXPRO6000": 8}, "resources": mixed}
     fallback = {**base, "cluster_resources": "2x(gpus=RTXPRO6000:8, g7e.48xlarge, ...)"}
     spot = {**base, "cluster_resources": "2x[spot](gpus=RTXPRO6000:8, g7e.48xlarge, ...)"}
+    assert (fallback["cluster_resources"], spot["cluster_resources"]) == (real["on-demand"], real["spot"])
+    assert skypilot_cost.is_spot({**base, "cluster_resources": real["spot"]}) is True
+    assert skypilot_cost.is_spot({**base, "cluster_resources": real["on-demand"]}) is False
     assert skypilot_cost.is_spot(fallback) is False and skypilot_cost.is_spot(spot) is True
     assert skypilot_cost.is_spot(base) is None  # not placed yet: unknown, not "spot"
     assert skypilot_cost.price_for(offers, fallback) == pytest.approx(66.2)  # 2 nodes x 33.1

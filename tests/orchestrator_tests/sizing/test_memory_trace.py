@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from helpers import REPO
+from support.tiny_model import write_tiny_config
 
 from orchestrator.catalog import Catalog, parse_offers
 from orchestrator.planner import make_plan
@@ -324,22 +325,7 @@ def _offers_with_host(*rows: str) -> Catalog:
 def test_planner_confirms_close_fits_with_a_trace(tmp_path: Path, monkeypatch):
     """An offer whose estimated fit is within 15% of usable memory is judged by a traced step."""
     monkeypatch.setenv("FTORCH_HOME", str(tmp_path))
-    model = tmp_path / "tiny"
-    model.mkdir()
-    (model / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "llama",
-                "hidden_size": 64,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "intermediate_size": 128,
-                "vocab_size": 512,
-                "tie_word_embeddings": False,
-            }
-        )
-    )
+    model = write_tiny_config(tmp_path / "tiny")
     spec = _job(str(model), "lora", 64, 2, precision="bf16-mixed", optimizer="adamw")
     need = estimate(_shape(model), _settings_of(spec))
     close = need.peak_gib_per_gpu / 0.9 * 1.05  # usable memory 5% above the estimate: close

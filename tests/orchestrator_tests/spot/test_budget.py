@@ -12,8 +12,8 @@ from helpers import ftorch, job_dict, write_data
 from http_fakes import Hook
 
 from orchestrator import status as job_status
-from orchestrator.spot.budget import MARGIN_S, BudgetGuard
 from trainer.checkpoints.interval import AutoInterval
+from trainer.stops.budget import MARGIN_S, BudgetGuard
 
 
 def test_the_rule_counts_the_next_checkpoint_interval() -> None:

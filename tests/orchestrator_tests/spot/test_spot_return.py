@@ -48,8 +48,9 @@ def test_the_deadline_policy_uses_the_same_rule() -> None:
     for done_h in (1.0, 2.0, 2.5, 9.99):
         p = progress(4, done_h)
         obs = Observation(
-            p.now_s, 0.0, p.deadline_s, p.work_done_s, p.work_total_s, 300.0, True, Mode.ON_DEMAND
-        )
+            now_s=p.now_s, start_s=0.0, deadline_s=p.deadline_s, work_done_s=p.work_done_s,
+            work_total_s=p.work_total_s, restart_overhead_s=300.0, spot_available=True, mode=Mode.ON_DEMAND,
+        )  # fmt: skip
         back = policy.decide(obs).mode is Mode.SPOT
         assert back == return_to_spot(p, margin=policy.margin_s(obs)), done_h
 
@@ -131,7 +132,10 @@ def test_no_observer_never_waits_and_has_no_safety_net() -> None:
     assert none.spot_s == 0 and (none.probes, none.probes_failed) == (3, 3)  # at 1 h, 3 h, 7 h
     assert none.wait_s == pytest.approx((1 + none.probes) * NoObserverPolicy().failover_s)
     run = _Run(JOB, GAP, mode=Mode.SPOT)
-    late = Observation(19 * H, 0.0, 20 * H, 1 * H, 10 * H, 300.0, True, Mode.SPOT)
+    late = Observation(
+        now_s=19 * H, start_s=0.0, deadline_s=20 * H, work_done_s=1 * H, work_total_s=10 * H,
+        restart_overhead_s=300.0, spot_available=True, mode=Mode.SPOT,
+    )  # fmt: skip
     assert NoObserverPolicy().decide(late).mode is Mode.SPOT and run.mode is Mode.SPOT
     assert DeadlinePolicy().decide(late).mode is Mode.ON_DEMAND  # the observer's safety net
 
@@ -163,3 +167,18 @@ def test_a_controller_driven_job_does_not_probe_from_its_on_demand_only_list(tmp
     assert set(tasks) == {Mode.SPOT, Mode.ON_DEMAND}
     assert all(t["envs"] == {"FTORCH_RUN_ID": "j"} for t in tasks.values())
     assert "FTORCH_SPOT_RETURN" in task["envs"]  # the single list SkyPilot walks alone keeps it
+
+
+def test_a_policy_observation_is_the_rules_progress_not_a_copy_of_it() -> None:
+    # one type for the nine facts: what the policy sees is what the shared rule reads, field for field
+    from dataclasses import fields
+
+    shared = {f.name for f in fields(Progress)}
+    own = {f.name for f in fields(Observation)} - shared
+    assert own == {"spot_available", "mode", "landings"}, own
+    seen = Observation(
+        now_s=4 * H, start_s=0.0, deadline_s=20 * H, work_done_s=2.5 * H, work_total_s=10 * H,
+        restart_overhead_s=300.0, unsaved_work_s=60.0, spot_available=True, mode=Mode.ON_DEMAND,
+    )  # fmt: skip
+    assert isinstance(seen, Progress)
+    assert return_to_spot(seen, margin=0.0) == return_to_spot(progress(4, 2.5), margin=0.0) is True

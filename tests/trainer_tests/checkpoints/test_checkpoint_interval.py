@@ -92,7 +92,7 @@ def _three_intervals(blocking: float, upload: float, rate: float, every: object 
     from test_planner import job
 
     from orchestrator.planner import checkpoint_interval
-    from orchestrator.spot.budget import BudgetGuard
+    from trainer.stops.budget import BudgetGuard
     from trainer.stops.interruptions import mtbf_from_rate
 
     mtbf = mtbf_from_rate(rate)
@@ -134,7 +134,7 @@ def test_the_clamps_and_fixed_intervals_are_shared() -> None:
     from test_planner import job
 
     from orchestrator.planner import checkpoint_interval
-    from orchestrator.spot.budget import BudgetGuard
+    from trainer.stops.budget import BudgetGuard
 
     spec = job(checkpoint={"uri": "s3://b/ck", "every": "90s"})
     assert checkpoint_interval(spec, 0.5, CheckpointCost(1.0), 0.1) == 90.0

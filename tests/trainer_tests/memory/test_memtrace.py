@@ -9,20 +9,11 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO
+from support.tiny_model import TINY_LLAMA as TINY
 
 from trainer.memory.cuda_allocator import CachingAllocator, round_size
 
 MIB = 1 << 20
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-    "vocab_size": 512,
-    "tie_word_embeddings": False,
-}
 
 
 def test_allocator_rounds_pools_and_reuses_like_cuda():
