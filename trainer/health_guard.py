@@ -98,6 +98,7 @@ class HealthGuard:
         a.store.update_epoch_record(
             ended="unhealthy", stop_reason="unhealthy", stop_detail=f"unhealthy: {reason}",
             step=a.state.step, healthy_step=healthy, health=self.rules.state.to_json(), ended_at=time.time(),
+            total_steps=a.reporter.total_steps,  # the ledger's projected cost of the steps left
         )  # fmt: skip
         a.reporter.extra["unhealthy"] = reason
         a.reporter.extra["healthy_step"] = healthy

@@ -237,6 +237,35 @@ def compute_ledger(
         "preemptions": losses,
         "lost_s": round(sum(loss["total_s"] or 0.0 for loss in losses), 3) if losses else 0.0,
         "health": _health(mine),
+        "unhealthy_stop": unhealthy_stop(mine, hourly_usd, spent_usd),
+    }
+
+
+def unhealthy_stop(
+    mine: dict[int, dict[str, Any]], hourly_usd: float | None, spent_usd: float | None
+) -> dict[str, Any] | None:
+    """What ending an UNHEALTHY run saved: the steps it did not run x the last attempt's own seconds per
+    step x the hourly price, against the run's projected cost (spent + that). None unless the newest
+    attempt ended unhealthy; the figures None where the price or the step time is not known. This
+    covers the steps only (not a relaunch's setup, nor the evals and checkpoints they would have had)."""
+    if not mine:
+        return None
+    last = mine[max(mine)]
+    if last.get("ended") != "unhealthy":
+        return None
+    step, total = number(last.get("step")), number(last.get("total_steps"))
+    step_s = number(_measured(last).get("step_s"))
+    left = None if step is None or total is None else max(0.0, total - step)
+    hours = None if left is None or step_s is None else left * step_s / 3600.0
+    saved = None if hours is None or hourly_usd is None else hours * hourly_usd
+    projected = None if saved is None or spent_usd is None else spent_usd + saved
+    return {
+        "at_step": None if step is None else int(step),
+        "total_steps": None if total is None else int(total),
+        "steps_left": None if left is None else int(left),
+        "projected_remaining_h": None if hours is None else round(hours, 6),
+        "saved_usd": None if saved is None else round(saved, 6),
+        "projected_usd": None if projected is None else round(projected, 6),
     }
 
 
@@ -287,6 +316,17 @@ def ledger_lines(ledger: dict[str, Any]) -> list[tuple[str, str]]:
     if moved:
         rows.append(("data movement", f"{fmt_usd(moved.get('total_usd'))} ({moved.get('gb', 0):.1f} GB to and from the "
                      f"run store in {moved.get('store')})"))  # fmt: skip
+    stop = ledger.get("unhealthy_stop")
+    if stop:
+        hours = stop.get("projected_remaining_h")
+        rows.append(
+            (
+                "unhealthy stop saved",
+                f"{fmt_usd(stop.get('saved_usd'))} ({stop.get('steps_left')} steps left,"
+                f" {'-' if hours is None else f'{hours:.2f} h'}) of {fmt_usd(stop.get('projected_usd'))}"
+                f" projected; spent {fmt_usd(ledger.get('spent_usd'))}",
+            )
+        )
     for rollback in (ledger.get("health") or {}).get("rollbacks") or []:
         rows.append(
             (

@@ -29,6 +29,7 @@ SkyPilot the job's controller writes it to the run store (`control/spend.json`) 
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import shutil
 import tempfile
@@ -121,6 +122,22 @@ def _config(job: dict[str, Any]) -> dict[str, Any]:
     return clean(job)
 
 
+NONFINITE_SUFFIX = "_nonfinite"
+
+
+def finite_only(metrics: dict[str, float]) -> dict[str, float]:
+    """NaN and inf never reach W&B or TensorBoard as raw floats (a NaN breaks W&B's charts and summary,
+    TensorBoard's smoothing): each is left out and `<name>_nonfinite` = 1.0 logged in its place, the
+    trackers' form of the run files' `null` + `nonfinite` flag (trainer/runstore/finite_json.py)."""
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        if math.isfinite(value):
+            out[name] = value
+        else:
+            out[f"{name}{NONFINITE_SUFFIX}"] = 1.0
+    return out
+
+
 class _TensorBoard:
     def __init__(self, store: RunStore, start_step: int) -> None:
         try:
@@ -204,6 +221,9 @@ class _WandB:
                 }
                 if isinstance(row.get("eval_loss"), (int, float)):
                     values["eval/loss"] = float(row["eval_loss"])
+                flagged = row.get("nonfinite")  # the row's null numbers: flagged as the live steps are
+                for k in flagged if isinstance(flagged, dict) else ():
+                    values[f"train/{k}{NONFINITE_SUFFIX}"] = 1.0
                 if previous is None or previous.get("attempt") != row.get("attempt"):
                     values["run/attempt"] = float(row.get("attempt") or 0)
                 self.run.log(values, step=step)
@@ -321,6 +341,7 @@ class Trackers:
         return next((s.writer for s in self.sinks if isinstance(s, _TensorBoard)), None)
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
+        metrics = finite_only(metrics)
         for sink in self.sinks:
             sink.log(metrics, step)
 

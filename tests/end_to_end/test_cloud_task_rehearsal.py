@@ -68,7 +68,7 @@ class Instance:
     home: Path
     setups: list[str] = field(default_factory=list)
 
-    def job(self, **resources: Any) -> dict[str, Any]:
+    def job(self, health: dict[str, Any] | None = None, **resources: Any) -> dict[str, Any]:
         job = job_dict(
             MODEL_ID,
             Path(self.data_uri),
@@ -81,19 +81,24 @@ class Instance:
                 "storage_options": {"endpoint_url": self.endpoint},
             },
             resources={"backend": "skypilot", "accelerators": ["H100"], **resources},
-            train={"max_steps": STEPS, "log_every": 1, "warmup_steps": 2},
+            train={
+                "max_steps": STEPS,
+                "log_every": 1,
+                "warmup_steps": 2,
+                **({"health": health} if health else {}),
+            },
         )
         job.pop("local")
         return job
 
-    def render(self, run_id: str, **resources: Any) -> dict[str, Any]:
+    def render(self, run_id: str, health: dict[str, Any] | None = None, **resources: Any) -> dict[str, Any]:
         """What `ftorch launch JOB --backend skypilot --dry-run` shows, and what the launch writes to the store."""
         from orchestrator.backends import skypilot
         from orchestrator.jobs import _resolved_spec
         from orchestrator.spec import validate_job
         from trainer.runstore.storage import join_uri
 
-        spec = validate_job(self.job(**resources))
+        spec = validate_job(self.job(health, **resources))
         run_uri = join_uri(spec.checkpoint.uri, run_id)
         result = skypilot.dry_run(spec, run_id, run_uri)
         assert yaml.safe_load(result["task_yaml"]) == result["task"]  # the YAML shown is the task
@@ -421,3 +426,27 @@ def test_two_nodes_train_are_preempted_agree_on_the_attempt_and_resume_exactly(i
     progress = store.read_progress() or {}
     assert progress["state"] == "finished" and progress["step"] == STEPS and progress["attempt"] == 2
     assert_bitwise_equal(s3_final_weights(store), reference)
+
+
+@pytest.mark.timeout(400)
+def test_the_run_script_kills_a_frozen_trainer_and_runs_it_again_to_the_end(instance: Instance) -> None:
+    """SIGSTOP (a hung collective or a dead mount looks so): the trainer's own watchdog cannot run; the run
+    script's heartbeat watch kills it once its heartbeat is older than the published stall timeout, and the
+    replacement (a new attempt number) resumes from the newest checkpoint and finishes; exit 0."""
+    task = instance.render("single-stall", health={"stall_timeout_s": 4}, gpus=1)
+    assert task["_template"] == "single" and "trainer.stops.heartbeat_watch" in task["run"]
+    _setup(instance, task)
+    (node,) = instance.start(task)
+    node.wait_for(f"step 14/{STEPS}", timeout=200)
+    pid = next(int(line.split("watching pid ")[1]) for line in node.lines if "watching pid " in line)
+    os.kill(pid, signal.SIGSTOP)  # never continued
+    frozen_at = time.monotonic()
+    assert node.wait(300) == 0, node.log()
+    log = "".join(node.lines)
+    assert "stalled: no heartbeat" in log and "restarting after the stall" in log, node.log()
+    store = _store(instance, task)
+    assert _attempts(store) == [1, 2], node.log()
+    assert "resumed from checkpoints/step-" in log.split("restarting after the stall", 1)[1], node.log()
+    progress = store.read_progress() or {}
+    assert progress["state"] == "finished" and progress["step"] == STEPS and progress["attempt"] == 2
+    assert time.monotonic() - frozen_at < 300

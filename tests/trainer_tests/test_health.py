@@ -164,6 +164,19 @@ def test_a_diverging_local_job_ends_unhealthy_keeps_its_good_weights_and_every_v
         r["step"] for r in store.read_metrics() if r.get("nonfinite") or r.get("grad_norm") is None
     )
     assert record["step"] - first_bad <= 12  # ended within a few steps of the first non-finite number
+    # the ledger: what stopping saved against the projected cost (the steps left x this run's step time)
+    stop = detail["ledger"]["unhealthy_stop"]
+    assert (
+        stop["at_step"] == record["step"] and stop["steps_left"] == DIVERGE["max_steps"] - record["step"] > 0
+    )
+    from trainer.ledger import compute_ledger, ledger_lines
+
+    priced = compute_ledger(store.epoch_records(), spent_usd=0.01, hourly_usd=100.0, ondemand_hourly_usd=None)
+    step_s = record["measured"]["step_s"]
+    saved = stop["steps_left"] * step_s / 3600.0 * 100.0
+    assert priced["unhealthy_stop"]["saved_usd"] == pytest.approx(saved, abs=1e-6) and saved > 0
+    assert priced["unhealthy_stop"]["projected_usd"] == pytest.approx(0.01 + saved, abs=1e-6)
+    assert f"{stop['steps_left']} steps left" in dict(ledger_lines(priced))["unhealthy stop saved"]
     for args in ((job_id,), (job_id, "--plot", str(tmp_path / "loss.png"))):
         shown = ftorch("status", *args)
         assert shown.returncode == 0, shown.stdout + shown.stderr

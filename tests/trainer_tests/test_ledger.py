@@ -102,3 +102,24 @@ def test_steps_redone_after_a_machine_vanished_come_from_the_next_attempts_recor
         without, spent_usd=0.1, hourly_usd=1.0, ondemand_hourly_usd=3.0, attempts=sky
     )["preemptions"]
     assert unknown["steps_redone"] is None  # no report: unknown, not zero
+
+
+def test_an_unhealthy_stop_shows_what_it_saved_against_the_projected_cost() -> None:
+    unhealthy = {0: {"attempt": 1, "ended": "unhealthy", "step": 30, "total_steps": 100,
+                     "measured": {"step_s": 36.0}}}  # fmt: skip
+    ledger = compute_ledger(unhealthy, spent_usd=1.5, hourly_usd=3.0, ondemand_hourly_usd=None)
+    # 70 steps x 36 s = 0.7 h x $3 = $2.10 not spent, of $3.60 projected
+    assert ledger["unhealthy_stop"] == {"at_step": 30, "total_steps": 100, "steps_left": 70,
+                                        "projected_remaining_h": 0.7, "saved_usd": 2.1, "projected_usd": 3.6}  # fmt: skip
+    assert dict(ledger_lines(ledger))["unhealthy stop saved"] == (
+        "$2.10 (70 steps left, 0.70 h) of $3.60 projected; spent $1.50"
+    )
+    unpriced = compute_ledger(unhealthy, spent_usd=None, hourly_usd=None, ondemand_hourly_usd=None)
+    assert unpriced["unhealthy_stop"]["saved_usd"] is None and unpriced["unhealthy_stop"]["steps_left"] == 70
+    finished = {0: {**unhealthy[0], "ended": "finished"}}
+    assert (
+        compute_ledger(finished, spent_usd=1.5, hourly_usd=3.0, ondemand_hourly_usd=None)["unhealthy_stop"]
+        is None
+    )
+    assert "unhealthy stop saved" not in dict(ledger_lines(compute_ledger(finished, spent_usd=1.5, hourly_usd=3.0,
+                                                                            ondemand_hourly_usd=None)))  # fmt: skip
