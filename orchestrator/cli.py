@@ -22,8 +22,8 @@ from orchestrator.cli_common import (
     complete_job_id,
 )
 from orchestrator.cli_common import print_json as _print_json
-from orchestrator.entry import fast_status as _fast_status  # the plain `status` forms, parsed without typer
 from orchestrator.errors import SpecError, UserError
+from orchestrator.status_command import fast_status as _fast_status  # plain `status`, without typer
 
 app = typer.Typer(
     name="ftorch",

@@ -10,35 +10,7 @@ from __future__ import annotations
 
 import sys
 
-
-def fast_status(argv: list[str]) -> dict[str, object] | None:
-    """`ftorch status [JOB] [--json] [--all] [--watch] [--plot F]` parsed as typer would, or None for
-    anything else (help, usage errors, other commands: typer handles and reports those)."""
-    if not argv or argv[0] != "status":
-        return None
-    options: dict[str, object] = {
-        "job": None,
-        "as_json": False,
-        "show_all": False,
-        "watch": False,
-        "plot": None,
-    }
-    flags = {"--json": "as_json", "--all": "show_all", "--watch": "watch"}
-    rest = iter(argv[1:])
-    for token in rest:
-        if token in flags:
-            options[flags[token]] = True
-        elif token == "--plot":
-            options["plot"] = next(rest, None)
-            if options["plot"] is None:
-                return None
-        elif token.startswith("--plot="):
-            options["plot"] = token.split("=", 1)[1]
-        elif not token.startswith("-") and options["job"] is None:
-            options["job"] = token
-        else:
-            return None
-    return options
+from orchestrator.status_command import fast_status
 
 
 def main() -> None:

@@ -1,10 +1,41 @@
 """The body of `ftorch status`, free of typer: the typer command (orchestrator/cli.py) and the light entry
-point (orchestrator/entry.py) both run it, so the plain status forms never import the CLI framework."""
+point (orchestrator/entry.py) both run it (and parse its plain forms with fast_status), so the plain status
+forms never import the CLI framework."""
 
 from __future__ import annotations
 
 import json
 import sys
+
+
+def fast_status(argv: list[str]) -> dict[str, object] | None:
+    """`ftorch status [JOB] [--json] [--all] [--watch] [--plot F]` parsed as typer would, or None for
+    anything else (help, usage errors, other commands: typer handles and reports those)."""
+    if not argv or argv[0] != "status":
+        return None
+    options: dict[str, object] = {
+        "job": None,
+        "as_json": False,
+        "show_all": False,
+        "watch": False,
+        "plot": None,
+    }
+    flags = {"--json": "as_json", "--all": "show_all", "--watch": "watch"}
+    rest = iter(argv[1:])
+    for token in rest:
+        if token in flags:
+            options[flags[token]] = True
+        elif token == "--plot":
+            options["plot"] = next(rest, None)
+            if options["plot"] is None:
+                return None
+        elif token.startswith("--plot="):
+            options["plot"] = token.split("=", 1)[1]
+        elif not token.startswith("-") and options["job"] is None:
+            options["job"] = token
+        else:
+            return None
+    return options
 
 
 def run(job: str | None, as_json: bool, show_all: bool, watch: bool, plot: str | None) -> int:

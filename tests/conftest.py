@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers import build_tiny_model
-from leaks import describe, mark_session, self_ending, settle, stop_all
+from leaks import describe, mark_session, self_ending, settle, stop_all, stop_resource_tracker
 from s3server import FaultProxy, SeaweedS3, s3_env, weed_binary
 
 
@@ -31,6 +31,7 @@ def _no_process_left() -> Iterator[None]:
     left is stopped, and the run fails naming it. Set up first, so torn down after every other fixture."""
     token = mark_session()
     yield
+    stop_resource_tracker()  # this process's own: it ends with this process, after the check
     left = settle(token)  # what ends by itself within a few seconds is no leak
     names = [describe(p) for p in left if not self_ending(p)]
     stop_all(left)

@@ -438,6 +438,10 @@ def _open_reporting(
     return reporter, trackers
 
 
+#: state.extra: the step whose evaluation a notice cut short (made up by the attempt that resumes there)
+EVAL_CUT_SHORT = "eval_cut_short"
+
+
 # ---- fit -----------------------------------------------------------------------------------------
 def fit(a: Attempt) -> int | None:
     """Train to the last step, checkpointing when due; the exit code if a stop source or a notice
@@ -454,6 +458,8 @@ def fit(a: Attempt) -> int | None:
     a.watchdog = _start_watchdog(a)
     heartbeat = recorders.WatchdogObserver(a.watchdog, a.reporter)
     a.observers.insert(0, heartbeat)
+    if eval_every and a.state.extra.pop(EVAL_CUT_SHORT, None) == a.state.step:
+        _evaluate_now(a, heartbeat)  # the notice's checkpoint came before this step's evaluation
     while a.state.step < a.steps:
         if a.par.any(a.flag.is_set()):  # all ranks stop at the same step
             heartbeat.enter("checkpoint")  # the final save is timed as a checkpoint, not as a step
@@ -486,15 +492,7 @@ def fit(a: Attempt) -> int | None:
                 return stop.code
             a.flag.set(stop.reason)
         if eval_every and a.state.step % eval_every == 0 and a.state.step < a.steps:
-            heartbeat.enter("eval")
-            stop = (
-                (lambda: a.par.any(a.flag.is_set())) if a.par.world > 1 else a.flag.is_set
-            )  # all ranks alike
-            result = _quiet_evaluate(a.model, a.dataset, a.device, a.spec, stop)
-            if result:  # {}: a notice came during it; the loop saves at once
-                a.observers.eval(a.state.step, result)
-            else:
-                heartbeat.enter("step")
+            _evaluate_now(a, heartbeat)
         saved = a.checkpoints.last_step == a.state.step  # a rollback checkpointed this step already
         if a.state.step < a.steps and not saved and a.checkpoints.due(a.state.step, time.time()):
             a.observers.checkpoint_start(a.state.step)
@@ -504,6 +502,20 @@ def fit(a: Attempt) -> int | None:
                 a.budget.observe_save(time.time() - saving)
             a.observers.checkpoint(a.state.step, time.time() - saving)
     return None
+
+
+def _evaluate_now(a: Attempt, heartbeat: recorders.WatchdogObserver) -> None:
+    """The held-out evaluation at this step. One a notice cuts short (so that the notice's checkpoint is not
+    kept waiting) is marked in that checkpoint, and the attempt resuming from it makes it up first."""
+    heartbeat.enter("eval")
+    stop = (lambda: a.par.any(a.flag.is_set())) if a.par.world > 1 else a.flag.is_set  # all ranks alike
+    result = _quiet_evaluate(a.model, a.dataset, a.device, a.spec, stop)
+    if result:
+        a.state.extra.pop(EVAL_CUT_SHORT, None)
+        a.observers.eval(a.state.step, result)
+    else:  # {}: a notice came during it; the loop saves at once
+        a.state.extra[EVAL_CUT_SHORT] = a.state.step
+        heartbeat.enter("step")
 
 
 def _start_watchdog(a: Attempt) -> Watchdog:

@@ -269,9 +269,7 @@ def instance(tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedS3) -> 
     s3_server.make_bucket(bucket)
     model = build_tiny_model(tmp / "model")
     _hub_cache(model, tmp / "hf" / "hub")
-    home = tmp / "home"  # the planner reads the model's shape from ftorch's Hub config cache
-    (home / "hub" / MODEL_ID.replace("/", "--")).mkdir(parents=True)
-    shutil.copy(model / "config.json", home / "hub" / MODEL_ID.replace("/", "--") / "config.json")
+    home = tmp / "home"
     data = write_data(tmp / "data.jsonl", "instruction", 120)
     fs = fsspec.filesystem("s3", endpoint_url=s3_server.endpoint, **_keys(s3_server.endpoint))
     data_uri = f"s3://{bucket}/data/train.jsonl"
@@ -310,8 +308,14 @@ def instance(tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedS3) -> 
         PIP_NO_BUILD_ISOLATION="0",
         PIP_DISABLE_PIP_VERSION_CHECK="1",
     )
+    from huggingface_hub import constants
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FTORCH_HOME", str(home))
+        # the planner reads the model's shape from the same Hugging Face cache (huggingface_hub read
+        # HF_HUB_CACHE when it was imported)
+        mp.setattr(constants, "HF_HUB_CACHE", str(tmp / "hf" / "hub"))
+        mp.setenv("HF_HUB_CACHE", str(tmp / "hf" / "hub"))
         mp.setenv(LOCK_FILE_ENV, str(lock))  # what `ftorch launch` renders and writes into the store
         for key, value in s3_env(s3_server.endpoint).items():
             mp.setenv(key, value)

@@ -151,7 +151,6 @@ FLOORS = {
     "orchestrator.runenv": GROUND,  # the run's environment lock in the run store
     "orchestrator.aliases": GROUND,  # other tools' names for the job file's fields
     "orchestrator.convert": GROUND,  # an axolotl config as a job (data in, data out)
-    "orchestrator.cost_ledger": GROUND,  # the backend's on-demand price and times come from its callers
     # sizing: model shapes, memory, time, offers
     "orchestrator.sizing": SIZING,  # shapes, memory, throughput, tracing
     "orchestrator.catalog": SIZING,
@@ -160,6 +159,9 @@ FLOORS = {
     "orchestrator.spot": PLANNING,  # policy, simulator, traces, region_order, controller
     "orchestrator.planner": PLANNING,
     "orchestrator.replan": PLANNING,  # a re-plan after "does not fit": what the planner refuses
+    # the ledger prices data movement with spot/egress; the backend's on-demand price and times come from
+    # its callers (backends, status)
+    "orchestrator.cost_ledger": PLANNING,
     # backends: where jobs run
     "orchestrator.backends": BACKENDS,
     "orchestrator.notify": BACKENDS,
@@ -173,6 +175,7 @@ FLOORS = {
     "orchestrator.ui": STATUS,
     "orchestrator.charts": STATUS,
     "orchestrator.progress": STATUS,  # the CLI's spinner and library-noise silencer
+    "orchestrator.status_command": STATUS,  # the body of `ftorch status`, free of typer
     # the CLI
     "orchestrator.cli": CLI,
     "orchestrator.cli_common": CLI,
@@ -186,6 +189,8 @@ FLOORS = {
     "orchestrator.cli_report": CLI,
     "orchestrator.cli_hazards": CLI,
     "orchestrator.cli_try": CLI,
+    "orchestrator.cli_help": CLI,  # `ftorch --help` without typer
+    "orchestrator.entry": CLI,  # the console script: defers to orchestrator.cli
 }
 #: upward arrows still there, (module, target) -> why; remove an entry when its arrow is gone
 KNOWN_UPWARD = {

@@ -223,5 +223,5 @@ def test_a_cloud_job_installs_the_kernels_it_asks_for(tmp_path: Path, tiny_model
     job["resources"] = {"backend": "skypilot", "gpus": 1}
     job["checkpoint"] = {**job["checkpoint"], "uri": "s3://bucket/runs"}
     spec = validate_job(job)  # on a cloud the package is installed there: not refused here
-    assert extra_pip(spec).split() == ["liger-kernel"]
+    assert extra_pip(spec).split() == ["liger-kernel==0.8.5"]  # pinned: no open range reaches pip
     assert extra_pip(validate_job({**job, "train": {**job["train"], "kernels": []}})) == ""

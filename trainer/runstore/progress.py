@@ -123,6 +123,10 @@ class ProgressReporter:
         """The held-out loss at `step`, in that step's metrics row (written with the next flush)."""
         self.extra["eval_loss"] = loss
         row = next((r for r in reversed(self.rows) if r["step"] == step), None)
+        if row is None and self.loss is None:  # an earlier attempt logged the step (this one resumed there)
+            row = next((dict(r) for r in self.store.read_metrics() if r.get("step") == step), None)
+            if row is not None:
+                self.rows.append(row)
         if row is None:  # the step's row went out with a full part: write it again with the loss
             row = {"step": step, "loss": self.loss, "lr": self.lr, "time": time.time(), "attempt": self.attempt,
                    "tokens": self.tokens}  # fmt: skip

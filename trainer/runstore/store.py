@@ -147,7 +147,10 @@ def healthy_listing(
         log(f"not resuming from unhealthy checkpoint(s): {', '.join(sick)}")
     names = [n for n in listing.names if n not in sick]
     return CheckpointListing(
-        names, {n: i for n, i in listing.manifests.items() if n not in sick}, listing.links
+        names,
+        {n: i for n, i in listing.manifests.items() if n not in sick},
+        listing.links,
+        dict(listing.problems),  # a damaged manifest is still named for what it is (not "no manifest")
     )
 
 
@@ -274,7 +277,9 @@ class RunStore(Storage):
             self.write_bytes(rel, body, create=True)
         except FileExistsError:
             existing = self.read_json_or_none(rel)
-            theirs = int(existing.get("epoch") or 0) if isinstance(existing, dict) else 0
+            theirs = existing.get("epoch") if isinstance(existing, dict) else 0
+            if not isinstance(theirs, int) or isinstance(theirs, bool):
+                theirs = 0  # a damaged manifest's epoch (the resume skipped it): replaced like an older one
             if theirs > self.epoch:
                 self.fenced_by = theirs
                 raise Fenced(

@@ -119,7 +119,13 @@ def test_the_70b_two_node_plan_writes_no_longer_than_its_interval_and_shows_its_
 
 
 def test_more_nodes_predicted_slower_are_said() -> None:
-    plan = plan_of("llama3-8b-full-2nodes.yaml", "checkpoint.region=us-east-1")
+    # on the calibration's stack (flash-attention 2): with the default (auto, planned as SDPA at 0.9 of its
+    # MFU) the slower compute hides more of the network's all-gathers, and 2 nodes come out ~3% faster
+    plan = plan_of(
+        "llama3-8b-full-2nodes.yaml",
+        "checkpoint.region=us-east-1",
+        "train.attn_implementation=flash_attention_2",
+    )
     assert plan.chosen is not None and plan.chosen.nodes == 2
     (note,) = [n for n in plan.notes if n.startswith("nodes: ")]
     assert "slower than 1" in note
