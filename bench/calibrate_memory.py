@@ -2,7 +2,7 @@
 
 Reads ../shared/data/vram/calibration.csv (ms-swift's A100-80GB benchmark), and for every row it can
 model prints the measured peak, the analytic estimate (orchestrator/sizing/memory.py) and, with --trace, one
-step of ftorch's trainer traced on fake tensors (trainer/memory/memtrace.py, classic allocator: the measured
+step of ftorch's trainer traced on fake tensors (trainer/memtrace/steptrace.py, classic allocator: the measured
 stack predates expandable segments), and the median absolute error of each. Nothing is fitted here: the
 estimator's constants come from traces (bench/derive_memory_constants.py), never from this file.
 
@@ -116,7 +116,7 @@ def _trace_row(args: tuple) -> float | None:
     import torch
 
     from trainer.config import JobSpec
-    from trainer.memory.memtrace import TraceUnsupported, trace
+    from trainer.memtrace.steptrace import TraceUnsupported, trace
 
     torch.set_num_threads(1)
     config, s = args

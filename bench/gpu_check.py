@@ -11,13 +11,13 @@ whole run is held to `--budget-s`. The set-up the lent machine needs (the wheels
 bench/gpu_wheels.py's; the suite rehearses it on the CPU. The speed paths' cases (flash-attention,
 the plain loss, Liger's fused cross-entropy, AdamW foreach vs fused) vary one path of lora-8b / full-1b.
 
-Models are randomly initialised from the bundled shapes (no downloads), in `trainer.model.base_dtype`,
-and go through the trainer's own code: `trainer.model.prepare_model` (gradient checkpointing, LoRA),
-`trainer.loop.make_optimizer`, and the trainer's step (`trainer.step`: accumulate + update, or the
+Models are randomly initialised from the bundled shapes (no downloads), in `trainer.model.load.base_dtype`,
+and go through the trainer's own code: `trainer.model.load.prepare_model` (gradient checkpointing, LoRA),
+`trainer.loop.make_optimizer`, and the trainer's step (`trainer.train_step.step`: accumulate + update, or the
 model's loss where that module is absent); QLoRA's decoder projections are bitsandbytes NF4 with double
 quantization. It runs warm-up steps, then times `--steps` optimizer steps. Peak memory is
 torch.cuda.max_memory_allocated / max_memory_reserved (the CPU mode reports the process's peak RSS
-instead), printed next to the trace of the same job (trainer/memory/memtrace.py, on fake tensors) and the
+instead), printed next to the trace of the same job (trainer/memtrace/steptrace.py, on fake tensors) and the
 analytic estimate (orchestrator/sizing/memory.py), allocated and reserved each. MFU = model FLOPs per token x tokens/s / the GPU's dense bf16
 peak, with model FLOPs = 6N (full) or 4N (adapters: no weight gradients for the frozen base) plus
 12 * layers * hidden * seq for attention; recomputation is not counted. A second table puts the measured
@@ -63,7 +63,7 @@ class Case:
     micro_batch: int = 1
     optimizer: str = "adamw"
     precision: str = "bf16-mixed"
-    in_backward: bool = False  # train.optimizer_in_backward (trainer/optim_in_backward.py)
+    in_backward: bool = False  # train.optimizer_in_backward (trainer/optim/in_backward.py)
     ranks: int = 1  # > 1: the sharded load and step under torchrun, one rank per GPU (sharded_case)
     #: train.offload: "params" runs FSDP2's CPUOffloadPolicy under torchrun (one rank: a world of one)
     offload: str = "none"
@@ -71,7 +71,9 @@ class Case:
     attn: str = "sdpa"  # train.attn_implementation
     loss: str = "auto"  # train.loss
     kernels: tuple[str, ...] = ()  # train.kernels
-    adamw: str | None = None  # trainer.optim's implementation (None: the trainer's choice for the device)
+    adamw: str | None = (
+        None  # trainer.optim.build's implementation (None: the trainer's choice for the device)
+    )
     #: in the default set (the rest run when named with --cases)
     default: bool = True
     #: also trace the job on fake tensors (a minute on the CPU for an 8B shape: the base cases only)
@@ -139,7 +141,7 @@ GPU_CASES = [
         in_backward=True,
         default=False,
     ),
-    # issue 20: QLoRA loaded sharded (trainer/sharded_load.py) on 2 ranks; skipped with fewer GPUs
+    # issue 20: QLoRA loaded sharded (trainer/model/sharded_load.py) on 2 ranks; skipped with fewer GPUs
     Case("qlora-8b-2ranks", "llama-3.1-8b", "qlora", 2048, ranks=2, default=False),
     # issue 20: CPU offload (train.offload: params) on one GPU as an FSDP world of one: the GPU holds a
     # layer in flight and the activations, the shards, gradients and AdamW state live in pinned host RAM.
@@ -233,7 +235,7 @@ def build(case: Case, device: Any) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trainer.model import base_dtype, prepare_model
+    from trainer.model.load import base_dtype, prepare_model
 
     spec = spec_for(case, "unused")
     cfg = config_for(case.shape)
@@ -244,21 +246,21 @@ def build(case: Case, device: Any) -> Any:
         model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation=case.attn)
     if case.method == "qlora":
         quantize_linears(model, device)
-        for param in model.parameters():  # the 4-bit base is frozen (trainer/quant.py)
+        for param in model.parameters():  # the 4-bit base is frozen (trainer/model/quant.py)
             param.requires_grad_(False)
         torch.cuda.empty_cache() if device.type == "cuda" else None
     return prepare_model(model, spec, device)
 
 
 def step_fn(case: Case, model: Any, optimizer: Any, ids: Any, device: Any, world: int = 1) -> Any:
-    """One optimizer step through the trainer's step functions (trainer/step.py when present)."""
+    """One optimizer step through the trainer's step functions (trainer/train_step/step.py when present)."""
     import torch
 
     from trainer.data.dataset import Example
 
     spec = spec_for(case, "unused")
     try:
-        from trainer.step import accumulate, update
+        from trainer.train_step.step import accumulate, update
     except ImportError:
         accumulate = None
     examples = [Example(input_ids=row, labels=row) for row in ids.tolist()]
@@ -268,7 +270,7 @@ def step_fn(case: Case, model: Any, optimizer: Any, ids: Any, device: Any, world
             accumulate(model, [examples], spec=spec, device=device, pad_id=0, world=world)
             update(model, optimizer, spec.train.max_grad_norm)
         else:
-            from trainer.model import autocast_dtype
+            from trainer.model.load import autocast_dtype
 
             amp = autocast_dtype(spec)
             with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
@@ -283,7 +285,7 @@ def step_fn(case: Case, model: Any, optimizer: Any, ids: Any, device: Any, world
 
 def traced_gib(case: Case) -> tuple[float | None, float | None]:
     """The same job traced on fake tensors (on the CPU): peak allocated and reserved."""
-    from trainer.memory.memtrace import TraceUnsupported, trace
+    from trainer.memtrace.steptrace import TraceUnsupported, trace
 
     try:
         result = trace(spec_for(case, "unused"), config_for(case.shape), [1])[0]
@@ -319,7 +321,7 @@ def peak_flops(device: Any) -> float | None:
 def run_case(case: Case, device: Any, steps: int, warmup: int) -> Result:
     import torch
 
-    from trainer.quant import bitsandbytes_devices
+    from trainer.model.quant import bitsandbytes_devices
 
     est = estimate_for(case)
     base = Result(
@@ -352,7 +354,7 @@ def run_case(case: Case, device: Any, steps: int, warmup: int) -> Result:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     from trainer.loop import make_optimizer
-    from trainer.optim import adamw, adamw_impl
+    from trainer.optim.build import adamw, adamw_impl
 
     spec = spec_for(case, "unused")
     trained = [p for p in model.parameters() if p.requires_grad]
@@ -577,10 +579,10 @@ def measured_facts(results: list[Result]) -> list[dict[str, Any]]:
 
 
 def learn(facts: list[dict[str, Any]]) -> int:
-    """Each fact into the planner's history (orchestrator/history.py), keyed by the case's job: what a lent
+    """Each fact into the planner's history (orchestrator/sizing/history.py), keyed by the case's job: what a lent
     GPU measured corrects the next `ftorch plan` of the same shape, method and layout. CPU facts are kept
     but never override a GPU estimate (the history judges them implausible)."""
-    from orchestrator.history import record_gpu_check
+    from orchestrator.sizing.history import record_gpu_check
 
     cases = {c.name: c for c in GPU_CASES + CPU_CASES}
     kept = 0

@@ -1,4 +1,4 @@
-"""What the health checks (train.health, trainer/health.py) cost per step, side by side.
+"""What the health checks (train.health, trainer/health/rules.py) cost per step, side by side.
 
 The quickstart's model and job (examples/quickstart.yaml: LoRA on the tiny model, micro-batch 16, fp32,
 max_grad_norm 1.0) take real optimizer steps through the trainer's own `accumulate` and `update`, with the
@@ -36,15 +36,15 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from orchestrator.spec import load_job
+    from orchestrator.jobfile.spec import load_job
     from trainer.data.dataset import load_dataset
     from trainer.distributed import Parallel
-    from trainer.health import HealthRules
-    from trainer.health_guard import HealthGuard, _weights_finite
+    from trainer.health.guard import HealthGuard, _weights_finite
+    from trainer.health.rules import HealthRules
     from trainer.layout import layout_for
     from trainer.loop import make_optimizer
-    from trainer.model import load_tokenizer
-    from trainer.step import accumulate, update
+    from trainer.model.load import load_tokenizer
+    from trainer.train_step.step import accumulate, update
 
     spec = load_job(REPO / "examples" / "quickstart.yaml")
     par = Parallel()

@@ -3,7 +3,7 @@
     PYTHONPATH=. python bench/host_ram.py [--method full|qlora|lora] [--layers 6,18] [--hidden 1024]
 
 With `train.offload: params` every rank's shards live in host RAM, on the same machine as rank 0's whole
-CPU copy of the model. trainer/sharded_load.py `send_tensors` frees each tensor of that copy once it is
+CPU copy of the model. trainer/model/sharded_load.py `send_tensors` frees each tensor of that copy once it is
 sent, so the machine should peak at about the copy, not the copy plus the shards; the planner's estimate
 counts it so (trainer/memory/load_memory.py `host_peak_bytes`). This runs the trainer's real loading
 (`Sharded(cpu, offload=True).load`) on 2 gloo ranks, as built and with the release turned off (the
@@ -60,9 +60,9 @@ def _rank(rank: int, port: int, job: dict[str, Any], release: bool, out: str) ->
     import torch
 
     torch.set_num_threads(1)
-    from trainer import sharded_load
     from trainer.config import JobSpec
     from trainer.distributed import Sharded
+    from trainer.model import sharded_load
 
     copy_bytes = []
     loaded_at = []

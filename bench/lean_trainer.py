@@ -7,7 +7,7 @@
    (no memory), with the trainer's own dtype rule and PEFT.
 2. Peak bytes allocated (CPU allocator, torch profiler) while the loss of one micro-batch runs forward
    and backward, for a tiny body with a long vocabulary: the model's own loss (full fp32 logits) vs
-   trainer/loss.py (the LM head per chunk, recomputed in backward).
+   trainer/train_step/loss.py (the LM head per chunk, recomputed in backward).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from trainer import loss as lean_loss  # noqa: E402
+from trainer.train_step import loss as lean_loss  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -102,7 +102,7 @@ def main() -> None:
     results = {}
     for name, fn in (
         ("plain (model's own loss)", lean_loss.plain_loss_sum),
-        ("chunked (trainer/loss.py)", lean_loss.loss_sum),
+        ("chunked (trainer/train_step/loss.py)", lean_loss.loss_sum),
     ):
         model.zero_grad(set_to_none=True)
         fn(model, batch).backward()  # warm-up: gradients exist, as in every later micro-batch

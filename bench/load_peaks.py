@@ -6,9 +6,9 @@ For Llama-3.1-8B and Llama-3.1-70B QLoRA (the examples' settings, AdamW: the 8-b
 one-GPU only) on 2 and 4 GPUs, it prints, per GPU (GiB, + CUDA context):
 - before: every rank quantizing the whole base on its GPU as it loads (the trainer's path before sharded
   loading, and its fallback when bitsandbytes cannot run on the CPU): traced by
-  trainer/memory/loadtrace.py's `trace_whole`, and the analytic figure for one GPU
+  trainer/memtrace/loadtrace.py's `trace_whole`, and the analytic figure for one GPU
   (trainer/memory/load_memory.py, `load_peak_bytes(..., ranks=1)`);
-- after: sharded loading (trainer/sharded_load.py), traced by running the trainer's own functions on rank 1
+- after: sharded loading (trainer/model/sharded_load.py), traced by running the trainer's own functions on rank 1
   of a fake process group, and the planner's analytic figure (`ftorch estimate --gpus N`'s load phase);
 - the ratio after/before, and rank 0's host copy of the 4-bit model.
 `--offload` adds the rows with `train.offload: params` (the shards in host RAM).
@@ -26,16 +26,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from orchestrator.jobfile.spec import load_job  # noqa: E402
 from orchestrator.sizing.memory import estimate, settings_from_spec  # noqa: E402
 from orchestrator.sizing.shapes import resolve_shape  # noqa: E402
-from orchestrator.spec import load_job  # noqa: E402
 
 JOBS = ("examples/llama3-8b-qlora.yaml", "examples/llama3-70b-qlora.yaml")
 
 
 def rows(offload: bool) -> list[dict]:
     from trainer.config import JobSpec
-    from trainer.memory.loadtrace import trace_load, trace_whole
+    from trainer.memtrace.loadtrace import trace_load, trace_whole
 
     out = []
     for job in JOBS:

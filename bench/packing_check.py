@@ -6,7 +6,7 @@ device has, and how much padding packing removes.
 Part 1 builds a small random Llama from a config (no downloads), packs 64 examples of random lengths
 (trainer/data/packing.py, 512-token packs) and compares, per attention implementation, each example's last
 hidden states inside its pack with the example run alone (max abs difference), runs the trainer's start
-check (trainer/data/packing_check.py), and compares the packed loss sum with the sum over the examples alone.
+check (trainer/train_step/packing_check.py), and compares the packed loss sum with the sum over the examples alone.
 flash_attention_2 runs in bf16 with the flattened (varlen) micro-batches the trainer gives it.
 Part 2 counts the padding of micro-batches with and without packing for lognormal example lengths
 (median 180 tokens, max_seq_len 2048, micro-batch 8): the share of computed tokens that are real.
@@ -28,8 +28,8 @@ def isolation(device: str) -> list[tuple[str, float, float, str]]:
 
     from trainer.data.dataset import Example, collate
     from trainer.data.packing import IGNORE, pack, uses_flat_batches
-    from trainer.data.packing_check import verify
-    from trainer.loss import hidden_states, loss_sum
+    from trainer.train_step.loss import hidden_states, loss_sum
+    from trainer.train_step.packing_check import verify
 
     rng = random.Random(0)
     examples = []

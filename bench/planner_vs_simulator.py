@@ -26,10 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.catalog import Catalog, Offer  # noqa: E402
-from orchestrator.history import History  # noqa: E402
-from orchestrator.planner import make_plan  # noqa: E402
-from orchestrator.spec import load_job  # noqa: E402
+from orchestrator.jobfile.spec import load_job  # noqa: E402
+from orchestrator.sizing.catalog import Catalog, Offer  # noqa: E402
+from orchestrator.sizing.history import History  # noqa: E402
+from orchestrator.sizing.planner import make_plan  # noqa: E402
 from orchestrator.spot.hazards import (  # noqa: E402
     Evidence,
     HazardTable,

@@ -48,7 +48,7 @@ FLAKY = {"p_500": 0.01, "p_503": 0.01, "p_reset_before": 0.005, "p_reset_after":
 
 def ftorch_cmd() -> list[str]:
     exe = Path(sys.executable).parent / "ftorch"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "orchestrator.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "orchestrator.cli.app"]
 
 
 def ftorch(*args: str) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,7 @@ median `ftorch status` over the median `python -c pass` (issue 32's goal: R <= 5
     .venv/bin/python bench/status_speed.py [--jobs 1000] [--runs 15] [--write docs/benchmarks.md]
 
 `ftorch` is the console script's entry point, orchestrator/entry.py (run as the script runs it, so an
-install still pointing at orchestrator.cli measures the same code); `via typer` rows run orchestrator.cli,
+install still pointing at orchestrator.cli.app measures the same code); `via typer` rows run orchestrator.cli.app,
 the full CLI, for comparison. Exits 1 if R > 5, if the median `ftorch status` takes 0.3 s or more, or if
 a command loads a module it does not print with (HEAVY).
 """
@@ -51,7 +51,7 @@ def _ftorch() -> list[str]:
 
 
 def _typer() -> list[str]:
-    return [sys.executable, "-m", "orchestrator.cli"]
+    return [sys.executable, "-m", "orchestrator.cli.app"]
 
 
 def _time(cmd: list[str], env: dict[str, str]) -> float:
@@ -134,12 +134,12 @@ def main() -> int:
         f"`ftorch status` over {args.jobs} jobs: {med['ftorch status'] * 1000:.0f} ms median "
         f"(limit {LIMIT_S * 1000:.0f} ms), {ratio:.1f}x `python -c pass` (goal <= {GOAL_RATIO:.0f}x; per round "
         f"{min(rounds):.1f}-{max(rounds):.1f}x); `ftorch --help`: {med['ftorch --help'] / base:.1f}x; through "
-        f"typer (orchestrator.cli, which every other command takes): `--help` "
+        f"typer (orchestrator.cli.app, which every other command takes): `--help` "
         f"{med['ftorch --help via typer'] / base:.1f}x, `status` {med['ftorch status via typer'] / base:.1f}x. "
         f"Load average at the end: {load:.1f} on {os.cpu_count()} CPUs (a shared machine). Modules loaded that "
         f"the command does not print with (bench/status_speed.py's HEAVY): {', '.join(heavy) if heavy else 'none'}. "
         "The console script (orchestrator/entry.py) prints `--help` from a command list a test keeps equal to "
-        "typer's (orchestrator/cli_help.py) and runs the plain `status` forms without typer, click or "
+        "typer's (orchestrator/cli/fast_help.py) and runs the plain `status` forms without typer, click or "
         "pydantic; the list reads one SQLite snapshot (jobs, attempts, and the last progress of finished "
         "jobs, cached in the registry) and reads progress.json only for active jobs. Not covered: `status "
         "JOB` (one job's detail) and the other commands, which go through typer.",

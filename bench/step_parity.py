@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 
 def load_spec(job: str, method: str, loss: str) -> Any:
-    from orchestrator.spec import load_job
+    from orchestrator.jobfile.spec import load_job
 
     overrides = [f"method={method}", f"train.loss={loss}", "local.threads=0"]
     return load_job(job, overrides, check_support=False)
@@ -55,8 +55,8 @@ def ftorch_side(spec: Any, device: torch.device) -> Any:
     from trainer.distributed import Parallel
     from trainer.layout import layout_for
     from trainer.loop import lr_lambda_for, make_optimizer, total_steps
-    from trainer.model import load_model, load_tokenizer
-    from trainer.step import make_scaler
+    from trainer.model.load import load_model, load_tokenizer
+    from trainer.train_step.step import make_scaler
 
     tokenizer = load_tokenizer(spec)
     dataset = load_dataset(spec.data, tokenizer, spec.train.micro_batch_size, spec.train.seed)
@@ -78,7 +78,7 @@ def plain_side(spec: Any, device: torch.device, steps: int) -> Any:
     from transformers import AutoModelForCausalLM
 
     from trainer.loop import lr_lambda_for
-    from trainer.model import base_dtype
+    from trainer.model.load import base_dtype
 
     torch.manual_seed(spec.train.seed)
     model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=base_dtype(spec))

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python bench/trace_speed.py [JOB.yaml ...]
 
-Runs the trace (trainer/memory/memtrace.py, one training step on fake tensors) of each job in a fresh
+Runs the trace (trainer/memtrace/steptrace.py, one training step on fake tensors) of each job in a fresh
 subprocess, as `ftorch estimate --trace` does, without the cache, and prints its wall time, CPU time
 (user + system: what it costs on an idle machine, whatever else runs), peak resident memory, the
 machine's load average, and the traced peaks. Target: at most 60 s and 3 GB on 2 cores for an 8B model.
@@ -22,8 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from orchestrator.jobfile.spec import load_job  # noqa: E402
 from orchestrator.sizing.shapes import resolve_shape  # noqa: E402
-from orchestrator.spec import load_job  # noqa: E402
 
 DEFAULT_JOBS = [
     "examples/llama3-8b-lora.yaml",
@@ -42,7 +42,7 @@ def measure(job: str) -> dict:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "trainer.memory.memtrace", f"{tmp}/spec.json", f"{tmp}/config.json"],
+            [sys.executable, "-m", "trainer.memtrace.steptrace", f"{tmp}/spec.json", f"{tmp}/config.json"],
             capture_output=True,
             text=True,
             env=env,

@@ -41,8 +41,9 @@ def child(out_path: str, trials: int, span: float, seed: int) -> None:
     sys.path.insert(0, str(REPO / "tests"))
     from fakejobs import add_job
 
-    from orchestrator import follow, ui
+    from orchestrator.cli import follow
     from orchestrator.registry import Registry
+    from orchestrator.views import ui
 
     attempts = [
         {"start": 0, "end": 131, "reason": "preempted (with notice, random)", "seconds": 2620},

@@ -1,28 +1,28 @@
 """The `ftorch` console script: the commands that must answer at once, without the CLI framework.
 
-`ftorch --help` (and bare `ftorch`) print orchestrator/cli_help.py's list; the plain `ftorch status` forms
-run orchestrator/status_command.py. Importing typer (with click, rich's markdown, pydantic) costs more than
+`ftorch --help` (and bare `ftorch`) print orchestrator/cli/fast_help.py's list; the plain `ftorch status` forms
+run orchestrator/cli/status_command.py. Importing typer (with click, rich's markdown, pydantic) costs more than
 a status read over 1,000 jobs, so these skip it; everything else (other commands, `status --help`, typos)
-goes to orchestrator.cli, which parses and reports as before.
+goes to orchestrator.cli.app, which parses and reports as before.
 """
 
 from __future__ import annotations
 
 import sys
 
-from orchestrator.status_command import fast_status
+from orchestrator.cli.status_command import fast_status
 
 
 def main() -> None:
     argv = sys.argv[1:]
     if argv in ([], ["--help"]):  # typer: help on stdout; exit 2 without arguments (no_args_is_help)
-        from orchestrator.cli_help import render
+        from orchestrator.cli.fast_help import render
 
         sys.stdout.write(render("ftorch") + "\n")
         sys.exit(2 if not argv else 0)
     fast = fast_status(argv)
     if fast is None:
-        from orchestrator import cli
+        from orchestrator.cli import app as cli
 
         cli.main()
         return
@@ -35,7 +35,7 @@ def main() -> None:
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as exc:  # as orchestrator.cli.main reports it
+    except Exception as exc:  # as orchestrator.cli.app.main reports it
         sys.stderr.write(f"error: {exc.__class__.__name__}: {exc}\n")
         sys.exit(1)
     if code:
@@ -43,7 +43,7 @@ def main() -> None:
 
 
 def _status(options: dict[str, object]) -> int:
-    from orchestrator import status_command
+    from orchestrator.cli import status_command
 
     return status_command.run(**options)  # type: ignore[arg-type]
 

@@ -185,7 +185,7 @@ class Registry:
         attempts: list[dict[str, Any]],
         events: list[tuple[str, str | None]],
     ) -> Job:
-        """Register a job adopted from its run store in one transaction (orchestrator/adopt.py): `job` is
+        """Register a job adopted from its run store in one transaction (orchestrator/jobs/adopt.py): `job` is
         create_job's arguments; it appears with its state, attempts and events, or (killed part way) not
         at all, so a second attach completes what the first began."""
         now = time.time()
@@ -338,7 +338,7 @@ class Registry:
             ).fetchall()
         return [dict(r) for r in rows]
 
-    # ---- groups (a sweep's jobs: orchestrator/sweep.py) -------------------------------------------
+    # ---- groups (a sweep's jobs: orchestrator/jobs/sweep.py) -------------------------------------------
     def join_group(self, job_id: str, group_id: str, budget_usd: float | None, point: dict[str, Any]) -> None:
         with self._connect() as db:
             db.execute(
@@ -403,7 +403,7 @@ class Registry:
     def update_attempt(self, job_id: str, n: int, **fields: Any) -> None:
         allowed = {
             "ended_at", "pid", "exit_code", "end_reason", "end_step", "first_step_at", "start_step", "outcome",
-            "started_at",  # an attempt adopted from the run store's records (orchestrator/adopt.py)
+            "started_at",  # an attempt adopted from the run store's records (orchestrator/jobs/adopt.py)
         }  # fmt: skip
         assert set(fields) <= allowed, fields
         sets = ", ".join(f"{k} = ?" for k in fields)
@@ -417,7 +417,7 @@ class Registry:
             rows = db.execute("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,)).fetchall()
         return [Attempt(**{c: r[c] for c in ATTEMPT_COLUMNS}) for r in rows]
 
-    # ---- measurements (orchestrator/history.py) -------------------------------------------------
+    # ---- measurements (orchestrator/sizing/history.py) -------------------------------------------------
     def record_measurement(self, job_id: str, attempt: int, row: dict[str, Any]) -> bool:
         """Keep what an attempt measured (once per job and attempt); False when it was already kept."""
         with self._connect() as db:

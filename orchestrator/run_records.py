@@ -32,7 +32,7 @@ def attempts_from_store(store: Any) -> list[dict[str, Any]]:
         entry = by_attempt.setdefault(n, {"n": n, "started_at": float(record.get("claimed_at") or 0.0)})
         if isinstance(record.get("step"), int):
             entry["end_step"] = record["step"]
-        if isinstance(record.get("measured"), dict):  # trainer/measure.py
+        if isinstance(record.get("measured"), dict):  # trainer/recording/measure.py
             entry["measured"] = record["measured"]
         ended = record.get("ended")
         if ended == "stopped":

@@ -36,7 +36,7 @@ class JobState(_Word):
     CANCELLED = "CANCELLED"
     #: stopped by the budget guard (the next checkpoint interval would pass resources.budget_usd)
     STOPPED = "STOPPED"
-    #: the health checks ended the run (trainer/health.py): non-finite losses or spikes that rollbacks
+    #: the health checks ended the run (trainer/health/rules.py): non-finite losses or spikes that rollbacks
     #: did not cure; never restarted; the reason says what and the newest healthy checkpoint is kept
     UNHEALTHY = "UNHEALTHY"
 
@@ -72,9 +72,9 @@ class Outcome(_Word):
     #: the supervisor died under the attempt
     LOST = "lost"
     #: out of memory: the trainer recorded a smaller micro-batch per GPU (same effective batch) and the
-    #: next attempt resumes with it; no crash counted (trainer/oom.py)
+    #: next attempt resumes with it; no crash counted (trainer/train_step/oom.py)
     ADAPTED = "adapted"
-    #: the health checks ended the run (exit 86, trainer/health.py): never restarted
+    #: the health checks ended the run (exit 86, trainer/health/rules.py): never restarted
     UNHEALTHY = "unhealthy"
     #: no step within the stall timeout (trainer/stops/watchdog.py): the trainer's watchdog ended it
     #: (exit 87) or the supervisor killed it for a stale heartbeat; restarted once per progress

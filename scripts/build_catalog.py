@@ -33,7 +33,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from orchestrator import catalog as catalog_module
+from orchestrator.sizing import catalog as catalog_module
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = REPO.parent / "shared" / "data" / "catalog"

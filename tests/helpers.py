@@ -139,7 +139,7 @@ def job_dict(model: Path, data_path: Path, ckpt: Path, **sections: Any) -> dict[
 
 def prepare_run(job: dict[str, Any], run_id: str = "run") -> str:
     """Write a run store by hand (what `ftorch launch` does), for running the trainer directly."""
-    from orchestrator.spec import validate_job
+    from orchestrator.jobfile.spec import validate_job
     from trainer.runstore.storage import join_uri
     from trainer.runstore.store import RunStore
 
@@ -177,7 +177,7 @@ def ftorch(
     *args: str, env: dict[str, str] | None = None, timeout: float = 240
 ) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).parent / "ftorch"
-    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "orchestrator.cli"]
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "orchestrator.cli.app"]
     return subprocess.run(
         [*command, *args],
         capture_output=True,
@@ -238,7 +238,7 @@ def wandb_records(path: Path) -> list:  # noqa: ANN401
 
 def cli_in_process(capsys: Any, *args: str) -> subprocess.CompletedProcess[str]:
     """`ftorch ARGS` in this process (fast: no interpreter start), as a CompletedProcess."""
-    from orchestrator import cli as cli_mod
+    from orchestrator.cli import app as cli_mod
 
     capsys.readouterr()
     argv, sys.argv = sys.argv, ["ftorch", *args]

@@ -16,7 +16,7 @@ from trainer.runstore.store import RunStore
 
 def prepare_s3_run(job: dict[str, Any], run_id: str, endpoint: str) -> RunStore:
     """What `ftorch launch` writes, on S3; returns the run's store (reached through `endpoint`)."""
-    from orchestrator.spec import validate_job
+    from orchestrator.jobfile.spec import validate_job
 
     spec = validate_job(job)
     run_uri = join_uri(spec.checkpoint.uri, run_id)

@@ -26,7 +26,7 @@ from typing import Any
 from orchestrator.backends.skypilot import render_job
 from orchestrator.backends.skypilot_render import regions_of
 from orchestrator.backends.skypilot_sdk import SdkClient
-from orchestrator.spec import load_job
+from orchestrator.jobfile.spec import load_job
 from orchestrator.spot.controller import Config, Controller, Plan, split_resources
 from orchestrator.spot.policy import Mode, make_policy
 from orchestrator.spot.region_order import cloud_of, entry_key, lost_region_last, region_of

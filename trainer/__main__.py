@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.checkpoints.fingerprint import SpecChanged
     from trainer.data.dataset import DataError
     from trainer.layout import LayoutError
-    from trainer.model_check import DeviceUnavailable, LoraTargetMissing, ModelUnavailable
-    from trainer.quant import QuantUnavailable
+    from trainer.model.check import DeviceUnavailable, LoraTargetMissing, ModelUnavailable
+    from trainer.model.quant import QuantUnavailable
     from trainer.runstore.progress import log
     from trainer.runstore.storage import LinkRefused
     from trainer.runstore.store import Fenced, StoreGone
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"fenced: {exc}")
         return exitcodes.FENCED
     finally:  # os._exit skips atexit: the trackers' scratch folders go now, however the attempt ended
-        trackers = sys.modules.get("trainer.trackers")
+        trackers = sys.modules.get("trainer.recording.trackers")
         if trackers is not None:
             trackers.remove_scratch()
 

@@ -22,7 +22,7 @@ DataFormat = Literal["text", "instruction", "chat"]
 Precision = Literal["fp32", "bf16", "bf16-mixed", "fp16-mixed"]
 Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "sgd", "adafactor"]
 Schedule = Literal["cosine", "linear", "constant"]
-Attention = Literal["auto", "sdpa", "eager", "flash_attention_2"]  # auto: trainer/attention.py
+Attention = Literal["auto", "sdpa", "eager", "flash_attention_2"]  # auto: trainer/model/attention.py
 Backend = Literal["local", "skypilot"]
 Fallback = Literal["none", "on-demand"]
 Policy = Literal["spot-only", "spot-fallback", "deadline", "on-demand"]
@@ -189,7 +189,7 @@ class DataSpec(_Strict):
         return (self.eval_path or self.path, self.eval_split or ("train" if self.eval_path else self.split))
 
 
-# ---- training health (trainer/health.py, docs/health.md) ----
+# ---- training health (trainer/health/rules.py, docs/health.md) ----
 class HealthSpec(_Strict):
     """train.health: non-finite steps skipped, rollback to the newest healthy checkpoint, an UNHEALTHY end."""
 
@@ -235,12 +235,12 @@ class TrainSpec(_Strict):
     gradient_checkpointing: bool = False
     optimizer: Optimizer = "adamw"
     #: auto: flash_attention_2 where flash-attn is installed and the device is CUDA, else sdpa (resolved
-    #: per attempt, on the trainer's machine: trainer/attention.py); or one of them outright
+    #: per attempt, on the trainer's machine: trainer/model/attention.py); or one of them outright
     attn_implementation: Attention = "auto"
     #: log (and report progress) every N optimizer steps; 0 = automatic
     log_every: int = Field(0, ge=0, le=MAX_STEPS)
     #: experiment trackers, one run per job across attempts: TensorBoard in <run store>/tensorboard,
-    #: W&B (run id = job id; WANDB_API_KEY, WANDB_PROJECT from the environment) (trainer/trackers.py)
+    #: W&B (run id = job id; WANDB_API_KEY, WANDB_PROJECT from the environment) (trainer/recording/trackers.py)
     report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
     #: measure the held-out loss every N optimizer steps (needs a held-out set, data.eval_*)
     eval_every: int | None = Field(None, ge=1, le=MAX_STEPS)
@@ -251,10 +251,10 @@ class TrainSpec(_Strict):
     #: the job only with offload and is the cheapest: it says so and the cloud task runs with params.
     #: The math is the same either way: a run resumes with or without it
     offload: Literal["auto", "none", "params"] = "auto"
-    #: the health checks (trainer/health.py, docs/health.md)
+    #: the health checks (trainer/health/rules.py, docs/health.md)
     health: HealthSpec = Field(default_factory=HealthSpec)
 
-    # ---- optimizer step in backward (trainer/optim_in_backward.py) ----
+    # ---- optimizer step in backward (trainer/optim/in_backward.py) ----
     #: step each parameter's optimizer in its gradient hook, so the whole gradient is never held (one GPU,
     #: train.grad_accum 1, no fp16-mixed; train.max_grad_norm is not applied: its default is ignored and
     #: an explicit value refused)
@@ -283,7 +283,7 @@ class TrainSpec(_Strict):
 
     # ---- end optimizer step in backward ----
 
-    # ---- speed paths (trainer/loss.py, trainer/kernels.py, trainer/optim.py) ----
+    # ---- speed paths (trainer/train_step/loss.py, trainer/kernels.py, trainer/optim/build.py) ----
     #: the loss's LM head: plain (in one piece), chunked (chunk by chunk, recomputed in backward: for logits
     #: that would not fit), auto (plain when a micro-batch's logits fit in one chunk, else chunked)
     loss: Literal["auto", "chunked", "plain"] = "auto"
@@ -333,6 +333,17 @@ class CheckpointSpec(_Strict):
         return read_every(self.every)[1]
 
 
+#: what the Hub accepts as a model repo id: namespace/name
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+
+
+def check_repo_id(repo_id: str) -> str:
+    """`repo_id` if the Hub would take it as a model repo id, else a ValueError saying what to give."""
+    if not REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith((".git", ".")):
+        raise ValueError(f"{repo_id!r} is not a Hub repo id; give namespace/name, e.g. my-org/my-adapter")
+    return repo_id
+
+
 class OutputSpec(_Strict):
     #: where the final adapter / model goes; default <run_uri>/output
     uri: str | None = None
@@ -342,8 +353,6 @@ class OutputSpec(_Strict):
     @field_validator("hub_model_id")
     @classmethod
     def _repo_id(cls, value: str | None) -> str | None:
-        from trainer.hub_push import check_repo_id
-
         return None if value is None else check_repo_id(value)
 
     _uri_shorthand = model_validator(mode="before")(classmethod(lambda cls, data: _shorthand("uri", data)))
@@ -469,9 +478,9 @@ class LocalSpec(_Strict):
 class NotifySpec(_Strict):
     webhook: str | None = None
     command: str | None = None
-    #: resumed: the trainer's "resumed after N preemptions" (trainer/notify.py)
-    #: replanned: a resume moved a job that did not fit to a GPU with more memory (orchestrator/replan.py)
-    #: unhealthy: the health checks ended the run (trainer/health.py)
+    #: resumed: the trainer's "resumed after N preemptions" (trainer/recording/notify.py)
+    #: replanned: a resume moved a job that did not fit to a GPU with more memory (orchestrator/sizing/replan.py)
+    #: unhealthy: the health checks ended the run (trainer/health/rules.py)
     on: list[
         Literal[
             "succeeded", "failed", "budget", "preempted", "cancelled", "resumed", "replanned", "unhealthy"

@@ -9,7 +9,7 @@ nothing; `Sharded` runs FSDP2 (`fully_shard` per decoder layer, then the root):
 - data: the layout (trainer/layout.py) cuts each optimizer step's examples into global micro-batches of
   (micro-batch per rank x ranks); every rank takes the same global micro-batch and keeps its contiguous
   slice, and the loss is normalised by the label tokens of the whole optimizer step, every global
-  micro-batch of it (trainer/step.py), so the effective batch, the data order and the gradient are those
+  micro-batch of it (trainer/train_step/step.py), so the effective batch, the data order and the gradient are those
   of every other layout of the job.
 - the stop flag and the checkpoint decision are all-reduced, so all ranks stop and save at the same step.
 - every rank has its own torch RNG stream (seeded from (seed, rank)), saved with the checkpoint.
@@ -51,7 +51,7 @@ class Parallel:
 
     def load(self, spec: JobSpec, device: torch.device) -> torch.nn.Module:
         """The job's model on `device`, ready to train (wrapped for this parallelism)."""
-        from trainer.model import load_model
+        from trainer.model.load import load_model
 
         return self.wrap(load_model(spec, device), spec)
 
@@ -113,7 +113,7 @@ class Sharded(Parallel):
 
     @classmethod
     def on_group(cls, device: torch.device) -> Sharded:
-        """FSDP over an already initialised process group, for sharding only (trainer/memory/loadtrace.py
+        """FSDP over an already initialised process group, for sharding only (trainer/memtrace/loadtrace.py
         runs the trainer's sharding on torch's fake process group)."""
         par = cls.__new__(cls)
         par._attach(device)
@@ -160,11 +160,11 @@ class Sharded(Parallel):
         fully_shard(model, mesh=self.mesh, mp_policy=policy, offload_policy=offload)
 
     def load(self, spec: JobSpec, device: torch.device) -> torch.nn.Module:
-        """Every method loads sharded (trainer/sharded_load.py): no GPU holds the whole model. QLoRA's base
+        """Every method loads sharded (trainer/model/sharded_load.py): no GPU holds the whole model. QLoRA's base
         is quantized once, on rank 0's CPU; with a bitsandbytes that cannot run there, it loads whole on
         each rank, quantized on the device as it arrives, then shards."""
-        from trainer import sharded_load
-        from trainer.quant import bitsandbytes_devices
+        from trainer.model import sharded_load
+        from trainer.model.quant import bitsandbytes_devices
 
         shard = lambda m: self.shard_model(m, spec)  # noqa: E731
         if spec.method != "qlora":
@@ -222,7 +222,7 @@ class Sharded(Parallel):
         """Gather the full weights (a collective), then rank 0 writes them from an unsharded copy."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        from trainer.model import load_model
+        from trainer.model.load import load_model
 
         spec: JobSpec = args[1]
         full = get_model_state_dict(

@@ -9,7 +9,7 @@ the checks that they agree (docs/environment.md).
 - `python -m trainer.envlock check LOCK`: the task's setup runs it after installing the lock; an
   installed version that differs from its pin exits ENV_MISMATCH with one line naming the package.
 - At the trainer's start a resume whose COMPARED versions differ from the newest checkpoint's is refused
-  like a fingerprint change (trainer/checkpoints/fingerprint.py: exit 2, one line, both versions), unless
+  like a fingerprint change (trainer/checkpoints/versions.py: exit 2, one line, both versions), unless
   `ftorch resume --allow-change` recorded the change in spec.json.
 
 No torch here: the orchestrator and the setup step use it before (or without) torch.
@@ -18,16 +18,13 @@ No torch here: the orchestrator and the setup step use it before (or without) to
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
 
 from trainer import exitcodes
-from trainer.checkpoints.fingerprint import Change, SpecChanged, allowed, show
 
 #: the libraries whose version decides the math of a step: a resume under another version is refused
 COMPARED = (
@@ -116,48 +113,6 @@ def mismatches(pins: Mapping[str, Pin], lookup: Callable[[str], str | None] = ve
             now = "not installed" if have is None else f"{have} is installed"
             found.append(f"{pin.name}: the run's lock pins {pin.version}, {now}")
     return found
-
-
-def compared_changes(before: Mapping[str, Any], after: Mapping[str, Any], step: int) -> list[Change]:
-    """The COMPARED libraries whose version differs between a checkpoint's record and now (both known)."""
-    return [
-        Change(FIELD_PREFIX + name, before[name], after[name], step)
-        for name in COMPARED
-        if before.get(name) is not None and after.get(name) is not None and before[name] != after[name]
-    ]
-
-
-def newest_versions(store: Any, listing: Any = None) -> tuple[int, dict[str, Any]] | None:
-    """(step, versions) of the newest complete checkpoint; None without one; {} for one that recorded none."""
-    complete = listing.complete if listing is not None else store.complete_checkpoints()
-    if not complete:
-        return None
-    recorded = complete[-1].meta.get(META_KEY)
-    return complete[-1].step, recorded if isinstance(recorded, dict) else {}
-
-
-def check_start(
-    store: Any, resolved: dict[str, Any], log: Callable[[str], None], listing: Any = None
-) -> dict[str, str | None]:
-    """At the trainer's start: this attempt's versions (put in its epoch record by rank 0); a resume under
-    other COMPARED versions than the newest checkpoint's raises SpecChanged unless spec.json allows it."""
-    now = installed()
-    if int(os.environ.get("RANK", "0")) == 0:
-        store.update_epoch_record(**{META_KEY: now})
-    newest = newest_versions(store, listing)
-    if newest is None:
-        return now
-    step, before = newest
-    found = compared_changes(before, now, step)
-    if not found:
-        return now
-    if allowed(resolved, step) is None:
-        raise SpecChanged(found[0].line(), found[0].field)
-    described = "; ".join(f"{c.field} {show(c.before)} -> {show(c.after)}" for c in found)
-    log(f"resuming from checkpoint step {step} under other library versions, allowed: {described}")
-    if int(os.environ.get("RANK", "0")) == 0:
-        store.update_epoch_record(allowed_version_changes=[c.to_json() for c in found])
-    return now
 
 
 def _check(path: str) -> int:

@@ -2,7 +2,7 @@
 
 SkyPilot's `recover_on_exit_codes` gets PREEMPTED, so a trainer that saved on a notice is relaunched.
 The CLI's own codes (`--follow` per end state: 0 SUCCEEDED, 3 FAILED, 4 CANCELLED, 5 STOPPED) are in
-orchestrator/follow.py (FOLLOW_EXIT_CODES) and the README.
+orchestrator/cli/follow.py (FOLLOW_EXIT_CODES) and the README.
 """
 
 OK = 0
@@ -23,12 +23,12 @@ STORE_UNAVAILABLE = 77
 #: the lock's (sysexits' EX_CONFIG); not in recover_on_exit_codes: an attempt under other versions never starts
 ENV_MISMATCH = 78
 #: out of memory in a step: the trainer recorded a smaller micro-batch per GPU (same effective batch) in
-#: spec.json (trainer/oom.py); start the next attempt from the newest checkpoint, no crash counted
+#: spec.json (trainer/train_step/oom.py); start the next attempt from the newest checkpoint, no crash counted
 OOM_ADAPT = 88
 #: out of memory with the smallest layout (1 example per GPU, gradient checkpointing on): the measured
 #: peak is in spec.json `does_not_fit`; never retried on the same machine, the job needs a re-plan
 DOES_NOT_FIT = 89
-#: the health checks (trainer/health.py) ended the run: non-finite losses or spikes that rollbacks did
+#: the health checks (trainer/health/rules.py) ended the run: non-finite losses or spikes that rollbacks did
 #: not cure. Never restarted (not in SkyPilot's recover_on_exit_codes; the local supervisor ends the job
 #: UNHEALTHY); the epoch record says why, and the newest healthy checkpoint is kept
 UNHEALTHY = 86

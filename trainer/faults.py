@@ -6,7 +6,7 @@ points of the checkpoint for those steps, or raises at the end of step 8 in atte
 SIGKILL once step N is reported (its metrics row and tracker values handed over, nothing flushed);
 `store-full@N` makes the run store answer ENOSPC after the first file of checkpoint N; `oom-above@K`
 raises torch.cuda.OutOfMemoryError in every step whose micro-batch per rank exceeds K examples (the only
-way to cause one on a CPU; `:A` limits it to attempt A as usual). The health faults (trainer/health.py):
+way to cause one on a CPU; `:A` limits it to attempt A as usual). The health faults (trainer/health/rules.py):
 `nan@K` turns a trainable weight to NaN before step K (so every loss is NaN from step K until a rollback
 restores the weights: a fault that happens once and stays), `spike@K` multiplies step K's loss by 1000
 (a bad batch), `nan-grad-rank1@K` makes one gradient non-finite on rank 1 only at step K, `hang@K`

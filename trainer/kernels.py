@@ -2,12 +2,12 @@
 micro-batch takes, what each kernel needs, why it cannot run here, and the loss it gives.
 
 `loss_path`: under `auto`, plain (the head in one piece, nothing recomputed) when the micro-batch's logits
-fit in one chunk, chunked (trainer/loss.py) when they would not. Shared with the time model
+fit in one chunk, chunked (trainer/train_step/loss.py) when they would not. Shared with the time model
 (orchestrator/sizing/throughput.py), which counts the chunked path's recomputed head.
 
 `liger_fused_ce`: Liger's fused linear cross-entropy (liger-kernel, Triton, CUDA only). It computes the LM
 head and the cross-entropy block by block and writes the head's gradient in the forward, so no more than a
-block of logits ever exists (like trainer/loss.py's chunks) and nothing is recomputed in backward. Its
+block of logits ever exists (like trainer/train_step/loss.py's chunks) and nothing is recomputed in backward. Its
 reductions are Triton's: not bitwise equal to the portable paths, and a resume must keep the kernel (the
 field is fingerprinted). It applies the head's plain weight: a head that carries LoRA adapters (lm_head in
 lora.target_modules) is refused, as is a model scaling its logits (Cohere's logit_scale).
@@ -49,7 +49,7 @@ def kernel_problem(
 
 
 def fused_loss(kernels: list[str], device_type: str) -> Any:
-    """The fused loss `trainer.loss.loss_sum` calls (head, config, hidden, labels) -> sum, or None.
+    """The fused loss `trainer.train_step.loss.loss_sum` calls (head, config, hidden, labels) -> sum, or None.
     Raises RuntimeError in one line when a kernel asked for cannot run here."""
     if "liger_fused_ce" not in kernels:
         return None

@@ -1,6 +1,6 @@
 """One training example as the loss sees it: token ids and their labels, and the label the loss skips.
 
-Below both the data pipeline (trainer/data/, which makes examples) and the loss (trainer/loss.py, which
+Below both the data pipeline (trainer/data/, which makes examples) and the loss (trainer/train_step/loss.py, which
 reads them), so neither imports the other for these two facts. No torch here.
 """
 

@@ -15,7 +15,7 @@ resumes on 2 or 1 with the same effective batch at the same place in the data.
 
 A layout is refused (with its reason) when the effective batch cannot be split evenly over the ranks, or
 when the optimizer cannot run sharded (the bitsandbytes 8-bit optimizers and adafactor run on one GPU). QLoRA shards:
-FSDP2 over 4-bit weights stored in the compute dtype (trainer/quant.py). `ftorch plan` lists only layouts `layout_for` accepts, and the trainer calls `check` at start.
+FSDP2 over 4-bit weights stored in the compute dtype (trainer/model/quant.py). `ftorch plan` lists only layouts `layout_for` accepts, and the trainer calls `check` at start.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def _largest_divisor_at_most(n: int, cap: int) -> int:
 def layout_for(spec: Any, gpus_per_node: int = 1, nodes: int = 1, max_micro: int | None = None) -> Layout:
     """The layout of `spec` (a JobSpec) on `gpus_per_node` x `nodes` GPUs; `ok` False says why not.
     `max_micro` caps the examples per rank below `micro_batch_size` (an out-of-memory adaptation,
-    trainer/oom.py): the accumulation grows, the effective batch, the data unit and the step's examples
+    trainer/train_step/oom.py): the accumulation grows, the effective batch, the data unit and the step's examples
     stay."""
     mbs, accum = spec.train.micro_batch_size, spec.train.grad_accum
     effective = mbs * accum
@@ -133,7 +133,7 @@ def layout_for(spec: Any, gpus_per_node: int = 1, nodes: int = 1, max_micro: int
             f"train.offload '{spec.train.offload}' steps the optimizer on FSDP's sharded parameters; "
             f"train.optimizer '{spec.train.optimizer}' cannot (use adamw or sgd)"
         )
-    # ---- optimizer step in backward (trainer/optim_in_backward.py) ----
+    # ---- optimizer step in backward (trainer/optim/in_backward.py) ----
     if getattr(spec.train, "optimizer_in_backward", False):
         if ranks > 1:
             return refuse(

@@ -13,17 +13,16 @@ from typing import Any
 
 import torch
 
-from trainer import envlock, exitcodes, ledger, oom, recorders, resume_check
-from trainer.attention import resolve as resolve_attention
+from trainer import envlock, exitcodes, resume_check
 from trainer.checkpoints import fingerprint
 from trainer.checkpoints.checkpoint import TrainerState
 from trainer.checkpoints.checkpointer import Checkpointer
 from trainer.checkpoints.sharded import is_sharded
+from trainer.checkpoints.versions import check_start as check_versions
 from trainer.config import JobSpec
 from trainer.data.cache import data_identity
 from trainer.data.dataset import IGNORE, Dataset, collate, load_dataset
 from trainer.data.packing import example_count, uses_flat_batches
-from trainer.data.packing_check import verify as verify_packing
 from trainer.distributed import Parallel
 from trainer.distributed import setup as setup_parallel
 from trainer.faults import (
@@ -35,21 +34,22 @@ from trainer.faults import (
     maybe_slow,
     spike,
 )
-from trainer.health import STEP
-from trainer.health_guard import HealthGuard
+from trainer.health.guard import HealthGuard
+from trainer.health.rules import STEP
 from trainer.layout import Layout
 from trainer.layout import total_steps as steps_for
-from trainer.loss import evaluate_batch, shifted_labels
-from trainer.measure import Measurer
 from trainer.memory import allocator
-from trainer.model import autocast_dtype, count_parameters, load_tokenizer, pick_device
-from trainer.notify import TrainerNotifier
+from trainer.model.attention import resolve as resolve_attention
+from trainer.model.load import autocast_dtype, count_parameters, load_tokenizer, pick_device
 from trainer.observers import Observers, StepRecord, StopSource, poll_all
-from trainer.optim import make_optimizer
-from trainer.recorders import fmt_eval as _fmt_eval
+from trainer.optim.build import make_optimizer
+from trainer.recording import ledger, recorders
+from trainer.recording.measure import Measurer
+from trainer.recording.notify import TrainerNotifier
+from trainer.recording.recorders import fmt_eval as _fmt_eval
+from trainer.recording.trackers import Trackers
 from trainer.runstore.progress import ProgressReporter, log
 from trainer.runstore.store import RunStore, check_output, output_store
-from trainer.step import accumulate, make_scaler, restore_scaler, save_scaler, update
 from trainer.stops import budget
 from trainer.stops.interruptions import SUPERVISOR_LOST, how_it_ended, process_started_at
 from trainer.stops.notices import start_watcher
@@ -59,7 +59,10 @@ from trainer.stops.spot_probe import SpotProbe
 from trainer.stops.stop_request import start_stop_watcher
 from trainer.stops.watchdog import Watchdog, exit_now
 from trainer.threads import set_threads
-from trainer.trackers import Trackers
+from trainer.train_step import oom
+from trainer.train_step.loss import evaluate_batch, shifted_labels
+from trainer.train_step.packing_check import verify as verify_packing
+from trainer.train_step.step import accumulate, make_scaler, restore_scaler, save_scaler, update
 
 
 def total_steps(spec: JobSpec, dataset: Dataset) -> int:
@@ -168,8 +171,8 @@ def _record_output(
     attempt: int,
     output_uri: str,
 ) -> None:
-    """training_summary.json and the model card in the output folder (trainer/model_card.py)."""
-    from trainer import model_card
+    """training_summary.json and the model card in the output folder (trainer/outputs/model_card.py)."""
+    from trainer.outputs import model_card
 
     try:
         model_card.record(
@@ -215,13 +218,13 @@ class Attempt:
     reporter: ProgressReporter
     trackers: Trackers
     notifier: TrainerNotifier
-    #: what this attempt measures (trainer/measure.py): recorded at each checkpoint and at its end
+    #: what this attempt measures (trainer/recording/measure.py): recorded at each checkpoint and at its end
     measurer: Measurer = field(default_factory=Measurer)
     budget: budget.BudgetWatch | None = None  # rank 0's budget stop (trainer/stops/budget.py)
     #: the recorders called at the loop's named points, and what can end the attempt (trainer/observers.py)
     observers: Observers = field(default_factory=Observers)
     stop_sources: list[StopSource] = field(default_factory=list)
-    health: HealthGuard | None = None  # train.health (trainer/health_guard.py), made by `fit`
+    health: HealthGuard | None = None  # train.health (trainer/health/guard.py), made by `fit`
     watchdog: Watchdog | None = None  # stalls (trainer/stops/watchdog.py), started by `fit`
 
 
@@ -235,7 +238,9 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
 # ---- setup ---------------------------------------------------------------------------------------
 def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) -> Attempt:
     """Claim the run, build data, model and optimizer, and resume from the newest good checkpoint."""
-    measurer = Measurer()  # measured facts (trainer/measure.py): phases count from the process's start
+    measurer = (
+        Measurer()
+    )  # measured facts (trainer/recording/measure.py): phases count from the process's start
     flag = PreemptionFlag()
     install_signal_handlers(flag)
     start_watcher(flag, log=log)  # cloud preemption notices (AWS/GCP/Azure metadata); ends off-cloud
@@ -245,7 +250,7 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     device = pick_device(spec.local.device)
     # the same rules as the planner's: refuse a layout the job cannot run on before any work (exit 2)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    # out-of-memory adaptations (trainer/oom.py): the micro-batch per rank recorded in spec.json
+    # out-of-memory adaptations (trainer/train_step/oom.py): the micro-batch per rank recorded in spec.json
     spec, layout = oom.layout_for_attempt(
         spec, resolved, world, int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None
     )
@@ -258,7 +263,7 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     start_check = fingerprint.check_start(store, as_run, identity, log, listing)
     # the library versions (trainer/envlock.py): recorded with the attempt and every checkpoint; a resume
     # under other versions than the newest checkpoint's is refused (exit 2) unless --allow-change allowed it
-    versions = envlock.check_start(store, resolved, log, listing)
+    versions = check_versions(store, resolved, log, listing)
     store.checkpoint_meta = {**start_check.meta, envlock.META_KEY: versions}
     # FSDP across ranks (torchrun, or a sharded run resumed by one process), or the identity
     par = setup_parallel(
@@ -302,7 +307,7 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     reporter, trackers = _open_reporting(
         store, spec, resolved, par, device, attempt, steps, state, checkpoints
     )
-    # notify: the webhook posts the trainer makes itself (trainer/notify.py; bounded, never raises)
+    # notify: the webhook posts the trainer makes itself (trainer/recording/notify.py; bounded, never raises)
     notifier = TrainerNotifier(store, resolved, attempt, steps, log)
     if checkpoints.resumed_from is not None:
         notifier.resumed(state.step)
@@ -342,7 +347,7 @@ def _open_store(
 def _resolve_attention(
     spec: JobSpec, resolved: dict[str, Any], device_type: str
 ) -> tuple[JobSpec, dict[str, Any]]:
-    """train.attn_implementation resolved on this device (trainer/attention.py): the spec the attempt
+    """train.attn_implementation resolved on this device (trainer/model/attention.py): the spec the attempt
     runs, and the resolved spec with it that the fingerprint records (spec.json keeps `auto`)."""
     requested = spec.train.attn_implementation
     chosen = resolve_attention(requested, device_type)
@@ -466,7 +471,7 @@ def fit(a: Attempt) -> int | None:
             code = _stop_on_notice(a)
             a.observers.stop(a.state.step, a.flag.reason)  # the budget stop, or a preemption notice
             return code
-        try:  # out of memory: every rank agrees, a smaller micro-batch is recorded (trainer/oom.py)
+        try:  # out of memory: every rank agrees, a smaller micro-batch is recorded (trainer/train_step/oom.py)
             tokens_before = a.state.tokens_seen
             step_loss, lr, grad_norm = _train_step(a)
             out_of_memory = None
@@ -564,7 +569,7 @@ def _train_step(a: Attempt) -> tuple[float, float, float]:
     state.tokens_seen += seen
     step_loss = a.par.mean(step_loss) * spike(state.step + 1)  # FTORCH_FAULTS=spike@K (tests)
     maybe_nan_grad(a.model, state.step + 1)  # FTORCH_FAULTS=nan-grad-rank1@K (tests)
-    # the health checks (trainer/health_guard.py) may skip the optimizer step (a non-finite loss or norm)
+    # the health checks (trainer/health/guard.py) may skip the optimizer step (a non-finite loss or norm)
     go = a.health.go_for(state.step + 1, step_loss) if a.health is not None else None
     grad_norm = update(a.model, a.optimizer, a.spec.train.max_grad_norm, a.scaler, go)
     save_scaler(a.scaler, state.extra)

@@ -1,7 +1,7 @@
 """The one interface every backend implements, and the registry that finds a backend by its name.
 
 A backend is what runs a job's attempts somewhere (this machine, a cloud through SkyPilot). The
-backend-neutral code (`orchestrator.jobs`, `orchestrator.status`) validates, records and reports; it
+backend-neutral code (`orchestrator.jobs.lifecycle`, `orchestrator.views.status`) validates, records and reports; it
 never asks which backend a job uses, it calls `backend_for(job.backend)`. To add a backend: subclass
 `Backend`, implement its methods, and add `name: "module:Class"` to `BACKENDS` (and the name to
 `resources.backend` in `trainer/config.py`). Backends are imported on first use, so `ftorch status`
@@ -40,6 +40,8 @@ class Backend:
     has_controller: bool = False
     #: the job delivers its own webhook events from where it runs (the launcher sends only its own)
     job_sends_events: bool = False
+    #: jobs wait their turn for this machine's one device (PENDING) instead of sharing it
+    jobs_take_turns: bool = False
 
     def dry_run(self, spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:
         """What `launch --dry-run` adds to the summary. Nothing is written or launched."""
@@ -81,7 +83,7 @@ class Backend:
         return {}
 
     def ondemand_hourly_usd(self, registry: Registry, job: Job) -> float | None:
-        """The on-demand price of the offer the job ran on, for its cost ledger (trainer/ledger.py);
+        """The on-demand price of the offer the job ran on, for its cost ledger (trainer/recording/ledger.py);
         None when there is none (the ledger then says n/a)."""
         return None
 
@@ -106,7 +108,7 @@ class Backend:
 
     def adopt(self, registry: Registry, job: Job) -> str | None:
         """`ftorch attach`: the job was just registered from its run store (state, attempts derived from
-        it, orchestrator/adopt.py). Learn what this backend knows about it; a line for the user, or None."""
+        it, orchestrator/jobs/adopt.py). Learn what this backend knows about it; a line for the user, or None."""
         return None
 
     def cancel(self, registry: Registry, job: Job) -> str | None:

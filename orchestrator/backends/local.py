@@ -91,6 +91,7 @@ class LocalBackend(Backend):
     """Jobs run by a detached supervisor process on this machine."""
 
     name = "local"
+    jobs_take_turns = True  # orchestrator/backends/local_queue.py
 
     def check(self, spec: JobSpec, job_id: str, run_uri: str) -> dict[str, Any]:
         from orchestrator.backends.local_preflight import preflight

@@ -207,24 +207,26 @@ def record_run_facts(registry: Registry, job_id: str, spent_usd: float) -> None:
     """Cost and preemptions into the output's model card and training_summary.json (the trainer
     wrote them without: only the supervisor knows)."""
     from orchestrator.records import preempted
-    from trainer import model_card
+    from trainer.outputs import model_card
     from trainer.runstore.store import output_store
 
     job = registry.get(job_id)
     preemptions = sum(1 for a in registry.attempts(job_id) if preempted(a))
     try:
         output = output_store(job.output_uri, job.run_uri, job.storage_options)  # never through a link
-        ledger = _ledger(registry, job, spent_usd)  # the cost ledger (trainer/ledger.py); feeds the history
+        ledger = _ledger(
+            registry, job, spent_usd
+        )  # the cost ledger (trainer/recording/ledger.py); feeds the history
         model_card.add_run_facts(output, cost_usd=round(spent_usd, 4), preemptions=preemptions, ledger=ledger)
     except Exception as exc:  # noqa: BLE001 - the card is a record; the job still succeeded
         registry.event(job_id, "card", f"model card not completed: {exc.__class__.__name__}: {exc}")
 
 
 def _ledger(registry: Registry, job: Any, spent_usd: float) -> dict[str, Any] | None:
-    """The job's cost ledger, after keeping what its attempts measured (orchestrator/history.py)."""
+    """The job's cost ledger, after keeping what its attempts measured (orchestrator/sizing/history.py)."""
     from orchestrator.backends.base import ledger_facts
-    from orchestrator.cost_ledger import job_ledger
-    from orchestrator.history import learn_from_job
+    from orchestrator.sizing.history import learn_from_job
+    from orchestrator.spot.cost_ledger import job_ledger
     from orchestrator.spot.hazards import learn_from_job as learn_hazards
 
     learn_from_job(registry, job)

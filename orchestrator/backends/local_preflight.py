@@ -4,7 +4,7 @@ every LoRA target module exists in it, and the machine has the device the job ne
 The same questions the trainer would answer by crashing, asked once here: a job that fails them is
 refused with a one-line error (exit 2) and nothing recorded. A target list is judged from the model's
 shape (no torch) when every name is known there, and else by building the model on the meta device from
-its config.json (trainer/model_check.py), which is exact.
+its config.json (trainer/model/check.py), which is exact.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import SpecError
-from orchestrator.hub_check import cached_config, check_local_model, download_config
+from orchestrator.jobfile.models import cached_config, check_local_model, download_config
 from trainer.config import JobSpec
 
 
@@ -47,7 +47,7 @@ def _check_targets(spec: JobSpec, cfg: dict[str, Any]) -> None:
         known = {lin.name.rsplit(".", 1)[-1] for lin in shape.linears} | OUTSIDE_LAYERS
         if all(t.rsplit(".", 1)[-1] in known for t in targets):
             return
-    from trainer.model_check import unknown_targets
+    from trainer.model.check import unknown_targets
 
     try:
         missing, linear = unknown_targets(cfg, targets)
@@ -65,7 +65,7 @@ def preflight(spec: JobSpec) -> dict[str, Any]:
     """SpecError on the first thing this machine cannot do for the job; what was found otherwise."""
     source = check_local_model(spec.model)
     if spec.method == "qlora" or spec.local.device == "cuda":
-        from trainer.quant import device_problem
+        from trainer.model.quant import device_problem
 
         problem = device_problem(spec.method, spec.local.device)
         if problem:

@@ -44,15 +44,15 @@ from orchestrator.backends.local_parts import (
     trainer_command,
 )
 from orchestrator.backends.local_queue import DeviceQueue
+from orchestrator.backends.notify import notify_job
 from orchestrator.logtail import LogTail
-from orchestrator.notify import notify_job
 from orchestrator.records import cost_usd
 from orchestrator.registry import Registry
 from orchestrator.spot.policy import Mode
 from orchestrator.states import AttemptEnd, JobState, Outcome
 from trainer import exitcodes
 from trainer.config import JobSpec
-from trainer.health import ended_as, stall_reason, unhealthy_reason
+from trainer.health.rules import ended_as, stall_reason, unhealthy_reason
 from trainer.runstore.store import RunStore
 from trainer.stops.budget import BudgetGuard, budget_stop_of, kept_note, restart_reason
 from trainer.stops.interruptions import request_stop
@@ -184,7 +184,9 @@ class Supervisor:
             if outcome is Outcome.FAILED:
                 self.end(JobState.FAILED, end.detail)
                 return 1
-            if outcome is Outcome.UNHEALTHY:  # the health checks ended it (trainer/health.py): no restart
+            if (
+                outcome is Outcome.UNHEALTHY
+            ):  # the health checks ended it (trainer/health/rules.py): no restart
                 self.registry.event(self.job_id, "unhealthy", end.reason)
                 self.end(JobState.UNHEALTHY, end.reason)
                 return 1
@@ -418,7 +420,7 @@ class Supervisor:
             self.registry.set_state(self.job_id, JobState.PREEMPTED, "preemption notice (SIGTERM)")
             return AttemptEnd(Outcome.PREEMPTED, "preempted (notice from outside)")
         last = " | ".join(tail.last_lines(1)) or "no output"
-        memory = self.out_of_memory(code)  # trainer/oom.py: a smaller layout, or a re-plan
+        memory = self.out_of_memory(code)  # trainer/train_step/oom.py: a smaller layout, or a re-plan
         if memory is not None:
             return memory
         ended = (
@@ -452,7 +454,7 @@ class Supervisor:
     def out_of_memory(self, code: int) -> AttemptEnd | None:
         """An attempt that ran out of memory (its exit code, or under torchrun spec.json's record of this
         attempt): ADAPTED with the new layout, or FAILED when the smallest does not fit (re-plan)."""
-        from trainer import oom
+        from trainer.train_step import oom
 
         if code == exitcodes.OK or code < 0:
             return None

@@ -37,8 +37,8 @@ from trainer.stops.interruptions import withdraw_stop
 # ---- planning and rendering ----------------------------------------------------------------------
 def plan_for(spec: JobSpec, unfit: Any = None) -> Any:
     """The planner's offers (for all of resources.nodes: each candidate's layout spans every node);
-    `unfit`: a re-plan after "does not fit" (orchestrator/replan.py)."""
-    from orchestrator.planner import make_plan
+    `unfit`: a re-plan after "does not fit" (orchestrator/sizing/replan.py)."""
+    from orchestrator.sizing.planner import make_plan
 
     return make_plan(spec, offline=True, unfit=unfit)
 
@@ -87,7 +87,7 @@ def _withdraw_stop(job: Job) -> None:
 
 def _run_lock(job: Job) -> str | None:
     """The run's lock (env/lock.txt), which every attempt installs; None for a run launched before locks."""
-    from orchestrator.runenv import read_lock
+    from orchestrator.jobfile.envlock import read_lock
 
     try:
         return read_lock(job.run_store())[0]

@@ -11,7 +11,7 @@ from typing import Any
 from orchestrator.backends import skypilot_render as render
 from orchestrator.backends import skypilot_sdk as sdk
 from orchestrator.errors import SpecError, UserError
-from orchestrator.hub_check import check_hub_model
+from orchestrator.jobfile.models import check_hub_model
 from trainer.config import JobSpec
 
 

@@ -3,7 +3,7 @@
 A job gets a controller when its policy switches, or when it has spot offers under EAGER_NEXT_REGION (a
 relaunch after a preemption with the lost region last); a job with neither runs under SkyPilot's own
 recovery alone. The budget and the notifications are no reason: the trainer stops itself at its budget
-(trainer/stops/budget.py) and the job sends its own notifications (trainer/notify.py, the task's
+(trainer/stops/budget.py) and the job sends its own notifications (trainer/recording/notify.py, the task's
 `event_callback`), with the launching machine asleep (docs/clouds.md, "With the laptop closed").
 
 The backend calls `tasks_for` / `save_tasks` / `spawn` at launch (and resume); `dry_run_lines` shows the

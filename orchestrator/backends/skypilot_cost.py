@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.sky_names import sky_name
+from orchestrator.sizing.sky_names import sky_name
 
 
 def offer_prices(plan: Any) -> list[dict[str, Any]]:
@@ -133,7 +133,7 @@ def cost_usd(state: Mapping[str, Any]) -> float | None:
 def ondemand_price(state: Mapping[str, Any]) -> float | None:
     """The on-demand hourly price of the offer the newest placement ran on (its cloud, GPUs and count,
     from the launch's offers in `skypilot.json`), times its nodes: what the ledger prices the same work
-    at (trainer/ledger.py). None when the placement is unknown or that offer has no on-demand price."""
+    at (trainer/recording/ledger.py). None when the placement is unknown or that offer has no on-demand price."""
     offers = state.get("offers") or []
     segments = [s for s in state.get("segments") or [] if s.get("hourly_usd") is not None]
     if not segments:

@@ -8,9 +8,9 @@ trainer, alone or under torchrun); rendering fills in what depends on the job:
 - job_recovery: strategy, `recover_on_exit_codes: [75, 88]` (the trainer's "preempted, checkpoint
   written" and "out of memory, layout adapted"), `max_restarts_on_errors`; `max_hourly_cost`; `disk_size` for the model; `image_id`;
 - envs: the run's id and store URL (the same across every recovery: ftorch's job id is the run id);
-- the ftorch to install: exactly this one (orchestrator/ship.py: the source tree as workdir, or the
+- the ftorch to install: exactly this one (orchestrator/backends/ship.py: the source tree as workdir, or the
   installed wheel in file_mounts), never a version from a package index;
-- the environment: the run's lock (orchestrator/runenv.py), written by the setup itself so the task
+- the environment: the run's lock (orchestrator/jobfile/envlock.py), written by the setup itself so the task
   shows every pin, installed with --no-deps and checked (trainer/envlock.py); none with an image_id;
 - secrets: names only. Values are read from the user's environment at launch, inside the SDK call,
   and never written to the YAML, the registry, the run store or any output.
@@ -27,9 +27,9 @@ from typing import Any
 
 import yaml
 
-from orchestrator import ship
+from orchestrator.backends import ship
 from orchestrator.errors import SpecError
-from orchestrator.sky_names import check_sky_name
+from orchestrator.sizing.sky_names import check_sky_name
 from trainer import exitcodes
 from trainer.config import JobSpec
 
@@ -113,9 +113,9 @@ def job_recovery(spec: JobSpec) -> dict[str, Any]:
     return {
         "strategy": spec.resources.recovery,
         "max_restarts_on_errors": spec.resources.max_restarts_on_errors,
-        # 75: preempted with a checkpoint; 88: out of memory, the layout adapted (trainer/oom.py): both resume
+        # 75: preempted with a checkpoint; 88: out of memory, the layout adapted (trainer/train_step/oom.py): both resume
         # from the store. 89 (does not fit even at the smallest layout) is not retried: it ends FAILED;
-        # nor 86 (the health checks ended the run, trainer/health.py): a relaunch would repeat it
+        # nor 86 (the health checks ended the run, trainer/health/rules.py): a relaunch would repeat it
         "recover_on_exit_codes": [exitcodes.PREEMPTED, exitcodes.OOM_ADAPT],
     }
 
@@ -189,7 +189,7 @@ def regions_of(plan: Any) -> dict[str, list[str]]:
     checkpoints and data from there to the run store costs per hour (the plan's `data_usd_per_hour`,
     per node), times the hours the hazard model's interruptions there lose (`rebid_loss`); regions
     without a known price keep the plan's order, after the others."""
-    from orchestrator.catalog import bundled_catalog
+    from orchestrator.sizing.catalog import bundled_catalog
 
     prices = {(o.cloud, o.instance_type): o.region_prices for o in bundled_catalog().offers}
     best: dict[str, dict[str, float]] = {}
@@ -230,7 +230,7 @@ def interruption_envs(plan: Any) -> dict[str, str]:
     }
     save_cost = getattr(chosen, "save_cost_s", 0.0) if chosen is not None else 0.0
     if save_cost:
-        from trainer.checkpoints.interval import SAVE_COST_ENV
+        from trainer.stops.interval import SAVE_COST_ENV
 
         envs[SAVE_COST_ENV] = f"{save_cost:.3f}"  # the same C the planner's interval used
     return envs
@@ -240,7 +240,7 @@ def price_envs(plan: Any) -> dict[str, str]:
     """Every offer's price per node for the trainer's budget stop (trainer/stops/budget.py), FTORCH_PRICES
     keyed cloud:region:accelerator:count:market: per region where the bundled snapshot has one, and "*"
     (the offer's dearest known price) for any other region the task may land in."""
-    from orchestrator.catalog import bundled_catalog
+    from orchestrator.sizing.catalog import bundled_catalog
     from trainer.stops.budget import PRICES_ENV, price_key
 
     by_region = {(o.cloud, o.instance_type): o.region_prices for o in bundled_catalog().offers}
@@ -280,7 +280,7 @@ CALLBACK_EVENTS = {
 CALLBACK_TIMEOUT_S = 10
 NOTIFY_ENV = "FTORCH_NOTIFY_WEBHOOK"
 #: the callback's sender: python3's urllib (no ftorch on SkyPilot's jobs controller); argv[1] is the
-#: payload for each status, built by trainer/notify.py (the one payload format); it adds the time
+#: payload for each status, built by trainer/recording/notify.py (the one payload format); it adds the time
 _CALLBACK_PY = f"""import json,os,sys,time,urllib.request as u
 p=json.loads(sys.argv[1]).get(os.environ.get("JOB_STATUS",""))
 if p:
@@ -304,7 +304,7 @@ def event_callback(spec: JobSpec, job_id: str, run_uri: str, output_uri: str | N
     """The task's `event_callback`: POST the webhook on what a dead trainer cannot say (RECOVERING,
     FAILED, CANCELLED; those in notify.on), bounded by CALLBACK_TIMEOUT_S and never failing; None when
     nothing is asked for. Other statuses return at once, without starting python."""
-    from trainer.notify import payload
+    from trainer.recording.notify import payload
 
     notify = spec.notify
     if notify is None or not notify.webhook:
@@ -392,7 +392,7 @@ def lock_setup(lock: str | None) -> tuple[str, dict[str, str]]:
     """The setup lines that write the run's lock on the instance (the pins shown in the task itself),
     and the envs that tell the template's setup where it is and which Python it is for; with no lock
     (a digest-pinned image) nothing is installed but ftorch."""
-    from orchestrator.runenv import REMOTE_LOCK
+    from orchestrator.jobfile.envlock import REMOTE_LOCK
     from trainer.envlock import header
 
     if lock is None:
@@ -415,8 +415,8 @@ def render_task(
     lock: str | None = None,
 ) -> dict[str, Any]:
     """The SkyPilot task config (a dict, as in a task YAML) for one ftorch job. `lock`: the run's
-    environment lock (env/lock.txt), else the one a launch writes (orchestrator/runenv.py)."""
-    from orchestrator.runenv import check_image, task_lock
+    environment lock (env/lock.txt), else the one a launch writes (orchestrator/jobfile/envlock.py)."""
+    from orchestrator.jobfile.envlock import check_image, task_lock
 
     require_remote(spec)
     check_image(spec.resources.image_id)
@@ -485,7 +485,7 @@ def offload_envs(spec: JobSpec, plan: Any, entries: list[dict[str, Any]]) -> dic
     with it) the trainer is told so (FTORCH_OFFLOAD, trainer/distributed.py) on whichever offer the task
     lands; and with offload every entry asks SkyPilot for the host RAM it needs (`memory: N+`, GiB), since
     SkyPilot picks the instance type."""
-    from orchestrator.planner import HOST_HEADROOM
+    from orchestrator.sizing.planner import HOST_HEADROOM
     from trainer.layout import OFFLOAD_ENV
 
     chosen = getattr(plan, "chosen", None)
@@ -503,7 +503,7 @@ def offload_envs(spec: JobSpec, plan: Any, entries: list[dict[str, Any]]) -> dic
 def _output_uri(spec: JobSpec, run_uri: str) -> str:
     from trainer.runstore.storage import join_uri
 
-    return spec.output.uri or join_uri(run_uri, "output")  # as orchestrator/jobs.py
+    return spec.output.uri or join_uri(run_uri, "output")  # as orchestrator/jobs/lifecycle.py
 
 
 def template_of(task: Mapping[str, Any]) -> str:

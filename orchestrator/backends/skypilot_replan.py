@@ -1,5 +1,5 @@
-"""`ftorch resume` of a SkyPilot job that ended "does not fit" (trainer/oom.py): plan again with the
-measured peak (orchestrator/replan.py refuses the GPU it ran on and every one with no more memory),
+"""`ftorch resume` of a SkyPilot job that ended "does not fit" (trainer/train_step/oom.py): plan again with the
+measured peak (orchestrator/sizing/replan.py refuses the GPU it ran on and every one with no more memory),
 launch on the next adequate offer, and say so: a line in status (the job's reason and spec.json
 `replans`), a `replanned` event and notification. Never silently on a dearer class."""
 
@@ -12,8 +12,8 @@ from typing import Any
 from orchestrator.backends import skypilot_cost as cost
 from orchestrator.backends import skypilot_state as sky_state
 from orchestrator.registry import Job, Registry
-from orchestrator.replan import Unfit, record_replan, unfit_of
-from orchestrator.sky_names import ftorch_name
+from orchestrator.sizing.replan import Unfit, record_replan, unfit_of
+from orchestrator.sizing.sky_names import ftorch_name
 
 EVENT = "replanned"
 
@@ -71,7 +71,7 @@ def announce(registry: Registry, job: Job, p: Pending, plan: Any) -> str:
     registry.update(job.job_id, reason=said)
     registry.event(job.job_id, EVENT, said)
     sys.stderr.write(said + "\n")
-    from orchestrator.notify import notify_job
+    from orchestrator.backends.notify import notify_job
 
     notify_job(registry, job.job_id, EVENT, lambda text: sys.stderr.write(text + "\n"))
     return said

@@ -12,7 +12,7 @@ from typing import Any
 from orchestrator.backends import skypilot_cost as cost
 from orchestrator.backends.skypilot_sdk import QUEUE_FIELDS
 from orchestrator.registry import Job, JobState, Outcome, Registry
-from trainer.ledger import number
+from trainer.recording.ledger import number
 
 #: SkyPilot ManagedJobStatus -> ftorch state
 STATES = {
@@ -209,7 +209,7 @@ def budget_stop(job: Job) -> str | None:
 
 
 def unhealthy_stop(job: Job) -> str | None:
-    """Why the health checks ended the run, when its newest attempt says so (trainer/health.py)."""
+    """Why the health checks ended the run, when its newest attempt says so (trainer/health/rules.py)."""
     try:
         records = job.run_store().epoch_records()
     except Exception:  # noqa: BLE001 - unreadable: FAILED stays what SkyPilot said
@@ -217,7 +217,7 @@ def unhealthy_stop(job: Job) -> str | None:
     newest = records[max(records)] if records else {}
     if newest.get("ended") != "unhealthy":
         return None
-    from trainer.health import unhealthy_reason
+    from trainer.health.rules import unhealthy_reason
 
     return unhealthy_reason(job.run_store(), newest.get("attempt"))
 

@@ -3,7 +3,7 @@
 The budget is not the controller's: the trainer stops itself at `resources.budget_usd`
 (trainer/stops/budget.py), exits 0, and `ftorch status` reads the stop from the run store
 (skypilot_state.budget_stop). Every event the controller sees (preempted, succeeded, failed, cancelled)
-goes to orchestrator.notify as on the local backend (which skips what the job already delivered).
+goes to orchestrator.backends.notify as on the local backend (which skips what the job already delivered).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from orchestrator.notify import notify_job
+from orchestrator.backends.notify import notify_job
 from orchestrator.registry import Registry
 from trainer.stops.interruptions import SPEND_RECORD
 

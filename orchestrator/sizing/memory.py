@@ -2,7 +2,7 @@
 (Over 400 lines: each term below mirrors one part of the trainer's step, with the trace-derived
 constants; keeping them in one place is what lets tests/orchestrator_tests/sizing/test_memory_trace.py hold it to the trace.)
 
-This is the fast, analytic twin of `ftorch estimate --trace` (trainer/memory/memtrace.py, one real training step
+This is the fast, analytic twin of `ftorch estimate --trace` (trainer/memtrace/steptrace.py, one real training step
 of ftorch's trainer on fake tensors). The planner sizes hundreds of offers with it. Its terms follow the
 trainer as it runs:
 
@@ -37,7 +37,6 @@ from typing import Any
 
 from orchestrator.errors import SpecError
 from orchestrator.sizing.shapes import ModelShape, resolve_shape
-from trainer.attention import planned as planned_attention
 from trainer.memory import facts
 from trainer.memory.facts import GIB
 from trainer.memory.load_memory import (
@@ -49,6 +48,7 @@ from trainer.memory.load_memory import (
     load_host_bytes,
     load_peak_bytes,
 )
+from trainer.model.attention import planned as planned_attention
 
 CONSTANTS_FILE = "memory_constants.json"
 
@@ -72,7 +72,7 @@ class Constants:
     eager_factor: float = 1.0
     #: bytes per logit element of one loss chunk at the loss's peak (three fp32 copies: 12)
     logits_bytes: float = 12.0
-    #: logit elements per chunk of the trainer's chunked cross-entropy (trainer/loss.py)
+    #: logit elements per chunk of the trainer's chunked cross-entropy (trainer/train_step/loss.py)
     chunk_elements: float = float(1 << 26)
     #: fraction of the 16-bit weight copies autocast keeps through a full fine-tune's forward
     cast_factor: float = 1.0
@@ -122,7 +122,7 @@ class Settings:
     nodes: int = 1  # machines the n_gpus ranks are spread over (host RAM is per machine)
     #: train.optimizer_in_backward: each parameter steps in its gradient hook (one GPU, no accumulation)
     optimizer_in_backward: bool = False
-    #: train.loss (auto | chunked | plain) and train.kernels (trainer/loss.py, trainer/kernels.py)
+    #: train.loss (auto | chunked | plain) and train.kernels (trainer/train_step/loss.py, trainer/kernels.py)
     loss: str = "auto"
     kernels: tuple[str, ...] = ()
 
@@ -444,7 +444,7 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
     )
 
 
-# ---- optimizer step in backward (trainer/optim_in_backward.py) ----
+# ---- optimizer step in backward (trainer/optim/in_backward.py) ----
 def _in_backward(
     shape: ModelShape, s: Settings, grads: float, step_temp: float
 ) -> tuple[float, float, float]:

@@ -5,7 +5,7 @@ names; they are kept side by side so a new family is added next to the ones it r
 A shape comes from a local folder with `config.json`, from the bundled table of popular architectures
 (`orchestrator/data/shapes.json`, works offline), from the Hugging Face cache (huggingface_hub's: HF_HOME,
 HF_HUB_CACHE), or from the Hub (config only, opt-in with `online=True`, into that cache; HF_TOKEN,
-HF_ENDPOINT and HF_HUB_OFFLINE apply: orchestrator/hub_check.py). Parameter counts are computed from the architecture per
+HF_ENDPOINT and HF_HUB_OFFLINE apply: orchestrator/jobfile/models.py). Parameter counts are computed from the architecture per
 family with the architecture's real module names (llama, mistral, mixtral, qwen2, gemma, gemma2, phi,
 phi3, falcon with its fused query_key_value and 2-matrix MLP, gpt_neox, stablelm);
 `tests/orchestrator_tests/sizing/test_shapes.py` checks them against transformers models built on the meta device.
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import SpecError
-from orchestrator.hub_check import cached_config, download_config, looks_like_hub_id
+from orchestrator.jobfile.models import cached_config, download_config, looks_like_hub_id
 
 #: families whose layer layout is modelled exactly; other llama-like configs are sized approximately
 FAMILIES = (

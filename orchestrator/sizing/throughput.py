@@ -331,7 +331,7 @@ LIGER_MFU = 1.0
 
 
 def loss_chunked(shape: ModelShape, s: Settings, tokens: float) -> bool:
-    """Whether the loss recomputes the LM head in backward (trainer/loss.py's chunked path)."""
+    """Whether the loss recomputes the LM head in backward (trainer/train_step/loss.py's chunked path)."""
     if "liger_fused_ce" in s.kernels or s.loss == "plain":
         return False
     return loss_path(s.loss, int(tokens), shape.vocab) == "chunked"
@@ -448,7 +448,7 @@ def estimate_time(
 
 def scaled(t: TimeEstimate, ratio: float) -> TimeEstimate:
     """The estimate with throughput multiplied by `ratio` (measured / predicted tokens/s of runs on this
-    GPU, orchestrator/history.py): hours and per-micro-batch times divided by it."""
+    GPU, orchestrator/sizing/history.py): hours and per-micro-batch times divided by it."""
     if ratio == 1.0 or ratio <= 0:
         return t
     return replace(

@@ -1,4 +1,4 @@
-"""Running `trainer.memory.memtrace` (one training step on fake tensors) from the orchestrator, which never imports
+"""Running `trainer.memtrace.steptrace` (one training step on fake tensors) from the orchestrator, which never imports
 torch: the trace runs in a subprocess of this Python, and its results are cached by what decides memory
 (the job's model, method, precision, batch, sequence, optimizer, LoRA and quantization settings, the model
 config, and the trainer's code), under `$FTORCH_HOME/traces/`.
@@ -41,7 +41,7 @@ TRACE_TIMEOUT_S = 600.0
 
 @dataclass
 class Traced:
-    """Per GPU count: the trace's JSON (trainer.memory.memtrace.TraceResult), or why there is none."""
+    """Per GPU count: the trace's JSON (trainer.memtrace.steptrace.TraceResult), or why there is none."""
 
     results: dict[int, dict[str, Any]]
     error: str | None = None
@@ -128,7 +128,7 @@ def _run(spec: Any, shape: ModelShape, gpus: list[int], load: bool = False) -> T
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        cmd = [sys.executable, "-m", "trainer.memory.memtrace", str(spec_path), str(config_path)]
+        cmd = [sys.executable, "-m", "trainer.memtrace.steptrace", str(spec_path), str(config_path)]
         cmd += ["--gpus", ",".join(map(str, gpus))] + (["--load"] if load else [])
         try:
             proc = subprocess.run(

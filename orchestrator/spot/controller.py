@@ -2,7 +2,7 @@
 (Over 400 lines: the switch protocol (stop request, wait for the checkpoint, cancel, relaunch) and the
 relaunch after a preemption share one tick, one state file and their records, and must change together;
 the SkyPilot wiring itself lives in backends/skypilot_controller.py. It is an optional optimiser: the
-budget is the trainer's (trainer/stops/budget.py), notifications are the job's (trainer/notify.py, the
+budget is the trainer's (trainer/stops/budget.py), notifications are the job's (trainer/recording/notify.py, the
 task's event_callback), and the fallback to on demand is the task's own `ordered` list.)
 
 SkyPilot recovers a managed job by itself, but only by walking its resources list from the top (spot

@@ -40,28 +40,37 @@ def table() -> dict[str, Any]:
     )
 
 
+#: URL schemes (fsspec protocols) of a path on the machine itself
+LOCAL_SCHEMES = frozenset({"", "file", "local"})
+
+
 @dataclass(frozen=True)
 class Store:
     """Where the run store is: its cloud and region, and how that is known."""
 
     cloud: str | None
     region: str | None
-    how: str  # checkpoint.region | bucket | local | unknown
+    how: str  # checkpoint.region | bucket | disk (a path on this machine) | unknown
 
     @property
     def known(self) -> bool:
         return self.how != "unknown"
 
+    @property
+    def on_disk(self) -> bool:
+        """A path on the machine that runs the job: no cloud transfer."""
+        return self.how == "disk"
+
 
 def store_of(spec: Any, detect: bool = True) -> Store:
-    """The run store's place from the job file: a local path is 'local' (no cloud transfer); an object
+    """The run store's place from the job file: a local path is on disk (no cloud transfer); an object
     store's region is checkpoint.region, else the bucket's own answer (orchestrator/spot/store_region.py,
     with `detect`), else unknown."""
     uri = spec.checkpoint.uri
     scheme = urlparse(uri).scheme.lower() if "://" in uri else ""
     region = getattr(spec.checkpoint, "region", None)
-    if scheme in ("", "file", "local"):
-        return Store(None, None, "local")
+    if scheme in LOCAL_SCHEMES:
+        return Store(None, None, "disk")
     cloud = STORE_CLOUDS.get(scheme)
     if region:
         return Store(cloud, region, "checkpoint.region")
@@ -121,7 +130,7 @@ def price(
     data set) from it, `keep` checkpoints stored for `hours`."""
     month = storage_per_gb_month(store.cloud)
     storage = month * save_gb * keep * hours / HOURS_PER_MONTH if month is not None else None
-    if store.how == "local":
+    if store.on_disk:
         return Movement(0.0, 0.0, 0.0, 0.0)
     if not store.known or store.cloud is None:
         return Movement(
@@ -153,9 +162,9 @@ def attempt_movement(
     (`measured.checkpoint_uploads`) of `save_bytes` from where it ran (SkyPilot's cluster info,
     attempts/<n>.json) to the run store, and the checkpoint it resumed from (start_step > 0) back.
     None when the store's place is unknown or nothing says where an attempt ran."""
-    from trainer.ledger import by_attempt
+    from trainer.recording.ledger import by_attempt
 
-    if not store.known or store.cloud is None or store.how == "local":
+    if not store.known or store.cloud is None or store.on_disk:
         return None
     rows, gb = [], save_bytes / 1e9
     for n, record in sorted(by_attempt(records).items()):

@@ -1,7 +1,7 @@
 """One spot hazard model: how often spot is taken away, how often it can be had, and how sure we are.
 
 Used by the planner (expected cost, ETA, the spot/on-demand choice), the checkpoint interval (the rate the
-task passes to the trainer, trainer/checkpoints/interval.py), the simulator's benchmark and `ftorch hazards`.
+task passes to the trainer, trainer/stops/interval.py), the simulator's benchmark and `ftorch hazards`.
 No torch, no sky here.
 
 The model, per key (cloud, instance type, region, zone; the accelerator and GPU count stand in for the
@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.catalog import CONSUMER_TIER
 from orchestrator.errors import UserError
 from orchestrator.home import ftorch_home, private_dir, write_private
+from orchestrator.sizing.catalog import CONSUMER_TIER
 
 DATA_FILE = "hazards.json"
 USER_FILE = "hazards.json"  # under $FTORCH_HOME
@@ -713,8 +713,8 @@ def evidence_from_run(
     (finished, stopped, or the newest attempt without an end: nobody knows yet). Where: the attempt's
     SkyPilot cluster info (attempts/<n>.json); what: the GPU the attempt measured, else the job's
     resources; the market from its price record."""
-    from orchestrator.history import catalog_gpu
-    from trainer.ledger import by_attempt
+    from orchestrator.sizing.history import catalog_gpu
+    from trainer.recording.ledger import by_attempt
     from trainer.stops.budget import alive_s
     from trainer.stops.interruptions import NOT_INTERRUPTIONS
 
@@ -746,7 +746,7 @@ def evidence_from_run(
 
 
 def learn_from_store(job_id: str, spec: dict[str, Any], store: Any, home: Path | None = None) -> int:
-    """Keep the spot attempts of a run as evidence (orchestrator/history.py calls it as a job ends)."""
+    """Keep the spot attempts of a run as evidence (orchestrator/sizing/history.py calls it as a job ends)."""
     from trainer.runstore.attempts import ATTEMPTS
 
     attempts: dict[int, dict[str, Any]] = {}
@@ -758,7 +758,7 @@ def learn_from_store(job_id: str, spec: dict[str, Any], store: Any, home: Path |
 
 
 def learn_from_job(registry: Any, job: Any) -> int:
-    """The job's spot attempts as evidence (called where orchestrator/history.py learns from a job);
+    """The job's spot attempts as evidence (called where orchestrator/sizing/history.py learns from a job);
     best effort: an unreadable store is learnt from next time."""
     try:
         return learn_from_store(job.job_id, job.spec, job.run_store(retry_seconds=2.0), registry.home)

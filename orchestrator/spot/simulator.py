@@ -316,7 +316,7 @@ _NUMBER_OPTIONS = tuple(option for _, option in PLAN_FIELDS.values())
 def _from_planner(spec: Any) -> tuple[dict[str, float | None], str]:
     """The chosen offer's numbers, and a one-line description of it."""
     try:
-        from orchestrator.planner import make_plan
+        from orchestrator.sizing.planner import make_plan
     except ImportError:
         raise UserError(
             "the planner is not available in this build; give " + ", ".join(_NUMBER_OPTIONS)

@@ -18,7 +18,7 @@ def test_version() -> None:
 
 def test_bash_completion_lists_commands_and_options() -> None:
     env = {**os.environ, "_FTORCH_COMPLETE": "complete_bash", "COMP_WORDS": "ftorch la", "COMP_CWORD": "1"}
-    main = "import sys; sys.argv[0] = 'ftorch'; from orchestrator.cli import main; main()"
+    main = "import sys; sys.argv[0] = 'ftorch'; from orchestrator.cli.app import main; main()"
     cmd = [sys.executable, "-c", main]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.split() == ["launch"], done

@@ -4,7 +4,7 @@ environment variables, for the single-GPU, one-node and two-node templates.
 What SkyPilot would do on its instances is done here:
 - the task is rendered as `ftorch launch JOB --backend skypilot --dry-run` renders it (the run store and
   the data on the tests' S3 server, the model a Hub id whose files sit in a local Hub cache);
-- the workdir (the source tree, as orchestrator/ship.py ships it) is copied to a folder, and `setup`
+- the workdir (the source tree, as orchestrator/backends/ship.py ships it) is copied to a folder, and `setup`
   runs there once against a fresh "instance" environment, pip offline (`PIP_NO_INDEX`): it installs the
   run's lock (FTORCH_LOCK_FILE: this venv's versions, as the launch writes it into the store; the GPU
   lock's CUDA wheels cannot be fetched here) with --no-deps, peft and accelerate from a find-links
@@ -94,15 +94,15 @@ class Instance:
     def render(self, run_id: str, health: dict[str, Any] | None = None, **resources: Any) -> dict[str, Any]:
         """What `ftorch launch JOB --backend skypilot --dry-run` shows, and what the launch writes to the store."""
         from orchestrator.backends import skypilot
-        from orchestrator.jobs import _resolved_spec
-        from orchestrator.spec import validate_job
+        from orchestrator.jobfile.spec import validate_job
+        from orchestrator.jobs.lifecycle import _resolved_spec
         from trainer.runstore.storage import join_uri
 
         spec = validate_job(self.job(health, **resources))
         run_uri = join_uri(spec.checkpoint.uri, run_id)
         result = skypilot.dry_run(spec, run_id, run_uri)
         assert yaml.safe_load(result["task_yaml"]) == result["task"]  # the YAML shown is the task
-        from orchestrator import runenv
+        from orchestrator.jobfile import envlock as runenv
 
         store = RunStore(run_uri, spec.checkpoint.storage_options)
         runenv.write_lock(store, *runenv.lock_for_launch(spec, remote=True))
@@ -212,11 +212,11 @@ FROM_WHEELS = ("peft", "accelerate")
 
 
 def _wheelhouse(tmp: Path) -> tuple[Path, set[str]]:
-    """FROM_WHEELS packed back into wheels (orchestrator/ship.py, as the installed ftorch is shipped),
+    """FROM_WHEELS packed back into wheels (orchestrator/backends/ship.py, as the installed ftorch is shipped),
     and the top-level names of the test venv's folder they own."""
     from importlib import metadata
 
-    from orchestrator.ship import INSTALL_ONLY, pack_wheel
+    from orchestrator.backends.ship import INSTALL_ONLY, pack_wheel
 
     links, owned = tmp / "wheelhouse", set()
     for name in FROM_WHEELS:
@@ -284,7 +284,7 @@ def instance(tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedS3) -> 
             shutil.copy(REPO / name, workdir / name)
     links, owned = _wheelhouse(tmp)
     venv = _instance_venv(tmp, owned)
-    from orchestrator.runenv import LOCK_FILE_ENV, local_lock
+    from orchestrator.jobfile.envlock import LOCK_FILE_ENV, local_lock
 
     # the run's lock: this venv's versions (the instance here has no GPU and no index to reach)
     lock = tmp / "instance-lock.txt"

@@ -14,8 +14,8 @@ import pytest
 from fsdp_helpers import SIGTERM, finish, interrupt, new_run
 from helpers import REPO, write_data
 
-from orchestrator.planner import make_plan
-from orchestrator.spec import load_job
+from orchestrator.jobfile.spec import load_job
+from orchestrator.sizing.planner import make_plan
 from trainer.layout import check, layout_for
 from trainer.runstore.store import RunStore
 

@@ -125,8 +125,8 @@ def test_a_skypilot_run_is_registered_from_its_store_when_the_api_server_is_unre
 ) -> None:
     from helpers import prepare_run
 
-    from orchestrator import adopt
     from orchestrator.backends import skypilot_sdk
+    from orchestrator.jobs import adopt
 
     data = write_data(tmp_path / "d.jsonl", "instruction", 8)
     job = job_dict(tiny_model, data, tmp_path / "runs", resources={"backend": "skypilot"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from helpers import REPO
 
-from orchestrator.follow import FOLLOW_EXIT_CODES
+from orchestrator.cli.follow import FOLLOW_EXIT_CODES
 
 
 def test_each_end_state_has_its_own_documented_exit_code() -> None:

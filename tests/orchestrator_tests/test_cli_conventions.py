@@ -16,8 +16,8 @@ import yaml
 from fakejobs import add_job
 from helpers import ftorch, job_dict, write_data
 
-from orchestrator.cli_common import BACKEND_NAMES, WORKFLOW
-from orchestrator.cli_outputs import metric_rows
+from orchestrator.cli.common import BACKEND_NAMES, WORKFLOW
+from orchestrator.cli.outputs import metric_rows
 from orchestrator.registry import TERMINAL, Registry
 from trainer.runstore.store import RunStore
 

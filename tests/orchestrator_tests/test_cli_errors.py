@@ -12,7 +12,7 @@ import yaml
 from helpers import ftorch, job_dict, write_data
 
 from orchestrator.errors import SpecError
-from orchestrator.spec import load_job, parse_override
+from orchestrator.jobfile.spec import load_job, parse_override
 
 
 def _set(job: dict[str, Any], path: str, value: Any) -> dict[str, Any]:

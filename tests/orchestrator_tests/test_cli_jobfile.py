@@ -11,8 +11,9 @@ import yaml
 from fakejobs import add_job
 from helpers import REPO, ftorch
 
-from orchestrator import cli_jobfile, follow
-from orchestrator.cli import app
+from orchestrator.cli import follow
+from orchestrator.cli import jobfile as cli_jobfile
+from orchestrator.cli.app import app
 from orchestrator.errors import SpecError, UserError
 from orchestrator.registry import Registry
 

@@ -13,7 +13,7 @@ import yaml
 from helpers import REPO, ftorch, job_dict, write_data
 
 from orchestrator.errors import SpecError, SpecErrors
-from orchestrator.spec import load_job, validate_job
+from orchestrator.jobfile.spec import load_job, validate_job
 
 DOC = REPO / "docs" / "convert.md"
 

@@ -14,8 +14,8 @@ import typer
 from fakejobs import bulk_registry, demo_registry
 from helpers import REPO
 
-from orchestrator import cli_help
-from orchestrator.cli import app
+from orchestrator.cli import fast_help as cli_help
+from orchestrator.cli.app import app
 
 NEVER = ("typer", "click", "pydantic", "yaml", "torch", "sky", "fsspec", "trainer.config")
 
@@ -48,7 +48,7 @@ def top_level(modules: set[str], names: tuple[str, ...]) -> list[str]:
 
 
 def test_the_help_command_list_is_typers_own() -> None:
-    """A command added, renamed or re-described in typer must be in orchestrator/cli_help.py too."""
+    """A command added, renamed or re-described in typer must be in orchestrator/cli/fast_help.py too."""
     group = typer.main.get_command(app)
     ctx = click.Context(group)
 
@@ -61,8 +61,8 @@ def test_the_help_command_list_is_typers_own() -> None:
         if not group.get_command(ctx, name).hidden
     )
     options = tuple((p.opts[0], first(getattr(p, "help", None))) for p in group.get_params(ctx))
-    assert commands == cli_help.COMMANDS, f"orchestrator/cli_help.py COMMANDS should be {commands!r}"
-    assert options == cli_help.OPTIONS, f"orchestrator/cli_help.py OPTIONS should be {options!r}"
+    assert commands == cli_help.COMMANDS, f"orchestrator/cli/fast_help.py COMMANDS should be {commands!r}"
+    assert options == cli_help.OPTIONS, f"orchestrator/cli/fast_help.py OPTIONS should be {options!r}"
     assert first(group.help) == cli_help.SUMMARY
 
 

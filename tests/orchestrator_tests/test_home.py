@@ -28,9 +28,9 @@ def test_the_trace_cache_is_owner_only(tmp_path: Path, monkeypatch: pytest.Monke
     pytest.importorskip("transformers")
     from dataclasses import replace
 
+    from orchestrator.jobfile.spec import validate_job
     from orchestrator.sizing import tracing
     from orchestrator.sizing.shapes import bundled_shape
-    from orchestrator.spec import validate_job
 
     home = tmp_path / "home"
     monkeypatch.setenv("FTORCH_HOME", str(home))

@@ -11,7 +11,7 @@ import pytest
 from fakejobs import add_job
 from http_fakes import Hook
 
-from orchestrator import notify
+from orchestrator.backends import notify
 from orchestrator.registry import Registry
 
 
@@ -118,7 +118,7 @@ def test_notify_job_builds_the_payload_from_status_and_records_it(
     assert len(hook.received) == 1
 
 
-# ---- the trainer's own sender (trainer/notify.py) ---------------------------------------------------
+# ---- the trainer's own sender (trainer/recording/notify.py) ---------------------------------------------------
 
 
 class _Hang:
@@ -150,7 +150,7 @@ class _Hang:
 def test_the_trainers_sender_is_bounded_never_raises_and_never_logs_the_url(hook: Hook) -> None:
     import time as clock
 
-    from trainer import notify as tnotify
+    from trainer.recording import notify as tnotify
 
     hang = _Hang()
     try:
@@ -180,7 +180,7 @@ def test_a_local_run_gets_the_trainers_own_posts_once_each(
     import yaml
     from helpers import ftorch, job_dict, write_data
 
-    from orchestrator import status as job_status
+    from orchestrator.views import status as job_status
 
     data = write_data(tmp_path / "d.jsonl", "instruction", 64)
     job = job_dict(

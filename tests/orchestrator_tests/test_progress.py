@@ -1,4 +1,4 @@
-"""The CLI's spinner and the silencing of library noise (orchestrator/progress.py)."""
+"""The CLI's spinner and the silencing of library noise (orchestrator/views/progress.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from orchestrator.progress import quiet_libraries, spinner
+from orchestrator.views.progress import quiet_libraries, spinner
 
 
 class _Terminal(io.StringIO):

@@ -13,8 +13,8 @@ import yaml
 from browser import chromium, open_page
 from helpers import ftorch, job_dict, write_data
 
-from orchestrator import report
 from orchestrator.registry import TERMINAL, Registry
+from orchestrator.views import report
 
 NO_BROWSER = "Debian's chromium is not installed (scripts/test.sh installs it: apt-get install -y chromium)"
 

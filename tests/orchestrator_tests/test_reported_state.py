@@ -16,8 +16,8 @@ import pytest
 from fakejobs import add_job
 from helpers import job_dict, prepare_run, write_data
 
-from orchestrator import status as job_status
 from orchestrator.registry import JobState, Registry
+from orchestrator.views import status as job_status
 from trainer.runstore.store import RunStore
 from trainer.stops.interruptions import how_it_ended, request_stop
 
@@ -110,8 +110,8 @@ def test_a_lost_supervisor_is_not_a_preemption_notice(
 
 def test_one_crash_is_counted_in_words_that_agree(tmp_path: Path, ftorch_home: Path) -> None:
     from orchestrator.backends.local_supervisor import Supervisor
+    from orchestrator.jobfile.spec import validate_job
     from orchestrator.logtail import LogTail
-    from orchestrator.spec import validate_job
 
     data = write_data(tmp_path / "d.jsonl", "instruction", 8)
     spec = validate_job(
@@ -129,7 +129,7 @@ def test_one_crash_is_counted_in_words_that_agree(tmp_path: Path, ftorch_home: P
 def test_resume_without_a_checkpoint_says_it_starts_from_step_0(
     tmp_path: Path, tiny_model: Path, ftorch_home: Path
 ) -> None:
-    from orchestrator import jobs
+    from orchestrator.jobs import lifecycle as jobs
 
     data = write_data(tmp_path / "d.jsonl", "instruction", 16)
     job = job_dict(tiny_model, data, tmp_path / "runs", train={"max_steps": 4})

@@ -6,9 +6,9 @@ import json
 import sqlite3
 from pathlib import Path
 
-from orchestrator import status as job_status
 from orchestrator.registry import TERMINAL, JobState, Outcome, Registry
 from orchestrator.states import AttemptEnd
+from orchestrator.views import status as job_status
 
 #: the attempts table before outcomes were stored
 OLD_ATTEMPTS = """

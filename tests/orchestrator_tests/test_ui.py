@@ -17,10 +17,10 @@ from fakejobs import bulk_registry, demo_registry
 from helpers import REPO, ftorch
 from rich.console import Console
 
-from orchestrator import status as job_status
-from orchestrator import ui
-from orchestrator.charts import MARK, loss_chart
 from orchestrator.registry import Registry
+from orchestrator.views import status as job_status
+from orchestrator.views import ui
+from orchestrator.views.charts import MARK, loss_chart
 
 WIDTHS = (40, 80, 160)
 #: what `ftorch status` must not load (typer itself brings pydantic; the job-file schema stays out)
@@ -189,7 +189,7 @@ def test_plot_png(demo: Registry, tmp_path: Path) -> None:
 
 
 def test_the_fast_registry_read_matches_the_registry_dataclasses() -> None:
-    """orchestrator.status reads rows positionally; if the registry's Job or Attempt changes, this says so."""
+    """orchestrator.views.status reads rows positionally; if the registry's Job or Attempt changes, this says so."""
     import dataclasses
 
     from orchestrator import registry
@@ -202,7 +202,7 @@ def test_the_fast_registry_read_matches_the_registry_dataclasses() -> None:
 
 
 def test_the_status_fast_path_parses_like_typer(demo: Registry) -> None:
-    from orchestrator.cli import _fast_status
+    from orchestrator.cli.app import _fast_status
 
     assert _fast_status(["status"]) == {
         "job": None, "as_json": False, "show_all": False, "watch": False, "plot": None,

@@ -1,4 +1,4 @@
-"""`train.attn_implementation: auto` (trainer/attention.py): flash-attention 2 where flash_attn imports and
+"""`train.attn_implementation: auto` (trainer/model/attention.py): flash-attention 2 where flash_attn imports and
 the device is CUDA, SDPA otherwise; the resolved path is what the checkpoints' fingerprint records; the
 planner counts `auto` as SDPA. The import check is stood in for by FTORCH_FAULTS (a CPU has no CUDA and
 no flash_attn), the device by the device type the trainer passes."""
@@ -13,14 +13,14 @@ from pathlib import Path
 
 from helpers import REPO, job_dict, prepare_run, run_trainer, write_data
 
-from orchestrator.spec import validate_job
-from trainer.attention import resolve
+from orchestrator.jobfile.spec import validate_job
 from trainer.checkpoints import fingerprint
+from trainer.model.attention import resolve
 from trainer.runstore.store import RunStore
 
 
 def resolved_in_a_fresh_process(device_type: str, faults: str = "") -> str:
-    code = f"from trainer.attention import resolve; print(resolve('auto', {device_type!r}))"
+    code = f"from trainer.model.attention import resolve; print(resolve('auto', {device_type!r}))"
     env = {**os.environ, "FTORCH_FAULTS": faults}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
     assert done.returncode == 0, done.stderr

@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 
 from trainer import envlock
+from trainer.checkpoints import versions
 
 
 def test_only_compared_libraries_known_on_both_sides_count_as_changes() -> None:
     before = {"torch": "2.14.1", "peft": "0.21.2", "bitsandbytes": None, "ftorch": "0.1.0", "fsspec": "1"}
     after = {"torch": "2.14.1", "peft": "0.22.0", "bitsandbytes": "0.50.2", "ftorch": "0.2.0", "fsspec": "2"}
-    (change,) = envlock.compared_changes(before, after, 40)
+    (change,) = versions.compared_changes(before, after, 40)
     assert (change.field, change.before, change.after, change.step) == ("env.peft", "0.21.2", "0.22.0", 40)
     assert change.line().startswith("env.peft: changed from 0.21.2 to 0.22.0 since checkpoint step 40; ")
-    assert envlock.compared_changes({}, after, 40) == []  # a checkpoint from before versions were recorded
+    assert versions.compared_changes({}, after, 40) == []  # a checkpoint from before versions were recorded
 
 
 @pytest.mark.parametrize(

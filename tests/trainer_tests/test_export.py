@@ -10,11 +10,11 @@ import pytest
 import torch
 from helpers import job_dict, prepare_run, run_trainer, wandb_records, write_data
 
-from orchestrator import cli_outputs
+from orchestrator.cli import outputs as cli_outputs
 from orchestrator.errors import UserError
 from orchestrator.registry import Registry
-from trainer import model_card
-from trainer.export import export
+from trainer.outputs import model_card
+from trainer.outputs.export import export
 from trainer.runstore.store import RunStore
 
 WANDB_KEY = "0123456789abcdef0123456789abcdef01234567"  # a made-up key: it must never be written
@@ -221,7 +221,7 @@ def test_wandb_one_run_across_attempts_without_repeated_steps(trained: tuple[str
 def test_wandb_refusing_the_key_is_one_line_and_training_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    from trainer.trackers import Trackers
+    from trainer.recording.trackers import Trackers
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     for name in ("HOME", "WANDB_DIR", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):

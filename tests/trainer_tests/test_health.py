@@ -1,4 +1,4 @@
-"""train.health (trainer/health.py, health_guard.py): the rules on their own, then real trainer runs
+"""train.health (trainer/health/rules.py, health_guard.py): the rules on their own, then real trainer runs
 with the faults a real part cannot make on a CPU (FTORCH_FAULTS nan@K, spike@K), then a whole local job
 that diverges (lr=10) and ends UNHEALTHY with its good weights kept and every view still rendering."""
 
@@ -24,7 +24,7 @@ from helpers import (
 
 from trainer import exitcodes
 from trainer.config import HealthSpec
-from trainer.health import ROLLBACK, SKIP, STEP, UNHEALTHY, HealthRules
+from trainer.health.rules import ROLLBACK, SKIP, STEP, UNHEALTHY, HealthRules
 from trainer.runstore import finite_json
 from trainer.runstore.runfiles import progress_problem
 from trainer.runstore.store import RunStore
@@ -116,7 +116,7 @@ def test_a_transient_nan_rolls_back_succeeds_finite_and_the_same_fault_twice_end
         assert (store.read_progress() or {})["state"] == "finished"
         record = next(iter(store.epoch_records().values()))
         assert record["ended"] == "finished" and record["health"]["rollbacks"][0]["to_step"] == 10
-        from trainer.ledger import compute_ledger, ledger_lines
+        from trainer.recording.ledger import compute_ledger, ledger_lines
 
         ledger = compute_ledger(
             store.epoch_records(), spent_usd=0.0, hourly_usd=0.0, ondemand_hourly_usd=None
@@ -169,7 +169,7 @@ def test_a_diverging_local_job_ends_unhealthy_keeps_its_good_weights_and_every_v
     assert (
         stop["at_step"] == record["step"] and stop["steps_left"] == DIVERGE["max_steps"] - record["step"] > 0
     )
-    from trainer.ledger import compute_ledger, ledger_lines
+    from trainer.recording.ledger import compute_ledger, ledger_lines
 
     priced = compute_ledger(store.epoch_records(), spent_usd=0.01, hourly_usd=100.0, ondemand_hourly_usd=None)
     step_s = record["measured"]["step_s"]
@@ -194,7 +194,7 @@ def test_a_diverging_local_job_ends_unhealthy_keeps_its_good_weights_and_every_v
 
 def _equals_checkpoint(store: RunStore, info: Any, adapter: dict[str, Any]) -> None:
     """The exported adapter holds exactly the checkpoint's trained weights."""
-    from trainer.export import _weights
+    from trainer.outputs.export import _weights
 
     saved = _weights(store, info)
     exported = {k.replace(".default", ""): v for k, v in adapter.items()}
@@ -216,7 +216,7 @@ def test_two_fsdp_ranks_with_a_non_finite_gradient_on_one_rank_end_unhealthy_tog
 ) -> None:
     from fsdp_helpers import fsdp_job, new_run, run
 
-    from trainer.export import export
+    from trainer.outputs.export import export
 
     data = write_data(tmp_path / "d.jsonl", "instruction", 64)
     job = fsdp_job(tiny_model, data, tmp_path / "runs", checkpoint={"every": 2, "keep": 2})

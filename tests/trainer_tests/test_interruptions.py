@@ -12,12 +12,12 @@ import pytest
 from helpers import REPO, job_dict, prepare_run, trainer_cmd, write_data
 
 from orchestrator.backends.skypilot_render import interruption_envs
-from orchestrator.catalog import Catalog, parse_offers
-from orchestrator.planner import make_plan
-from orchestrator.spec import validate_job
-from trainer.checkpoints.interval import AutoInterval, History
+from orchestrator.jobfile.spec import validate_job
+from orchestrator.sizing.catalog import Catalog, parse_offers
+from orchestrator.sizing.planner import make_plan
 from trainer.runstore.store import RunStore
 from trainer.stops.interruptions import NEVER_S, prior_mtbf_s, request_stop
+from trainer.stops.interval import AutoInterval, History
 
 OFFERS = (
     "cloud,instance_type,accelerator,count,gpu_memory_gib,ondemand_usd,spot_usd,regions,interconnect\n"

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.catalog import Catalog, parse_offers
-from orchestrator.planner import interruption_rate, make_plan
-from orchestrator.spec import SpecError, validate_job
+from orchestrator.jobfile.spec import SpecError, validate_job
+from orchestrator.sizing.catalog import Catalog, parse_offers
+from orchestrator.sizing.planner import interruption_rate, make_plan
 from trainer.layout import LayoutError, check, layout_for
 
 

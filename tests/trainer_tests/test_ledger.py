@@ -1,4 +1,4 @@
-"""The cost ledger (trainer/ledger.py): spent, on-demand counterpart and savings, $/1M tokens, and each
+"""The cost ledger (trainer/recording/ledger.py): spent, on-demand counterpart and savings, $/1M tokens, and each
 preemption's loss split; the orchestrator's view (status, the jobs table) and the model card."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from trainer.ledger import compute_ledger, ledger_lines
+from trainer.recording.ledger import compute_ledger, ledger_lines
 
 
 def records() -> dict[int, dict[str, Any]]:
@@ -67,7 +67,7 @@ def test_a_finished_run_without_preemptions_has_no_losses() -> None:
 
 
 def test_the_model_card_shows_the_ledger(tmp_path: Any) -> None:
-    from trainer import model_card
+    from trainer.outputs import model_card
     from trainer.runstore.store import RunStore
 
     output = RunStore(str(tmp_path / "out"))

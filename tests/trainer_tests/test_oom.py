@@ -14,10 +14,10 @@ from fsdp_helpers import ENV as FSDP_ENV
 from helpers import ftorch, job_dict, per_rank, write_data
 
 from orchestrator.registry import Registry
-from trainer import oom
 from trainer.layout import Layout, halved
 from trainer.resume_check import differences
 from trainer.runstore.store import RunStore
+from trainer.train_step import oom
 
 
 def _launch(tmp_path: Path, job: dict[str, Any], name: str, faults: str = "", extra_env: dict | None = None):

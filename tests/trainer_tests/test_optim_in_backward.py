@@ -1,4 +1,4 @@
-"""train.optimizer_in_backward: each parameter steps in its gradient hook (trainer/optim_in_backward.py).
+"""train.optimizer_in_backward: each parameter steps in its gradient hook (trainer/optim/in_backward.py).
 The same weights as the step after backward, never more than one parameter's gradient held, the job's
 refusals (grad_accum, fp16-mixed, explicit clipping, several ranks) and exact resume through checkpoints."""
 
@@ -13,7 +13,7 @@ from helpers import assert_bitwise_equal, ftorch, job_dict, write_data
 
 from trainer.config import JobSpec
 from trainer.layout import layout_for
-from trainer.optim_in_backward import InBackwardOptimizer
+from trainer.optim.in_backward import InBackwardOptimizer
 
 
 def _train(tiny_model: Path, spec: JobSpec, steps: int) -> tuple[dict[str, torch.Tensor], Any]:
@@ -21,7 +21,7 @@ def _train(tiny_model: Path, spec: JobSpec, steps: int) -> tuple[dict[str, torch
     from transformers import AutoModelForCausalLM
 
     from trainer.loop import lr_lambda_for, make_optimizer
-    from trainer.step import accumulate, update
+    from trainer.train_step.step import accumulate, update
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)

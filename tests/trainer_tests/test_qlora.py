@@ -30,10 +30,10 @@ def _job(tmp_path: Path, tiny_model: Path, **over: dict) -> dict:
 
 
 def test_qlora_model_is_nf4_double_quant_with_lora_on_all_linear(tmp_path: Path, tiny_model: Path) -> None:
-    from orchestrator.spec import validate_job
+    from orchestrator.jobfile.spec import validate_job
     from trainer.loop import make_optimizer
-    from trainer.model import load_model, trainable_parameters
-    from trainer.quant import quantized_modules
+    from trainer.model.load import load_model, trainable_parameters
+    from trainer.model.quant import quantized_modules
 
     spec = validate_job(_job(tmp_path, tiny_model))
     model = load_model(spec, torch.device("cpu"))
@@ -88,7 +88,7 @@ def test_qlora_resume_is_bitwise_and_checkpoints_hold_only_adapters(tmp_path: Pa
 def test_qlora_fails_early_and_clearly_without_a_usable_bitsandbytes(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    from trainer.quant import QuantUnavailable, check_available
+    from trainer.model.quant import QuantUnavailable, check_available
 
     with pytest.raises(QuantUnavailable, match="no GPU"):
         check_available(torch.device("cpu"), devices={"cuda"})

@@ -18,7 +18,7 @@ from helpers import REPO, ftorch, job_dict, write_data
 from hub_server import HubServer
 
 from orchestrator.registry import Registry
-from trainer import model_card
+from trainer.outputs import model_card
 from trainer.runstore.store import RunStore
 
 

@@ -1,4 +1,4 @@
-"""Sharded loading under FSDP (trainer/sharded_load.py): rank 0 loads on the CPU, the others build the
+"""Sharded loading under FSDP (trainer/model/sharded_load.py): rank 0 loads on the CPU, the others build the
 model on the meta device, and every rank materialises only its shards. On 2 ranks (gloo, CPU) the model
 it gives is bitwise the one the whole-model path gave (every rank loading everything, then sharding):
 parameters (local shards), buffers, dtypes, what trains, and each rank's RNG after loading."""
@@ -61,7 +61,7 @@ def _compare(rank: int, port: int, jobs: list[dict[str, Any]]) -> None:
     torch.set_num_threads(1)
     from trainer.config import JobSpec
     from trainer.distributed import Sharded
-    from trainer.model import load_model
+    from trainer.model.load import load_model
 
     cpu = torch.device("cpu")
     par = Sharded(cpu)
@@ -137,9 +137,9 @@ def _watch_rank_0_release(rank: int, port: int, job: dict[str, Any]) -> None:
         MASTER_PORT=str(port),
     )  # fmt: skip
     torch.set_num_threads(1)
-    from trainer import sharded_load
     from trainer.config import JobSpec
     from trainer.distributed import Sharded
+    from trainer.model import sharded_load
 
     copies: list[torch.nn.Module] = []
     load_model, receive_tensor = sharded_load.load_model, sharded_load.receive_tensor

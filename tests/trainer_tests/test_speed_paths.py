@@ -13,11 +13,11 @@ import yaml
 from helpers import ftorch, job_dict, write_data
 
 from orchestrator.errors import SpecError
-from orchestrator.spec import load_job, validate_job
-from trainer import loss as loss_module
+from orchestrator.jobfile.spec import load_job, validate_job
 from trainer.checkpoints import fingerprint
 from trainer.kernels import CHUNK_ELEMENTS, fused_loss, kernel_problem, loss_path
 from trainer.threads import free_cores, thread_count
+from trainer.train_step import loss as loss_module
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "lm_head"]}
 
@@ -55,12 +55,12 @@ class _HeadCalls:
 def test_the_trainer_step_runs_the_head_once_when_plain_and_per_chunk_twice_when_chunked(
     tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch, method: str
 ) -> None:
-    """Through trainer.step.accumulate with train.loss auto: logits that fit run the head once (no
+    """Through trainer.train_step.step.accumulate with train.loss auto: logits that fit run the head once (no
     recomputation in backward); logits over the chunk run it per chunk in the forward and again in the
     backward. The loss and the gradients agree between the two paths."""
     from trainer.data.dataset import load_dataset
-    from trainer.model import load_model, load_tokenizer
-    from trainer.step import accumulate
+    from trainer.model.load import load_model, load_tokenizer
+    from trainer.train_step.step import accumulate
 
     spec = validate_job(_job(tmp_path, tiny_model, method=method, lora=LORA))
     assert spec.train.loss == "auto"
@@ -124,7 +124,7 @@ def test_the_trainer_refuses_a_kernel_it_cannot_run_and_uses_none_unasked() -> N
 
 # ---- AdamW per device --------------------------------------------------------------------------------------
 def test_adamw_is_fused_on_cuda_and_the_loop_elsewhere(tmp_path: Path, tiny_model: Path) -> None:
-    from trainer.optim import adamw, adamw_impl
+    from trainer.optim.build import adamw, adamw_impl
 
     spec = validate_job(_job(tmp_path, tiny_model))
     cpu = [torch.nn.Parameter(torch.zeros(3))]

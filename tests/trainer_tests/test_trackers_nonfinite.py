@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import job_dict, prepare_run, run_trainer, wandb_records, write_data
 
-from trainer.trackers import finite_only
+from trainer.recording.trackers import finite_only
 
 STEPS = 12
 

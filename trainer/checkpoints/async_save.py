@@ -32,7 +32,7 @@ from trainer.checkpoints.checkpoint import (
     snapshot,
 )
 from trainer.faults import maybe_crash
-from trainer.health import manifest_meta as health_meta
+from trainer.health.rules import manifest_meta as health_meta
 from trainer.runstore.progress import debug
 from trainer.runstore.storage import StoreUnavailable
 from trainer.runstore.store import Fenced, RunStore, checkpoint_name

@@ -24,7 +24,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
 from trainer.checkpoints.rng import RngState
-from trainer.model import trainable_parameters
+from trainer.model.load import trainable_parameters
 from trainer.runstore.store import CorruptCheckpoint
 
 WEIGHTS = "weights.safetensors"

@@ -9,7 +9,7 @@ makes either synchronous. The loop calls
 - `load_newest` and `clean_up` at the start, on the one listing of the store this start takes
   (`RunStore.list_checkpoints`, rank 0's shared with the other ranks);
 - `due` and `save` at step boundaries: every N steps, every D seconds, or for `checkpoint.every: auto`
-  the Young/Daly interval (`trainer.checkpoints.interval`); under several ranks the decision is agreed
+  the Young/Daly interval (`trainer.stops.interval`); under several ranks the decision is agreed
   (any rank due -> every rank saves);
 - `save(wait=True)` and `wait` on a preemption notice and at the end of the run.
 
@@ -38,7 +38,6 @@ from trainer.checkpoints.checkpoint import (
     decode_or_corrupt,
     restore,
 )
-from trainer.checkpoints.interval import AutoInterval, History
 from trainer.checkpoints.sharded import ShardedWriter
 from trainer.checkpoints.sharded import load_newest as load_newest_sharded
 from trainer.config import JobSpec
@@ -54,6 +53,7 @@ from trainer.runstore.store import (
     checkpoint_name,
     healthy_listing,
 )
+from trainer.stops.interval import AutoInterval, History
 
 
 def manifest_meta(spec: JobSpec, attempt: int) -> dict[str, Any]:
@@ -140,7 +140,7 @@ class Checkpointer:
         return state
 
     def load_newest_healthy(self, model: Any, optimizer: Any, scheduler: Any) -> TrainerState | None:
-        """A rollback (trainer/health_guard.py): the store listed again, the newest healthy checkpoint
+        """A rollback (trainer/health/guard.py): the store listed again, the newest healthy checkpoint
         loaded (the upload in flight first); None when there is none."""
         self.wait()
         self._listing = self.par.share(self.store.list_checkpoints() if self.par.is_main else None)

@@ -33,10 +33,10 @@ FIELDS = (
     "train.warmup_steps", "train.warmup_ratio", "train.schedule", "train.max_grad_norm", "train.seed",
     "train.precision", "train.optimizer",
     "train.optimizer_in_backward",  # one optimizer per parameter: its state and schedule differ in shape
-    "train.loss", "train.kernels",  # the loss's path and fused kernels round differently (trainer/loss.py)
+    "train.loss", "train.kernels",  # the loss's path and fused kernels round differently (trainer/train_step/loss.py)
     "train.attn_implementation",  # attention kernels round differently; `auto` is recorded resolved
 )  # fmt: skip
-#: fields whose `auto` the trainer resolves on its machine (trainer/attention.py) and records resolved:
+#: fields whose `auto` the trainer resolves on its machine (trainer/model/attention.py) and records resolved:
 #: only the trainer, which knows what it resolves to, compares them (the CLI skips `auto`)
 RESOLVED_BY_TRAINER = ("train.attn_implementation",)
 #: settings that stay free on resume (the rest of the schema): a test checks that every field is in one

@@ -43,7 +43,7 @@ from trainer.checkpoints.checkpoint import (
 from trainer.checkpoints.rng import RngState
 from trainer.config import JobSpec
 from trainer.distributed import Sharded, seed_rank
-from trainer.health import manifest_meta as health_meta
+from trainer.health.rules import manifest_meta as health_meta
 from trainer.runstore.progress import debug, log
 from trainer.runstore.store import (
     CheckpointInfo,
@@ -295,7 +295,7 @@ class _Loader:
         """A single-process checkpoint into the sharded model: every rank takes its slice."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
-        from trainer.model import trainable_parameters
+        from trainer.model.load import trainable_parameters
 
         blobs = self.store.read_checkpoint(info)
         if WEIGHTS not in blobs or OPTIMIZER not in blobs:

@@ -16,7 +16,7 @@ Inside a pack, each example keeps to itself:
   masked), so a pack holds exactly the label tokens of its examples.
 
 A model whose attention ignores those position ids (e.g. ALiBi models such as Bloom) would let examples
-see each other; trainer/data/packing_check.py checks this on the loaded model before training (exit 2).
+see each other; trainer/train_step/packing_check.py checks this on the loaded model before training (exit 2).
 
 This module imports no torch at module level: the planner (orchestrator/sizing/throughput.py) imports it.
 """

@@ -1,7 +1,7 @@
 """Where the data comes from, read into a `datasets.Dataset`: a JSONL, JSON or parquet file or a folder of
 them, a `save_to_disk` folder, an fsspec URL of any of these (s3://, gs://), or a Hugging Face Hub id.
 
-The one reader for the trainer, `ftorch validate`/`launch` (orchestrator/jobs.py) and the planner's token
+The one reader for the trainer, `ftorch validate`/`launch` (orchestrator/jobs/lifecycle.py) and the planner's token
 count (orchestrator/sizing/throughput.py). No torch here, and `datasets` is imported only when data is read.
 JSONL goes through `data_check.iter_jsonl` (its `file:line` messages); the rest through `datasets`.
 """

@@ -2,7 +2,7 @@
 
 Precision -> bytes, the CUDA context, the cuBLAS workspace, FSDP's buffers and the optimizer's state per
 trainable parameter. The analytic estimate (orchestrator/sizing/memory.py, trainer/memory/load_memory.py), the traced
-step (trainer/memory/memtrace.py, orchestrator/sizing/tracing.py) and the planner's checkpoint size read them from
+step (trainer/memtrace/steptrace.py, orchestrator/sizing/tracing.py) and the planner's checkpoint size read them from
 here, so they cannot drift apart (tests/test_memory.py fails on a second copy).
 """
 

@@ -1,8 +1,8 @@
 """What the trainer's loading holds on each GPU at its peak, before the first step (no torch: the
-planner's memory estimate, orchestrator/sizing/memory.py, asks this module; trainer/model.py takes its load
+planner's memory estimate, orchestrator/sizing/memory.py, asks this module; trainer/model/load.py takes its load
 dtype from here, so the two cannot drift apart).
 
-How the trainer loads (trainer/model.py, trainer/quant.py, trainer/sharded_load.py):
+How the trainer loads (trainer/model/load.py, trainer/model/quant.py, trainer/model/sharded_load.py):
 
 - one process (full fine-tuning and LoRA): `from_pretrained` on the CPU in `base_dtype_name` (fp32 master
   weights for a full fine-tune under mixed precision, the compute dtype otherwise), adapters added, then
@@ -21,7 +21,7 @@ How the trainer loads (trainer/model.py, trainer/quant.py, trainer/sharded_load.
   every layer's quant state whole (FSDP does not shard bitsandbytes' absmax: the bytes of `NF4_DQ_BYTES`
   beyond the half byte), and one full tensor in flight (the 16-bit embedding, or the largest packed
   projection) with this rank's chunk of it (`distribute_tensor` cuts it before the copy into the shard).
-  trainer/memory/loadtrace.py traces this path with the trainer's own code; docs/benchmarks.md compares. With a bitsandbytes that cannot run on the CPU the trainer falls back to loading whole on
+  trainer/memtrace/loadtrace.py traces this path with the trainer's own code; docs/benchmarks.md compares. With a bitsandbytes that cannot run on the CPU the trainer falls back to loading whole on
   each rank (trainer/distributed.py); the estimate counts the sharded path.
 
 With CPU offload (`train.offload: params`, FSDP2's CPUOffloadPolicy; one rank loads as a world of one)
@@ -122,7 +122,7 @@ NF4_DATA_BYTES = 0.5
 def _qlora_load_peak(
     counts: WeightCounts, ranks: int, adapters: float, double_quant: bool, quant_compute: str
 ) -> dict[str, float]:
-    """QLoRA's load peak per GPU: the whole 4-bit model on one process; under FSDP (trainer/sharded_load.py)
+    """QLoRA's load peak per GPU: the whole 4-bit model on one process; under FSDP (trainer/model/sharded_load.py)
     a shard of the packed data, of the 16-bit rest and of the adapters, the whole quant state, and one
     full tensor in flight."""
     packed = NF4_DQ_BYTES if double_quant else NF4_BYTES
@@ -134,7 +134,7 @@ def _qlora_load_peak(
     state = (packed - NF4_DATA_BYTES) * counts.quantizable
     # the largest tensor broadcast whole: a 16-bit one (the embedding) when it is larger than every
     # projection, else the largest projection, packed; with it, this rank's chunk of it that
-    # distribute_tensor cuts before the copy into the shard (traced: trainer/memory/loadtrace.py)
+    # distribute_tensor cuts before the copy into the shard (traced: trainer/memtrace/loadtrace.py)
     largest_16bit = counts.largest_tensor if counts.largest_tensor > counts.largest_quantizable else 0
     whole = max(c * largest_16bit, NF4_DATA_BYTES * counts.largest_quantizable)
     in_flight = whole * (1 + 1 / ranks)
@@ -156,7 +156,7 @@ def load_host_bytes(
     offload: bool = False,
 ) -> float:
     """Host RAM the loading holds on rank 0's machine besides the shards: rank 0's whole CPU copy of the
-    model (trainer/sharded_load.py; one process loading LoRA or a full fine-tune builds it on the CPU
+    model (trainer/model/sharded_load.py; one process loading LoRA or a full fine-tune builds it on the CPU
     too, then moves it), or for QLoRA on one process nothing (it streams onto the GPU)."""
     adapters = float(adapter_bytes(precision) * counts.adapters) if method != "full" else 0.0
     sharded = ranks > 1 or offload
@@ -179,7 +179,7 @@ def host_peak_bytes(loading: float, offloaded: float) -> dict[str, float]:
     loading copy (`loading`, `load_host_bytes`) holds beyond it.
 
     The two never peak together: rank 0 frees each tensor of its copy as soon as it is sent
-    (trainer/sharded_load.py `send_tensors`), while the shards it fills were reserved untouched
+    (trainer/model/sharded_load.py `send_tensors`), while the shards it fills were reserved untouched
     (`to_empty`), so during loading copy + filled shards stay at about the copy; the gradients and the
     optimizer state come only with the first step, after the copy is gone. The peak is the larger."""
     return {"offloaded": offloaded, "loading": max(0.0, loading - offloaded)}

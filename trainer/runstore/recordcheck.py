@@ -14,7 +14,7 @@ EPOCH_NUMBERS = frozenset(
     {"attempt", "epoch", "step", "start_step", "claimed_at", "started_at", "ended_at", "hourly_usd", "pid"}
 )
 EPOCH_TEXTS = frozenset({"ended", "stop_reason", "host", "price_source"})
-#: `measured` (trainer/measure.py) fields that are not numbers
+#: `measured` (trainer/recording/measure.py) fields that are not numbers
 MEASURED_TEXTS = frozenset({"device", "gpu_name"})
 MEASURED_FLAGS = frozenset({"gradient_checkpointing"})
 

@@ -3,7 +3,7 @@
 Anyone can edit a run store, and a half-written or hand-edited file must not crash a supervisor or
 `ftorch status`: a file that does not check out is reported in one line and treated as absent.
 Hand-written rather than pydantic: `ftorch status` reads these files for every job and must not load
-pydantic (see orchestrator/status.py).
+pydantic (see orchestrator/views/status.py).
 """
 
 from __future__ import annotations

@@ -38,6 +38,8 @@ from trainer.runstore.storage import LinkRefused, Storage, StoreError, sha256_by
 MANIFEST = "MANIFEST.json"
 FENCE = "fence"
 EPOCH_PREFIX = "epoch-"
+#: the key of what an attempt measured in its epoch record (trainer/recording/measure.py writes it)
+MEASURED = "measured"
 CACHE = "cache"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_PREFIX = "step-"
@@ -134,7 +136,7 @@ class CheckpointListing:
 
 
 def is_healthy(info: CheckpointInfo) -> bool:
-    """The manifest's `healthy` (trainer/health.py); checkpoints written before it existed are healthy."""
+    """The manifest's `healthy` (trainer/health/rules.py); checkpoints written before it existed are healthy."""
     return info.meta.get("healthy", True) is not False
 
 
@@ -447,7 +449,7 @@ class RunStore(Storage):
         complete_names = [c.path.rsplit("/", 1)[-1] for c in complete]
         doomed = complete_names[:-keep] if keep > 0 else complete_names
         healthy = [c for c in complete if is_healthy(c)]
-        if healthy:  # checkpoint.keep never deletes the newest healthy checkpoint (trainer/health.py)
+        if healthy:  # checkpoint.keep never deletes the newest healthy checkpoint (trainer/health/rules.py)
             newest_healthy = healthy[-1].path.rsplit("/", 1)[-1]
             doomed = [n for n in doomed if n != newest_healthy]
         newest_complete = complete[-1].step if complete else None

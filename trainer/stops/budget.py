@@ -5,7 +5,7 @@ The rule (`BudgetGuard`): when the spend so far plus the cost of what must still
 checkpoint lands inside the budget. What must still fit (`reserve_s`):
 - the next checkpoint interval: `checkpoint.every` steps at the observed step rate, or `every` seconds,
   or (for `auto`) the gap between the last two checkpoints seen; until two have been seen, the interval
-  the trainer starts with (trainer.checkpoints.interval: the one interval model);
+  the trainer starts with (trainer.stops.interval: the one interval model);
 - the stop's own save at the slowest recent one seen (blocking plus upload, timed by the loop with the
   records flushed before it), never less than the interval model's measured cost; and for `every`
   seconds or `auto` a periodic save too, which may come between two checks (for `every` N steps the
@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.checkpoints.interval import AutoInterval, fixed_interval_s
+from trainer.stops.interval import AutoInterval, fixed_interval_s
 
 #: what the guard itself adds: it looks once a second, and the trainer takes a moment to save and exit
 MARGIN_S = 2.0
@@ -57,7 +57,7 @@ ALIVE_EVERY_S = 30.0
 BUDGET = "budget"
 #: how many recent steps and saves the guard remembers: it reserves room for the slowest of them
 RECENT = 20
-#: the measured phases (trainer/measure.py) a restart pays before it trains
+#: the measured phases (trainer/recording/measure.py) a restart pays before it trains
 LOAD_PHASES = ("process_start_s", "model_load_s", "checkpoint_read_s", "first_step_s")
 
 
@@ -341,8 +341,8 @@ def price_record(accelerator: str | None, started_at: float) -> dict[str, Any]:
 
 def load_s(records: Mapping[int, Mapping[str, Any]]) -> float:
     """A restart's expected load time: the slowest of the earlier attempts' measured start-up (process
-    start, model load, checkpoint read, first step: trainer/measure.py), 0 when none measured it."""
-    from trainer.measure import KEY
+    start, model load, checkpoint read, first step: trainer/recording/measure.py), 0 when none measured it."""
+    from trainer.runstore.store import MEASURED as KEY
 
     slowest = 0.0
     for record in records.values():

@@ -10,7 +10,7 @@ ended attempts count as interruptions.
 - A stop someone asked for (`ftorch cancel`, the budget guard, a policy switch) is not an interruption:
   whoever sends the trainer its SIGTERM for such a reason first writes `control/stop.json` in the run
   store (`request_stop`); the trainer then records its attempt as `ended: stopped` instead of `notice`,
-  and the MTBF estimate (trainer/checkpoints/interval.py) leaves it out. A request counts from the
+  and the MTBF estimate (trainer/stops/interval.py) leaves it out. A request counts from the
   trainer process's start (a cancel while it loads is still a cancel), not from its epoch claim; one
   that names an epoch (`request_stop(..., epoch=...)`) is in force for that attempt and every later one
   until withdrawn or expired (`request_in_force`).

@@ -2,7 +2,7 @@
 
 The preemption notice (signals, cloud metadata: stops/preemption.py, stops/notices.py) and the stop
 request (stops/stop_request.py) raise the flag from their own threads; these are the sources that decide
-on the training thread, each keeping its own clock. The health checks (trainer/health.py) add one.
+on the training thread, each keeping its own clock. The health checks (trainer/health/rules.py) add one.
 """
 
 from __future__ import annotations

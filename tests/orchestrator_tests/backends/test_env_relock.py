@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from helpers import REPO
 
-from orchestrator import jobs, runenv
 from orchestrator.backends import skypilot_controller, skypilot_sdk
 from orchestrator.errors import UserError
+from orchestrator.jobfile import envlock as runenv
+from orchestrator.jobfile.spec import load_job
+from orchestrator.jobs import lifecycle as jobs
 from orchestrator.registry import JobState, Registry
-from orchestrator.spec import load_job
 from trainer import envlock
 from trainer.runstore.store import RunStore
 

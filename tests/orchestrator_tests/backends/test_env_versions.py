@@ -1,7 +1,7 @@
 """The run's library versions on the local backend, on real trainer processes: the launch writes the
 lock into the run store, every attempt records its versions (epoch record and checkpoint manifest), and a
 resume under other versions is refused with one line (exit 2), or allowed, recorded and shown, with
---allow-change (trainer/envlock.py, orchestrator/runenv.py)."""
+--allow-change (trainer/envlock.py, orchestrator/jobfile/envlock.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 from helpers import REPO, ftorch, job_dict, prepare_run, run_trainer, write_data
 
-from orchestrator import status as job_status
 from orchestrator.registry import TERMINAL
+from orchestrator.views import status as job_status
 from trainer.envlock import parse
 from trainer.runstore.store import MANIFEST, RunStore
 

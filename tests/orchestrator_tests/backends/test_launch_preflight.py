@@ -14,8 +14,8 @@ from helpers import REPO
 
 from orchestrator.backends.skypilot_checks import check_data_readable
 from orchestrator.errors import SpecError, UserError
-from orchestrator.hub_check import check_hub_model
-from orchestrator.spec import load_job
+from orchestrator.jobfile.models import check_hub_model
+from orchestrator.jobfile.spec import load_job
 
 
 class FakeHub(BaseHTTPRequestHandler):

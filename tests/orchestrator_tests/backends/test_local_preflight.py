@@ -54,7 +54,7 @@ def test_targets_outside_the_layers_and_dotted_suffixes_pass(tmp_path: Path, tin
 
 def test_the_meta_model_decides_what_the_shape_does_not_know(tiny_model: Path) -> None:
     """A name the shape table does not list is judged on the model built on the meta device."""
-    from trainer.model_check import unknown_targets
+    from trainer.model.check import unknown_targets
 
     cfg = json.loads((tiny_model / "config.json").read_text())
     assert unknown_targets(cfg, ["rotary_emb", "q_proj"])[0] == []  # a module, though not a linear one
@@ -121,7 +121,7 @@ def test_qlora_without_a_bitsandbytes_for_this_device_is_refused(
         "--set",
         "train.precision=bf16",
         env={"FTORCH_BNB_DEVICES": "cuda"},
-    )  # a bitsandbytes build for CUDA only (trainer/quant.py's test switch)
+    )  # a bitsandbytes build for CUDA only (trainer/model/quant.py's test switch)
     assert done.returncode == 2 and done.stderr.startswith("error: method: qlora cannot run here"), (
         done.stderr
     )

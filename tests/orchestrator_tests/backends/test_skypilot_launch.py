@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from helpers import REPO
 
-from orchestrator import planner
 from orchestrator.backends import skypilot_sdk
 from orchestrator.backends.base import backend_for
 from orchestrator.errors import UserError
+from orchestrator.jobfile.spec import load_job
 from orchestrator.registry import JobState, Registry
-from orchestrator.spec import load_job
+from orchestrator.sizing import planner
 
 
 def test_a_cloud_launch_plans_once_and_a_failed_submission_leaves_the_job_failed(

@@ -20,7 +20,7 @@ from helpers import REPO
 
 from orchestrator.backends import skypilot_state
 from orchestrator.registry import Registry
-from orchestrator.status import status_one
+from orchestrator.views.status import status_one
 from trainer.runstore.store import RunStore
 
 SCRIPT = """

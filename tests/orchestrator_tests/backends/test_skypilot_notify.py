@@ -24,7 +24,7 @@ from http_fakes import Hook
 
 from orchestrator.backends import skypilot_render as sr
 from orchestrator.backends.skypilot import render_job
-from orchestrator.spec import load_job
+from orchestrator.jobfile.spec import load_job
 
 DEADLINE = REPO / "examples/llama3-8b-qlora-deadline.yaml"
 ALL_ON = "notify.on=[succeeded,failed,budget,preempted,cancelled,resumed]"
@@ -160,7 +160,7 @@ def test_skypilots_callback_posts_once_per_status_it_cannot_leave_to_the_trainer
     assert body["run_uri"] == "s3://b/ftorch/job-1" and abs(body["at"] - time.time()) < 60
     assert "job-1 PREEMPTED" in body["text"] and "recovering" in body["text"]
     # the trainer's payload format: the same keys, whoever sends
-    from trainer.notify import PAYLOAD_KEYS
+    from trainer.recording.notify import PAYLOAD_KEYS
 
     assert set(PAYLOAD_KEYS) | {"event", "at", "source", "text", "sky_job_id"} == set(body)
 

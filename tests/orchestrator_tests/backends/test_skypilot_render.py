@@ -22,12 +22,12 @@ from http_fakes import FakeMetadata, _closed_port_url
 from orchestrator.backends import skypilot_render as sr
 from orchestrator.backends.skypilot import render_job
 from orchestrator.errors import SpecError
-from orchestrator.spec import load_job, validate_job
+from orchestrator.jobfile.spec import load_job, validate_job
 from trainer import exitcodes
-from trainer.checkpoints.interval import CheckpointCost, auto_interval
 from trainer.runstore.attempts import claim_attempt, machine_key, was_preempted
 from trainer.runstore.store import RunStore
 from trainer.stops.interruptions import prior_mtbf_s
+from trainer.stops.interval import CheckpointCost, auto_interval
 
 EXAMPLES = sorted(REPO.glob("examples/*.yaml"))
 CLOUD_EXAMPLES = [
@@ -170,7 +170,7 @@ def test_fallback_and_spot_switches(tmp_path: Path) -> None:
     assert {e["infra"] for e in task["resources"]["ordered"]} == {"aws/us-east-1"}
 
 
-#: a container pinned by digest: what resources.image_id must be for a docker image (orchestrator/runenv.py)
+#: a container pinned by digest: what resources.image_id must be for a docker image (orchestrator/jobfile/envlock.py)
 PINNED_IMAGE = "docker:pytorch/pytorch@sha256:" + "ab" * 32
 
 
@@ -198,7 +198,7 @@ def test_planner_and_trainer_size_auto_checkpoints_with_one_young_function_and_o
     chosen = plan.chosen
     mtbf, _source = prior_mtbf_s(task["envs"])  # what the trainer starts from, off the cluster info
     assert mtbf == pytest.approx(3600.0 / chosen.interruption_rate_per_hour, abs=1)
-    # the interval the planner priced is the trainer's for the same cost (trainer.checkpoints.interval)
+    # the interval the planner priced is the trainer's for the same cost (trainer.stops.interval)
     cost = CheckpointCost(chosen.checkpoint_blocking_s, chosen.checkpoint_write_s)
     assert chosen.checkpoint_interval_s == pytest.approx(auto_interval(cost, mtbf).seconds, rel=1e-3)
 
@@ -458,7 +458,7 @@ def _aws_catalog_row(monkeypatch: pytest.MonkeyPatch, gpu_name: str) -> dict[str
 def test_accelerator_names_are_skypilots_catalog_names(sky: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """AWS g7e's GPU: the offer table says "RTX PRO Server 6000", SkyPilot's catalog `RTXPRO6000`
     (its own AWS catalog fetcher renames it); either name in the job file plans the same offers."""
-    from orchestrator.sky_names import check_sky_name
+    from orchestrator.sizing.sky_names import check_sky_name
 
     row = _aws_catalog_row(monkeypatch, "RTX PRO Server 6000")  # what EC2 calls it
     assert (row["AcceleratorName"], row["AcceleratorCount"]) == ("RTXPRO6000", 8)  # SkyPilot's own name

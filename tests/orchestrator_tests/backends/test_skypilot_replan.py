@@ -1,4 +1,4 @@
-"""`ftorch resume` of a job that did not fit (trainer/oom.py `does_not_fit`) plans again with the
+"""`ftorch resume` of a job that did not fit (trainer/train_step/oom.py `does_not_fit`) plans again with the
 measured peak: on SkyPilot the GPU it ran on and every one with no more memory are refused, the job
 relaunches on the next adequate offer, and status and the notification say so; a local job cannot move.
 
@@ -16,13 +16,14 @@ import pytest
 from helpers import REPO, job_dict
 from http_fakes import Hook
 
-from orchestrator import jobs, planner
 from orchestrator.backends import skypilot_controller, skypilot_sdk
 from orchestrator.backends import skypilot_state as sky_state
 from orchestrator.errors import UserError
+from orchestrator.jobfile.spec import load_job
+from orchestrator.jobs import lifecycle as jobs
 from orchestrator.registry import JobState, Registry
-from orchestrator.spec import load_job
-from orchestrator.status import status_one
+from orchestrator.sizing import planner
+from orchestrator.views.status import status_one
 from trainer.memory.facts import GIB
 from trainer.runstore.store import RunStore
 
@@ -126,7 +127,7 @@ def test_a_job_that_did_not_fit_on_an_l4_is_replanned_to_a_larger_gpu_and_says_s
     assert note["event"] == "replanned" and said in note["text"]
     assert "does_not_fit" not in store.read_spec() and store.read_spec()["replans"][0]["step"] == 12
     # the larger GPU starts from the job's own layout again; the old GPU's adaptations stay with the re-plan
-    from trainer import oom
+    from trainer.train_step import oom
 
     assert oom.current(store.read_spec()) is None and not oom.adaptations(store.read_spec())
     assert store.read_spec()["replans"][0]["adaptations"][0]["to"]["micro_batch_per_rank"] == 1

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from helpers import REPO, ftorch
 
-from orchestrator import status as job_status
 from orchestrator.backends import skypilot_cost, skypilot_state
 from orchestrator.registry import Registry
+from orchestrator.views import status as job_status
 from trainer.runstore.store import RunStore
 
 #: tests against SkyPilot's real local API server: its first start takes 10-45 s on a busy 2-core machine
@@ -407,7 +407,7 @@ import json, sys
 from orchestrator.backends import skypilot
 from orchestrator.errors import UserError
 from orchestrator.registry import Registry
-from orchestrator.spec import load_job
+from orchestrator.jobfile.spec import load_job
 spec = load_job("examples/mistral-7b-lora.yaml", ["checkpoint.uri=s3://ckpt/ftorch",
     "checkpoint.storage_options={{endpoint_url: '{s3}'}}", "data.path=s3://ckpt/data/train.jsonl"])
 registry = Registry()

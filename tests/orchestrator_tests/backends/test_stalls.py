@@ -23,8 +23,8 @@ from helpers import (
     write_data,
 )
 
-from orchestrator import status as job_status
 from orchestrator.registry import TERMINAL, Registry
+from orchestrator.views import status as job_status
 from trainer.stops.watchdog import outside, stale, stall_timeout
 
 TIMEOUT_S = 10.0  # the job's train.health.stall_timeout_s: the tiny steps take well under a second
@@ -103,7 +103,7 @@ def test_a_hung_step_is_ended_by_the_watchdog_restarted_and_a_second_stall_witho
 
 
 def test_status_shows_a_stale_heartbeat_as_stalled_with_its_age() -> None:
-    from orchestrator.ui import state_text
+    from orchestrator.views.ui import state_text
 
     assert str(state_text({"state": "RUNNING", "stalled_s": 200.0})).startswith("STALLED (heartbeat 3m")
     assert str(state_text({"state": "RUNNING", "stalled_s": None})) == "RUNNING"

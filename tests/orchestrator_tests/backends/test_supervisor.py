@@ -22,8 +22,8 @@ from helpers import (
     write_data,
 )
 
-from orchestrator import status as job_status
 from orchestrator.registry import TERMINAL, Registry
+from orchestrator.views import status as job_status
 
 
 def write_job(tmp_path: Path, job: dict[str, Any]) -> Path:

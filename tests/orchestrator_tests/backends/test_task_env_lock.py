@@ -1,4 +1,4 @@
-"""The environment lock a SkyPilot task installs (orchestrator/runenv.py, trainer/envlock.py,
+"""The environment lock a SkyPilot task installs (orchestrator/jobfile/envlock.py, trainer/envlock.py,
 scripts/build_lock.py): the rendered task carries every pin and no open range reaches pip; the shipped
 lock is exact, hashed and satisfies pyproject's ranges; the lock is resolved for a target platform (here
 offline, from a local find-links folder); the setup refuses an environment that is not the lock."""
@@ -20,7 +20,7 @@ from helpers import REPO, ftorch
 from packaging.requirements import Requirement
 
 from orchestrator.backends.skypilot import render_job
-from orchestrator.spec import load_job
+from orchestrator.jobfile.spec import load_job
 from trainer import envlock
 
 EXAMPLE = REPO / "examples/llama3-8b-chat-qlora.yaml"

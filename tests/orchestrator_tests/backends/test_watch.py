@@ -26,9 +26,9 @@ from helpers import REPO, job_dict, write_data
 from http_fakes import Hook
 from rich.console import Console
 
-from orchestrator import follow
-from orchestrator import status as job_status
+from orchestrator.cli import follow
 from orchestrator.registry import Registry
+from orchestrator.views import status as job_status
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]|\x1b[()][0-9A-Za-z]|\r")
 

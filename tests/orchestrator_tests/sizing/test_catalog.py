@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from orchestrator import catalog as cat
+from orchestrator.sizing import catalog as cat
 
 SHARED_CATALOG = REPO.parent / "shared" / "data" / "catalog"
 

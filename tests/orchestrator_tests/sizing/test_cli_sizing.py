@@ -20,7 +20,7 @@ def ftorch(*args: str, env_home: Path | None = None) -> subprocess.CompletedProc
     if env_home is not None:
         env["FTORCH_HOME"] = str(env_home)
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
+        [sys.executable, "-m", "orchestrator.cli.app", *args],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -12,11 +12,11 @@ import pytest
 from helpers import REPO, ftorch
 from test_planner import HEADER, job
 
-from orchestrator import catalog as cat
-from orchestrator.catalog import Catalog, parse_offers
-from orchestrator.planner import make_plan
+from orchestrator.sizing import catalog as cat
+from orchestrator.sizing.catalog import Catalog, parse_offers
+from orchestrator.sizing.planner import make_plan
+from orchestrator.sizing.sky_names import check_sky_name
 from orchestrator.sizing.throughput import CONSUMER, accelerator
-from orchestrator.sky_names import check_sky_name
 
 NAMED = {"RTX3090", "RTX4090", "RTX5090", "RTXA4000", "RTXA4500", "RTXA5000", "RTXA6000"}
 ADA = {"RTX2000-Ada", "RTX4000-Ada", "RTX6000-Ada"}

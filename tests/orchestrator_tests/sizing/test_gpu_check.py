@@ -60,7 +60,7 @@ def test_gpu_check_cpu_tiny_mode(tmp_path: Path) -> None:
     # --learn: the facts are in this machine's planner history, and a CPU's never override a GPU estimate
     assert f"history: {len(measured)} measured cases recorded" in done.stdout
     history = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "history", "--json"],
+        [sys.executable, "-m", "orchestrator.cli.app", "history", "--json"],
         capture_output=True,
         text=True,
         timeout=120,

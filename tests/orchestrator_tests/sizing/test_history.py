@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from test_planner import catalog, job  # the planner tests' fixed catalog
 
-from orchestrator import history
-from orchestrator.history import History, catalog_gpu, learn_from_job, load_history, measurement_row
-from orchestrator.planner import make_plan
 from orchestrator.registry import Registry
+from orchestrator.sizing import history
+from orchestrator.sizing.history import History, catalog_gpu, learn_from_job, load_history, measurement_row
+from orchestrator.sizing.planner import make_plan
 from trainer.runstore.store import RunStore
 
 GIB = 1024**3
@@ -141,7 +141,7 @@ def test_gpu_check_results_feed_the_history(tmp_path: Any) -> None:
 def test_status_of_a_running_job_teaches_nothing_until_it_ends(tmp_path: Any) -> None:
     """The history keeps an attempt's first row: a running attempt's partial figures must not be it
     (`ftorch status JOB` computes the ledger, which feeds the history, on every call)."""
-    from orchestrator.status import ledger_for
+    from orchestrator.views.status import ledger_for
 
     registry = Registry()
     _run_with(tmp_path, registry, job(), "job-run")

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from helpers import REPO
 
+from orchestrator.jobfile.spec import validate_job
 from orchestrator.sizing.memory import Settings, estimate, estimate_memory
 from orchestrator.sizing.shapes import bundled_shape
-from orchestrator.spec import validate_job
 
 CALIBRATION_CSV = REPO.parent / "shared" / "data" / "vram" / "calibration.csv"
 LORA = Settings(
@@ -138,7 +138,7 @@ def test_estimate_memory_from_a_job_spec_and_json_fields():
 
 def test_estimator_imports_no_torch():
     code = (
-        "import sys; import orchestrator.sizing.memory, orchestrator.planner, orchestrator.cli_sizing; "
+        "import sys; import orchestrator.sizing.memory, orchestrator.sizing.planner, orchestrator.cli.sizing; "
         "assert 'torch' not in sys.modules and 'sky' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
@@ -149,8 +149,8 @@ def test_the_load_phase_is_part_of_the_peak():
     Every method loads sharded under FSDP (a shard and one tensor in flight; QLoRA's quant state whole):
     Llama-2-13B LoRA and Llama-2-70B QLoRA, whose steps fit 4 x 24 GB, run there (70B QLoRA was refused
     for its load while every rank loaded the whole 4-bit model); on one GPU nothing changes."""
-    from orchestrator.catalog import Catalog, parse_offers
-    from orchestrator.planner import HEADROOM, TRACE_MARGIN, make_plan
+    from orchestrator.sizing.catalog import Catalog, parse_offers
+    from orchestrator.sizing.planner import HEADROOM, TRACE_MARGIN, make_plan
     from orchestrator.sizing.tracing import TraceConfirmation
     from trainer.memory.load_memory import WeightCounts, load_peak_bytes
 

@@ -13,11 +13,11 @@ import pytest
 from helpers import REPO
 from support.tiny_model import write_tiny_config
 
-from orchestrator.catalog import Catalog, parse_offers
-from orchestrator.planner import make_plan
+from orchestrator.jobfile.spec import validate_job
+from orchestrator.sizing.catalog import Catalog, parse_offers
 from orchestrator.sizing.memory import CONSTANTS_FILE, Settings, calibrated_constants, estimate
+from orchestrator.sizing.planner import make_plan
 from orchestrator.sizing.shapes import bundled_shape
-from orchestrator.spec import validate_job
 
 STORED = json.loads((REPO / "orchestrator" / "data" / CONSTANTS_FILE).read_text(encoding="utf-8"))
 HEADER = "cloud,instance_type,accelerator,count,gpu_memory_gib,ondemand_usd,spot_usd,regions,interconnect\n"
@@ -49,11 +49,11 @@ def test_analytic_estimate_within_10pct_of_the_traces():
 
 def test_stored_traces_are_current():
     """Re-trace one stored row with today's trainer: the constants were derived from this code (the lean
-    trainer's step, trainer/step.py)."""
+    trainer's step, trainer/train_step/step.py)."""
     pytest.importorskip("transformers")
-    pytest.importorskip("trainer.step")
+    pytest.importorskip("trainer.train_step.step")
     from trainer.config import JobSpec
-    from trainer.memory.memtrace import trace
+    from trainer.memtrace.steptrace import trace
 
     sys_path = str(REPO / "bench")
     sys.path.insert(0, sys_path)
@@ -112,8 +112,8 @@ def test_published_torchtune_8b_full_with_optimizer_in_backward_fits_one_24gb_gp
     optimizer_in_bwd, activation checkpointing). With train.optimizer_in_backward ftorch holds one
     parameter's gradient instead of all 15 GiB of them, so the job fits a 24 GB GPU, and the planner picks
     the 24 GB offer when it is the cheapest; without it the same job needs more (the test above)."""
-    from orchestrator.planner import HEADROOM
     from orchestrator.sizing.memory import settings_from_spec
+    from orchestrator.sizing.planner import HEADROOM
 
     train = {"precision": "bf16", "optimizer": "paged_adamw_8bit", "max_grad_norm": None}
     spec = _job("meta-llama/Llama-3.1-8B", "full", 2048, 2, optimizer_in_backward=True, **train)
@@ -144,7 +144,7 @@ def test_trace_runs_the_step_in_backward_and_the_estimate_follows_it():
     peak drops by the gradients it no longer holds, and the analytic estimate stays within 10% of it."""
     pytest.importorskip("transformers")
     from trainer.config import JobSpec
-    from trainer.memory.memtrace import trace
+    from trainer.memtrace.steptrace import trace
 
     sys_path = str(REPO / "bench")
     sys.path.insert(0, sys_path)
@@ -190,8 +190,8 @@ def test_published_answerai_70b_qlora_on_2x24gb_with_cpu_offload():
     CPUOffloadPolicy) the shards, gradients and optimizer state go to host RAM and the GPU holds a layer
     in flight and the activations, so 2 x 24 GB is adequate when the machine's RAM holds the host side,
     and the planner picks it (turning offload on itself, and saying so) where it is the cheapest."""
-    from orchestrator.planner import HEADROOM
     from orchestrator.sizing.memory import settings_from_spec
+    from orchestrator.sizing.planner import HEADROOM
     from trainer.layout import check
 
     spec = _job(
@@ -206,7 +206,7 @@ def test_published_answerai_70b_qlora_on_2x24gb_with_cpu_offload():
     assert 24 < step_two < 30  # without offload the steady state alone is over the whole card
     step_four = max(gib for phase, gib in four.phases_gib.items() if phase != "load")
     assert step_four < usable  # on 4 GPUs the step fits a 24 GB card ...
-    # ... and so does the load: each rank receives its shard of the 4-bit base (trainer/sharded_load.py)
+    # ... and so does the load: each rank receives its shard of the 4-bit base (trainer/model/sharded_load.py)
     assert two.peak_phase != "load" and four.peak_phase != "load"
     assert four.load_gib_per_gpu < step_four and 33.9 / 4 < four.load_gib_per_gpu < 33.9 / 4 + 5
 
@@ -216,7 +216,7 @@ def test_published_answerai_70b_qlora_on_2x24gb_with_cpu_offload():
     # host RAM: the offloaded state of both ranks (the 4-bit base lives on the host), what rank 0's
     # loading holds beyond it, and the two processes. Rank 0 releases its 4-bit copy (35.9 GiB, 1.4x that
     # resident while it quantizes on the CPU, measured) tensor by tensor as the shards fill
-    # (trainer/sharded_load.py send_tensors; bench/host_ram.py), so the machine peaks at the larger of
+    # (trainer/model/sharded_load.py send_tensors; bench/host_ram.py), so the machine peaks at the larger of
     # the two, not their sum (80.9 GiB before). Answer.AI reported ~107 GB (99.6 GiB) for their loader.
     reported = 107e9 / 2**30
     parts = offloaded.host_breakdown_gib
@@ -254,8 +254,8 @@ def test_70b_qlora_on_two_24gb_gpus_with_offload_is_decided_by_the_machines_ram(
     (50 and 58 GB) are refused for host RAM with both figures; the Vast pairs, whose RAM the catalog does
     not give, are refused, not guessed. Before rank 0 released its loading copy as it sent, the host
     side was over 80 GiB and even 64 GB was refused."""
-    from orchestrator.catalog import bundled_catalog
-    from orchestrator.planner import HOST_HEADROOM
+    from orchestrator.sizing.catalog import bundled_catalog
+    from orchestrator.sizing.planner import HOST_HEADROOM
 
     spec = _job(
         "meta-llama/Llama-2-70b-hf", "qlora", 512, 2, lora={"r": 64, "alpha": 16, "dropout": 0.1},
@@ -282,11 +282,11 @@ def test_published_answerai_70b_qlora_on_2x40gb_without_offload():
     """Answer.AI's FSDP+QLoRA (2024) also ran Llama-2-70B on two 40 GB GPUs (A100 40GB) without CPU offload:
     the same settings as above (r 64, 512 tokens, batch 2, gradient checkpointing, AdamW: fsdp_qlora's
     optimizer under FSDP; paged 8-bit AdamW is one-GPU only in trainer/layout.py) with train.offload: none,
-    so offload cannot be what makes it fit. Sharded 4-bit loading (trainer/sharded_load.py) keeps the load
+    so offload cannot be what makes it fit. Sharded 4-bit loading (trainer/model/sharded_load.py) keeps the load
     under the step, the step fits a 40 GB card, and `ftorch plan` picks the 2 x 40 GB offer when it is the
     cheapest; the cheaper 2 x 24 GB pair is refused by memory, not offloaded."""
-    from orchestrator.planner import HEADROOM
     from orchestrator.sizing.memory import settings_from_spec
+    from orchestrator.sizing.planner import HEADROOM
     from trainer.layout import check
 
     spec = _job(

@@ -12,14 +12,14 @@ import sys
 import pytest
 from helpers import REPO
 
-from orchestrator.catalog import Catalog, Offer
-from orchestrator.history import History
-from orchestrator.planner import make_plan
-from orchestrator.spec import load_job
+from orchestrator.jobfile.spec import load_job
+from orchestrator.sizing.catalog import Catalog, Offer
+from orchestrator.sizing.history import History
+from orchestrator.sizing.planner import make_plan
 from orchestrator.spot.egress import per_gb
 from orchestrator.spot.hazards import bundled
-from orchestrator.ui import plan_table
-from trainer.checkpoints.interval import CHECKPOINT_GBPS
+from orchestrator.views.ui import plan_table
+from trainer.stops.interval import CHECKPOINT_GBPS
 
 EXAMPLES = REPO / "examples"
 
@@ -139,7 +139,7 @@ def test_pinned_where_spot_is_scarce_the_plan_says_so_and_prices_the_fallback() 
             "train": {"precision": "fp16-mixed", "optimizer": "paged_adamw_8bit", "micro_batch_size": 1,
                       "gradient_checkpointing": True},
             "resources": {"backend": "skypilot", "regions": ["us-east-1"], "fallback": "on-demand"}}  # fmt: skip
-    from orchestrator.spec import validate_job
+    from orchestrator.jobfile.spec import validate_job
 
     plan = make_plan(validate_job(spec), catalog=[v100], history=History())
     c = plan.chosen
@@ -162,7 +162,7 @@ def test_pinned_where_spot_is_scarce_the_plan_says_so_and_prices_the_fallback() 
 
 def test_estimate_applies_offload_auto_and_names_the_next_gpu_count_that_fits() -> None:
     def estimate(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "orchestrator.cli", "estimate", str(EXAMPLES / "llama3-8b-full.yaml"),
+        return subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "estimate", str(EXAMPLES / "llama3-8b-full.yaml"),
                                "--set", "model=meta-llama/Llama-3.1-70B", *args], capture_output=True, text=True,
                               cwd=REPO, timeout=120)  # fmt: skip
 
@@ -193,7 +193,7 @@ def test_the_plans_cost_matches_the_simulators_on_the_traces() -> None:
 
 def test_the_rebid_order_weighs_moving_the_checkpoints() -> None:
     from orchestrator.backends.skypilot_render import regions_of
-    from orchestrator.catalog import bundled_catalog
+    from orchestrator.sizing.catalog import bundled_catalog
 
     (node,) = [o for o in bundled_catalog().offers if o.instance_type == "p5en.48xlarge"]
     offers = Catalog((node,), "test")
@@ -220,7 +220,7 @@ def test_the_rebid_order_follows_the_hazard_model(ftorch_home, tmp_path) -> None
     import os
 
     from orchestrator.backends.skypilot_render import regions_of
-    from orchestrator.catalog import bundled_catalog
+    from orchestrator.sizing.catalog import bundled_catalog
 
     (node,) = [o for o in bundled_catalog().offers if o.instance_type == "p5en.48xlarge"]
     offers = Catalog((node,), "test")
@@ -234,7 +234,7 @@ def test_the_rebid_order_follows_the_hazard_model(ftorch_home, tmp_path) -> None
     path = tmp_path / "team.json"
     path.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": ([1] * 2 + [0]) * 2160}))
     out = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "hazards", "import", str(path), "--cloud", "aws",
+        [sys.executable, "-m", "orchestrator.cli.app", "hazards", "import", str(path), "--cloud", "aws",
          "--instance-type", "p5en.48xlarge", "--zone", f"{first}a"],
         capture_output=True, text=True, cwd=REPO, env={**os.environ, "FTORCH_HOME": str(ftorch_home)},
         timeout=120,
@@ -261,8 +261,8 @@ def test_the_rebid_order_follows_the_hazard_model(ftorch_home, tmp_path) -> None
 
 def test_the_interval_weighs_a_saves_dollars_in_planner_and_trainer_alike() -> None:
     from orchestrator.backends.skypilot_render import interruption_envs
-    from trainer.checkpoints.interval import SAVE_COST_ENV, AutoInterval
     from trainer.stops.interruptions import mtbf_from_rate
+    from trainer.stops.interval import SAVE_COST_ENV, AutoInterval
 
     away = plan_of("llama3-8b-lora.yaml", "checkpoint.region=us-east-1", "resources.regions=[us-west-2]",
                    "resources.clouds=[aws]", "checkpoint.every=auto")  # fmt: skip
@@ -285,7 +285,7 @@ def test_the_interval_weighs_a_saves_dollars_in_planner_and_trainer_alike() -> N
 
 def test_the_ledger_records_what_each_attempt_paid_to_move_checkpoints() -> None:
     from orchestrator.spot.egress import Store, attempt_movement
-    from trainer.ledger import ledger_lines
+    from trainer.recording.ledger import ledger_lines
 
     store = Store("aws", "us-east-1", "checkpoint.region")
     attempts = {1: {"cluster_info": {"cloud": "AWS", "region": "us-west-2"}},
@@ -309,7 +309,7 @@ def test_plan_json_gives_each_candidate_its_rate_source_egress_and_storage(ftorc
     import os
 
     out = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "plan", str(EXAMPLES / "llama3-8b-full.yaml"), "--json",
+        [sys.executable, "-m", "orchestrator.cli.app", "plan", str(EXAMPLES / "llama3-8b-full.yaml"), "--json",
          "--no-trace", "--set", "checkpoint.region=us-east-1", "--set", "resources.clouds=[aws,gcp]"],
         capture_output=True, text=True, cwd=REPO, env={**os.environ, "FTORCH_HOME": str(ftorch_home)},
         timeout=300,

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator import planner
-from orchestrator.catalog import Catalog, parse_offers
-from orchestrator.planner import Billing, billed_hours, make_plan, spot_hours
-from orchestrator.spec import validate_job
+from orchestrator.jobfile.spec import validate_job
+from orchestrator.sizing import planner
+from orchestrator.sizing.catalog import Catalog, parse_offers
+from orchestrator.sizing.planner import Billing, billed_hours, make_plan, spot_hours
 
 HEADER = "cloud,instance_type,accelerator,count,gpu_memory_gib,ondemand_usd,spot_usd,regions,interconnect\n"
 OFFERS = HEADER + (
@@ -245,8 +245,8 @@ def test_the_checkpoint_cost_comes_from_the_memory_model_and_the_trainers_interv
     upload is at risk; the interval is the trainer's for that cost at the offer's interruption rate."""
     from orchestrator.sizing.memory import checkpoint_bytes, settings_from_spec
     from orchestrator.sizing.shapes import resolve_shape
-    from trainer.checkpoints.interval import CheckpointCost, auto_interval
     from trainer.stops.interruptions import mtbf_from_rate
+    from trainer.stops.interval import CheckpointCost, auto_interval
 
     for spec in (job(), lora_job(), job(train__optimizer="adafactor", train__precision="bf16-mixed")):
         plan = make_plan(spec, catalog=catalog())

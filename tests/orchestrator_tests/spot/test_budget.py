@@ -11,9 +11,9 @@ import yaml
 from helpers import ftorch, job_dict, write_data
 from http_fakes import Hook
 
-from orchestrator import status as job_status
-from trainer.checkpoints.interval import AutoInterval
+from orchestrator.views import status as job_status
 from trainer.stops.budget import MARGIN_S, BudgetGuard
+from trainer.stops.interval import AutoInterval
 
 
 def test_the_rule_counts_the_next_checkpoint_interval() -> None:

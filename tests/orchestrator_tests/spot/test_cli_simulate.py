@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
+from orchestrator.cli import app as cli
 
 SHARED = Path("/work/shared/data/spot-traces/availability/1-node/aws-02-15-2023")
 NUMBERS = [
@@ -155,7 +155,7 @@ def test_missing_trace_and_bad_job(monkeypatch, capsys, files, tmp_path) -> None
 
 
 def test_without_a_planner_the_numbers_are_required(monkeypatch, capsys, files) -> None:
-    monkeypatch.setitem(sys.modules, "orchestrator.planner", None)  # import fails
+    monkeypatch.setitem(sys.modules, "orchestrator.sizing.planner", None)  # import fails
     code, _, err = ftorch(
         monkeypatch, capsys, "simulate", files["job"], "--trace", files["a"], "--hours", "8"
     )
@@ -174,9 +174,9 @@ def test_planner_fills_what_is_not_given(monkeypatch, capsys, files) -> None:
         checkpoint_interval_s=900.0,
         restart_overhead_s=240.0,
     )
-    fake = types.ModuleType("orchestrator.planner")
+    fake = types.ModuleType("orchestrator.sizing.planner")
     fake.make_plan = lambda spec, offline=True: types.SimpleNamespace(chosen=chosen)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "orchestrator.planner", fake)
+    monkeypatch.setitem(sys.modules, "orchestrator.sizing.planner", fake)
     code, out, err = ftorch(
         monkeypatch, capsys, "simulate", files["job"], "--trace", files["a"], "--hours", "7", "--json"
     )
@@ -197,7 +197,7 @@ def test_planner_fills_what_is_not_given(monkeypatch, capsys, files) -> None:
 
 
 def test_with_the_real_planner(monkeypatch, capsys, files) -> None:
-    planner = pytest.importorskip("orchestrator.planner")
+    planner = pytest.importorskip("orchestrator.sizing.planner")
     if not hasattr(planner, "make_plan"):
         pytest.skip("the planner has no make_plan yet")
     args = ["simulate", files["job"], "--trace", files["a"], "--json"]

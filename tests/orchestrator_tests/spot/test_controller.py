@@ -177,11 +177,11 @@ def test_switches_reach_the_registry_and_ftorch_status(tmp_path: Path, ftorch_ho
     """The wiring: each relaunch is recorded like a launch (attempts, cost kept), status shows them."""
     import sys
 
-    from orchestrator import cli
     from orchestrator.backends.skypilot_controller import registry_hooks
+    from orchestrator.cli import app as cli
+    from orchestrator.jobfile.spec import load_job
     from orchestrator.registry import Registry
-    from orchestrator.spec import load_job
-    from orchestrator.status import status_one
+    from orchestrator.views.status import status_one
 
     run_uri = str(tmp_path / "run")
     spec = load_job(Path("examples/llama3-8b-qlora-deadline.yaml"), [f"checkpoint.uri={tmp_path}"])
@@ -217,7 +217,7 @@ def test_switches_reach_the_registry_and_ftorch_status(tmp_path: Path, ftorch_ho
 def test_dry_run_shows_the_controllers_plan(ftorch_home: Path, capsys) -> None:
     import sys
 
-    from orchestrator import cli
+    from orchestrator.cli import app as cli
 
     sys.argv = [
         "ftorch",
@@ -245,8 +245,8 @@ def test_dry_run_shows_the_controllers_plan(ftorch_home: Path, capsys) -> None:
 def test_the_controller_process_is_built_from_the_registry(tmp_path: Path, ftorch_home: Path) -> None:
     from orchestrator.backends import skypilot
     from orchestrator.backends.skypilot_controller import for_job, save_tasks, tasks_for
+    from orchestrator.jobfile.spec import load_job
     from orchestrator.registry import Registry
-    from orchestrator.spec import load_job
 
     spec = load_job(Path("examples/llama3-8b-qlora-deadline.yaml"))
     registry = Registry()
@@ -265,11 +265,11 @@ def test_the_controller_process_is_built_from_the_registry(tmp_path: Path, ftorc
 def test_resume_restarts_a_dead_controller_of_a_running_job(
     tmp_path: Path, ftorch_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator import jobs
     from orchestrator.backends import skypilot_controller
     from orchestrator.errors import UserError
+    from orchestrator.jobfile.spec import load_job
+    from orchestrator.jobs import lifecycle as jobs
     from orchestrator.registry import Registry
-    from orchestrator.spec import load_job
     from orchestrator.spot.controller import write_state
 
     spec = load_job(Path("examples/llama3-8b-qlora-deadline.yaml"))
@@ -297,8 +297,8 @@ def test_cancel_waits_for_the_checkpoint_then_cancels(tmp_path: Path, ftorch_hom
     """`ftorch cancel` on SkyPilot: stop request in the run store, the trainer saves, then the cancel;
     one implementation with the controller's switch (controller.stop_then_cancel)."""
     from orchestrator.backends.skypilot import cancel_job
+    from orchestrator.jobfile.spec import load_job
     from orchestrator.registry import Registry
-    from orchestrator.spec import load_job
 
     spec = load_job(Path("examples/llama3-8b-qlora-deadline.yaml"), [f"checkpoint.uri={tmp_path}"])
     registry = Registry()

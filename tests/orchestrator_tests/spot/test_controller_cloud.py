@@ -18,13 +18,13 @@ from orchestrator.backends import skypilot_state
 from orchestrator.backends.skypilot import render_job
 from orchestrator.backends.skypilot_controller import build, needs_controller, single_list, watch_lines
 from orchestrator.backends.skypilot_render import regions_of
+from orchestrator.jobfile.spec import load_job
 from orchestrator.registry import Registry
-from orchestrator.spec import load_job
 from orchestrator.spot.controller import Config, Plan
 from orchestrator.spot.controller_state import RefusedForGood
 from orchestrator.spot.policy import Mode, make_policy
 from orchestrator.states import JobState, Outcome
-from orchestrator.status import status_one
+from orchestrator.views.status import status_one
 from trainer.config import JobSpec
 from trainer.runstore.store import RunStore
 from trainer.stops.interruptions import STOP_REQUEST, request_stop

@@ -29,7 +29,7 @@ SHARED = REPO.parent / "shared" / "data" / "spot-traces"
 def ftorch(home: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "FTORCH_HOME": str(home)}
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True, cwd=REPO, env=env,
+        [sys.executable, "-m", "orchestrator.cli.app", *args], capture_output=True, text=True, cwd=REPO, env=env,
         timeout=120,
     )  # fmt: skip
 

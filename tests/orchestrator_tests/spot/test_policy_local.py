@@ -11,11 +11,11 @@ import pytest
 import yaml
 from helpers import ftorch, job_dict, write_data
 
-from orchestrator import status as job_status
 from orchestrator.registry import TERMINAL
 from orchestrator.spot.policy import make_policy
 from orchestrator.spot.simulator import JobNumbers, simulate
 from orchestrator.spot.traces import load_zones
+from orchestrator.views import status as job_status
 
 GAP_S = 60.0
 SPEEDUP = 60.0  # one trace tick per wall second

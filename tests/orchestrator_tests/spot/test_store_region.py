@@ -10,8 +10,8 @@ import pytest
 from helpers import REPO
 
 from orchestrator.errors import SpecError
-from orchestrator.planner import make_plan
-from orchestrator.spec import load_job
+from orchestrator.jobfile.spec import load_job
+from orchestrator.sizing.planner import make_plan
 from orchestrator.spot import store_region
 from orchestrator.spot.egress import require_region, store_of
 

@@ -36,7 +36,7 @@ def _ended(run_id: str, env: dict[str, str], timeout: float = 300.0) -> dict:
 def test_ten_kills_over_attach_resume_and_export_of_moved_and_copied_stores(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    from trainer.export import export
+    from trainer.outputs.export import export
 
     (tmp_path / "made").mkdir()
     runs = make_runs(tmp_path / "made", tiny_model)

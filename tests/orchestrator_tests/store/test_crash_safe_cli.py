@@ -11,7 +11,7 @@ from adopted import Runs, copy_store, make_runs, same_adapter
 from helpers import ftorch
 
 from orchestrator.registry import Registry
-from trainer.export import MARKER
+from trainer.outputs.export import MARKER
 
 DEFAULT = Path("exports") / "step-00000010"
 

@@ -13,7 +13,7 @@ from helpers import cli_in_process as cli
 from helpers import job_dict, write_data
 
 from orchestrator.registry import Registry
-from trainer.notify import post
+from trainer.recording.notify import post
 
 TOKEN = "T0KEN-abc123-secret"
 
@@ -88,7 +88,7 @@ def test_a_home_folder_is_expanded_the_same_way_everywhere(
     """C3: `checkpoint.uri: ~/x` is the home's x (no literal `~` folder), in the job file and by --set."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
-    from orchestrator.spec import load_job, validate_job
+    from orchestrator.jobfile.spec import load_job, validate_job
 
     spec = load_job(job_file, ["checkpoint.uri=~/runs", "output.uri=~/out"])
     assert spec.checkpoint.uri == str(tmp_path / "home" / "runs") and spec.output.uri == str(

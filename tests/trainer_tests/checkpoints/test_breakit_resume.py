@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from helpers import REPO, ftorch, job_dict, prepare_run, trainer_cmd, write_data
 
-from orchestrator.follow import FOLLOW_EXIT_CODES
+from orchestrator.cli.follow import FOLLOW_EXIT_CODES
 from orchestrator.registry import Registry
 from trainer import exitcodes
 from trainer.runstore.store import RunStore
@@ -23,7 +23,7 @@ def _ftorch_cmd() -> list[str]:
     import sys
 
     exe = Path(sys.executable).parent / "ftorch"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "orchestrator.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "orchestrator.cli.app"]
 
 
 def test_failed_follow_code_then_two_resumes_start_one_trainer(

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from trainer.checkpoints.interval import (
+from trainer.stops.interval import (
     CHECKPOINT_GBPS,
     MAX_INTERVAL_S,
     MIN_INTERVAL_S,
@@ -91,7 +91,7 @@ def _three_intervals(blocking: float, upload: float, rate: float, every: object 
     for one checkpoint cost and one interruption rate."""
     from test_planner import job
 
-    from orchestrator.planner import checkpoint_interval
+    from orchestrator.sizing.planner import checkpoint_interval
     from trainer.stops.budget import BudgetGuard
     from trainer.stops.interruptions import mtbf_from_rate
 
@@ -133,7 +133,7 @@ def test_the_clamps_and_fixed_intervals_are_shared() -> None:
     # `checkpoint.every: 90s` is 90 s for planner and guard alike (the trainer times it itself)
     from test_planner import job
 
-    from orchestrator.planner import checkpoint_interval
+    from orchestrator.sizing.planner import checkpoint_interval
     from trainer.stops.budget import BudgetGuard
 
     spec = job(checkpoint={"uri": "s3://b/ck", "every": "90s"})

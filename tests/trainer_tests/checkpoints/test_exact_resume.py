@@ -153,7 +153,7 @@ def test_sigterm_checkpoints_exits_preempted_and_resumes_bitwise(tmp_path: Path,
     finish(run_uri, 3)
     assert_bitwise_equal(final_weights(run_uri), expected)
     # the eval curve: in the metrics (`ftorch metrics`) and the training summary, the final point = eval_after
-    from orchestrator.cli_outputs import metric_rows
+    from orchestrator.cli.outputs import metric_rows
 
     curve = [
         (r["step"], r["eval_loss"]) for r in metric_rows(store.read_metrics()) if r["eval_loss"] is not None
@@ -166,7 +166,7 @@ def test_sigterm_checkpoints_exits_preempted_and_resumes_bitwise(tmp_path: Path,
 
 @pytest.mark.parametrize("optimizer", ["adamw", "paged_adamw_8bit"])
 def test_optimizer_in_backward_resumes_bitwise(tmp_path: Path, tiny_model: Path, optimizer: str) -> None:
-    """train.optimizer_in_backward (trainer/optim_in_backward.py): the per-parameter optimizer states and
+    """train.optimizer_in_backward (trainer/optim/in_backward.py): the per-parameter optimizer states and
     the LR schedule go through the checkpoint; a run killed (SIGKILL) and noticed (SIGTERM) ends bitwise
     equal to its uninterrupted run (bitsandbytes' paged 8-bit AdamW included, on the CPU)."""
     data = write_data(tmp_path / "d.jsonl", "instruction", 64)
@@ -184,7 +184,7 @@ def test_optimizer_in_backward_resumes_bitwise(tmp_path: Path, tiny_model: Path,
 
 @pytest.mark.parametrize("loss", ["plain", "chunked"])
 def test_each_loss_path_resumes_bitwise(tmp_path: Path, tiny_model: Path, loss: str) -> None:
-    """train.loss (trainer/loss.py): the head in one piece, or chunk by chunk recomputed in backward; a
+    """train.loss (trainer/train_step/loss.py): the head in one piece, or chunk by chunk recomputed in backward; a
     run killed (SIGKILL) and noticed (SIGTERM) on either path ends bitwise equal to its uninterrupted run.
     (The default, auto, takes plain here: the other tests of this file run it.)"""
     data = write_data(tmp_path / "d.jsonl", "instruction", 48)

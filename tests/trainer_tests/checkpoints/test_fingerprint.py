@@ -15,7 +15,7 @@ import yaml
 from helpers import ftorch, job_dict, prepare_run, run_trainer, write_data
 from pydantic import BaseModel
 
-from orchestrator.follow import FOLLOW_EXIT_CODES
+from orchestrator.cli.follow import FOLLOW_EXIT_CODES
 from orchestrator.registry import Registry
 from trainer import exitcodes
 from trainer.checkpoints import fingerprint

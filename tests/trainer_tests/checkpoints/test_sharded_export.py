@@ -14,7 +14,7 @@ import torch
 from fsdp_helpers import finish, fsdp_job, new_run, set_nproc
 from helpers import run_trainer, write_data
 
-from trainer.export import ExportError, export
+from trainer.outputs.export import ExportError, export
 from trainer.runstore.store import RunStore
 
 

@@ -51,8 +51,8 @@ def test_every_local_source_kind_gives_the_same_examples(tmp_path: Path, tokeniz
     for source in ("d.json", "d.parquet", "parts", "saved", "one"):
         assert _ids(load_dataset(_spec(tmp_path / source), tokenizer, 2, 0)) == expected, source
     # the planner counts every kind with the same reader: the same tokens and examples
+    from orchestrator.jobfile.spec import validate_job
     from orchestrator.sizing.throughput import workload
-    from orchestrator.spec import validate_job
 
     def planned(source: Path) -> tuple:
         job = {
@@ -99,7 +99,7 @@ def test_a_hub_id_is_loaded_through_load_dataset_with_its_split_and_subset(
 ) -> None:
     """Offline, so only the boundary: the call made to `datasets.load_dataset` (not a download)."""
     from orchestrator.backends.skypilot_render import require_remote
-    from orchestrator.spec import validate_job
+    from orchestrator.jobfile.spec import validate_job
 
     calls = []
 
@@ -144,7 +144,7 @@ def write_job(tmp_path: Path, data: dict, train: dict | None = None) -> str:
 
 
 def test_bad_data_settings_are_refused_at_validate_with_the_field(tmp_path: Path) -> None:
-    from orchestrator.cli_jobfile import check_job
+    from orchestrator.cli.jobfile import check_job
     from orchestrator.errors import SpecError
 
     data = write_data(tmp_path / "d.jsonl", "chat", 6)
@@ -225,7 +225,7 @@ def test_two_processes_and_the_cache_give_the_same_tokens(
 def test_held_out_fraction_train_on_inputs_and_a_chat_template(
     tmp_path: Path, tokenizer, tiny_model: Path
 ) -> None:
-    from trainer.model import load_tokenizer
+    from trainer.model.load import load_tokenizer
 
     path = write_data(tmp_path / "d.jsonl", "instruction", 40)
     everything = _ids(load_dataset(_spec(path), tokenizer, 2, 0))

@@ -21,15 +21,15 @@ from helpers import (
 from trainer.config import DataSpec
 from trainer.data.dataset import IGNORE, DataError, Example, collate, load_dataset
 from trainer.data.packing import packed_count, plan_packs
-from trainer.data.packing_check import NotIsolated, verify
-from trainer.loss import hidden_states, label_tokens, loss_sum
+from trainer.train_step.loss import hidden_states, label_tokens, loss_sum
+from trainer.train_step.packing_check import NotIsolated, verify
 
 
 def _model(folder: Path, attn: str) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=attn)
-    model.config.use_cache = False  # as trainer/model.py prepares it
+    model.config.use_cache = False  # as trainer/model/load.py prepares it
     return model.eval()
 
 
@@ -142,8 +142,8 @@ def test_packed_run_resumes_bitwise_and_counts_packed_steps(tmp_path: Path, tiny
     assert_bitwise_equal(final_weights(killed), final_weights(reference))
 
     # the planner counts the same packs (on its ~4 chars/token estimate of the lengths) and steps
+    from orchestrator.jobfile.spec import validate_job
     from orchestrator.sizing.throughput import count_local_tokens, workload
-    from orchestrator.spec import validate_job
 
     spec = validate_job(job)
     lengths: list[int] = []

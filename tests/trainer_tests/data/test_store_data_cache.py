@@ -34,7 +34,7 @@ def test_s3_data_is_read_once_and_tokenised_once(tiny_model: Path, tmp_path: Pat
 def test_a_changed_data_file_or_setting_misses_the_cache(tiny_model: Path, tmp_path: Path) -> None:
     from trainer.config import DataSpec, JobSpec
     from trainer.data import cache as data_cache
-    from trainer.model import load_tokenizer
+    from trainer.model.load import load_tokenizer
 
     data = write_data(tmp_path / "d.jsonl", "instruction", 16)
     spec = JobSpec.model_validate(

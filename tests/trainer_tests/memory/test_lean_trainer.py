@@ -15,7 +15,7 @@ from helpers import assert_bitwise_equal, final_weights, job_dict, write_data
 
 from trainer.memory import allocator
 
-try:  # before any trainer.model.load_model, which hides bitsandbytes from jobs that do not use it
+try:  # before any trainer.model.load.load_model, which hides bitsandbytes from jobs that do not use it
     import bitsandbytes as bnb
 except ImportError:  # pragma: no cover - the test extra installs it
     bnb = None
@@ -25,7 +25,7 @@ LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj
 
 
 def _spec(tmp_path: Path, tiny_model: Path, **sections: dict):
-    from orchestrator.spec import validate_job
+    from orchestrator.jobfile.spec import validate_job
 
     data = write_data(tmp_path / "d.jsonl", "instruction", 24)
     return validate_job(job_dict(tiny_model, data, tmp_path / "runs", **sections))
@@ -34,7 +34,7 @@ def _spec(tmp_path: Path, tiny_model: Path, **sections: dict):
 def _batches(spec, sizes: list[int]):  # noqa: ANN001, ANN202
     """Global micro-batches of the given sizes, taken in order from the job's data."""
     from trainer.data.dataset import load_dataset
-    from trainer.model import load_tokenizer
+    from trainer.model.load import load_tokenizer
 
     dataset = load_dataset(spec.data, load_tokenizer(spec), 1, spec.train.seed, {})
     examples = [dataset.micro_batch(i)[0] for i in range(sum(sizes))]
@@ -63,7 +63,7 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_frozen_base_is_in_the_compute_dtype_and_only_trainables_are_fp32(
     tmp_path: Path, tiny_model: Path, method: str, precision: str, frozen: torch.dtype, trainable: torch.dtype
 ) -> None:
-    from trainer.model import load_model
+    from trainer.model.load import load_model
 
     spec = _spec(tmp_path, tiny_model, method=method, lora=LORA, train={"precision": precision})
     model = load_model(spec, torch.device("cpu"))
@@ -84,7 +84,7 @@ def test_qlora_keeps_4bit_weights_and_the_rest_of_the_base_in_the_compute_dtype(
 ) -> None:
     if bnb is None:
         pytest.skip("bitsandbytes is not installed")
-    from trainer.model import load_model
+    from trainer.model.load import load_model
 
     spec = _spec(
         tmp_path, tiny_model, method="qlora", lora={**LORA, "target_modules": "all-linear"},
@@ -114,8 +114,8 @@ def test_qlora_keeps_4bit_weights_and_the_rest_of_the_base_in_the_compute_dtype(
 def test_chunked_loss_and_gradients_equal_the_plain_loss(tmp_path: Path, tiny_model: Path) -> None:
     """fp32: equal to 1e-6 relative (only the summation order of the token losses differs)."""
     from trainer.data.dataset import collate
-    from trainer.loss import label_tokens, loss_sum, plain_loss_sum
-    from trainer.model import load_model
+    from trainer.model.load import load_model
+    from trainer.train_step.loss import label_tokens, loss_sum, plain_loss_sum
 
     spec = _spec(tmp_path, tiny_model, method="full")
     model = load_model(spec, torch.device("cpu"))
@@ -155,9 +155,9 @@ class _LargestVocabTensor(torch.utils._python_dispatch.TorchDispatchMode):
 def test_the_loss_never_creates_full_vocabulary_logits(
     tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer import loss as loss_module
     from trainer.data.dataset import collate
-    from trainer.model import load_model
+    from trainer.model.load import load_model
+    from trainer.train_step import loss as loss_module
 
     spec = _spec(tmp_path, tiny_model, lora=LORA, train={"precision": "bf16-mixed"})
     model = load_model(spec, torch.device("cpu"))
@@ -180,9 +180,9 @@ def test_the_loss_never_creates_full_vocabulary_logits(
 def test_accumulated_gradient_equals_one_big_batch_with_uneven_micro_batches(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    from trainer.loss import label_tokens
-    from trainer.model import load_model
-    from trainer.step import accumulate
+    from trainer.model.load import load_model
+    from trainer.train_step.loss import label_tokens
+    from trainer.train_step.step import accumulate
 
     spec = _spec(tmp_path, tiny_model, method="full")
     model = load_model(spec, torch.device("cpu"))
@@ -277,9 +277,9 @@ def test_fp16_mixed_with_adafactor_trains_and_resumes_bitwise_with_the_scaler_st
 # ---- what the schema advertises, the planner suggests and launch accepts ----------------------------------
 @pytest.mark.parametrize("method", ["lora", "qlora"])
 def test_the_planners_fp16_suggestion_for_a_t4_is_a_job_launch_accepts(method: str) -> None:
-    from orchestrator.catalog import Catalog, parse_offers
-    from orchestrator.planner import make_plan
-    from orchestrator.spec import validate_job
+    from orchestrator.jobfile.spec import validate_job
+    from orchestrator.sizing.catalog import Catalog, parse_offers
+    from orchestrator.sizing.planner import make_plan
 
     offers = (
         "cloud,instance_type,accelerator,count,gpu_memory_gib,ondemand_usd,spot_usd,regions,interconnect\n"
@@ -305,7 +305,7 @@ def test_the_planners_fp16_suggestion_for_a_t4_is_a_job_launch_accepts(method: s
 
 def test_option_checks_name_the_field_and_what_is_valid(tmp_path: Path) -> None:
     from orchestrator.errors import SpecError
-    from orchestrator.spec import validate_job
+    from orchestrator.jobfile.spec import validate_job
 
     base = {
         "model": "llama-3.2-1b",

@@ -1,5 +1,5 @@
-"""QLoRA's loading traced on fake tensors (trainer/memory/loadtrace.py) against a real load: the sharded
-path's bytes on rank 1 of a real 2-rank gloo run of trainer/sharded_load.py, counted storage by storage,
+"""QLoRA's loading traced on fake tensors (trainer/memtrace/loadtrace.py) against a real load: the sharded
+path's bytes on rank 1 of a real 2-rank gloo run of trainer/model/sharded_load.py, counted storage by storage,
 equal the trace's within a few percent; the trace follows the analytic estimate
 (trainer/memory/load_memory.py) on the published 70B shape; CPU offload moves the shards to host RAM."""
 
@@ -45,9 +45,9 @@ def _real_load(rank: int, port: int, job: dict[str, Any], out: str) -> None:
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
     torch.set_num_threads(1)
-    from trainer import sharded_load
     from trainer.distributed import Sharded
-    from trainer.memory.loadtrace import _peaks, _recorder
+    from trainer.memtrace.loadtrace import _peaks, _recorder
+    from trainer.model import sharded_load
 
     spec = JobSpec.model_validate(job)
     par = Sharded(torch.device("cpu"))
@@ -74,7 +74,7 @@ def _real_load(rank: int, port: int, job: dict[str, Any], out: str) -> None:
 
 
 def test_the_traced_sharded_load_matches_a_real_two_rank_load(tmp_path: Path, tiny_model: Path) -> None:
-    from trainer.memory.loadtrace import trace_load, trace_whole
+    from trainer.memtrace.loadtrace import trace_load, trace_whole
 
     spec = _spec(tiny_model, tmp_path, 2)
     out = tmp_path / "real.json"
@@ -95,7 +95,7 @@ def test_the_load_trace_follows_the_estimate_on_the_70b_shape(tmp_path: Path) ->
     for Llama-3.1-70B QLoRA: whole on one GPU, sharded on 2 and 4, and with CPU offload on 2."""
     from orchestrator.sizing.memory import estimate, settings_from_spec
     from orchestrator.sizing.shapes import bundled_shape
-    from trainer.memory.loadtrace import trace_load
+    from trainer.memtrace.loadtrace import trace_load
 
     shape = bundled_shape("llama-3.1-70b")
     model = tmp_path / "m"

@@ -11,7 +11,7 @@ import pytest
 from helpers import REPO
 from support.tiny_model import TINY_LLAMA as TINY
 
-from trainer.memory.cuda_allocator import CachingAllocator, round_size
+from trainer.memtrace.cuda_allocator import CachingAllocator, round_size
 
 MIB = 1 << 20
 
@@ -62,7 +62,7 @@ def _spec(**train):
 
 def test_trace_counts_exact_model_states_and_shards_them():
     pytest.importorskip("transformers")
-    from trainer.memory.memtrace import GIB, trace
+    from trainer.memtrace.steptrace import GIB, trace
 
     one, two = trace(_spec(optimizer="adamw"), TINY, [1, 2])
     params = one.params
@@ -76,8 +76,8 @@ def test_trace_counts_exact_model_states_and_shards_them():
 
 def test_qlora_stand_in_holds_packed_weights():
     pytest.importorskip("transformers")
-    from trainer.memory.memtrace import GIB, trace
-    from trainer.model import base_dtype
+    from trainer.memtrace.steptrace import GIB, trace
+    from trainer.model.load import base_dtype
 
     specs = {m: _spec(method=m, precision="bf16-mixed") for m in ("lora", "qlora")}
     lora, qlora = (trace(s, TINY)[0] for s in specs.values())
@@ -99,7 +99,7 @@ def test_offload_moves_the_sharded_state_to_host_ram():
     """train.offload: params (FSDP2's CPUOffloadPolicy): the sharded weights, gradients and optimizer state
     count in host RAM (`host_gib`), not on the GPU; the gathered units and activations stay on the GPU."""
     pytest.importorskip("transformers")
-    from trainer.memory.memtrace import GIB, trace
+    from trainer.memtrace.steptrace import GIB, trace
 
     kept, off = (trace(_spec(optimizer="adamw", offload=o), TINY, [2])[0] for o in ("none", "params"))
     params = kept.params
@@ -127,7 +127,7 @@ def _ftorch(tmp_path: Path, config: dict, *args: str, method: str = "lora") -> s
     if method != "lora":
         job.write_text(job.read_text().replace("method: lora", f"method: {method}"))
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "estimate", str(job), *args],
+        [sys.executable, "-m", "orchestrator.cli.app", "estimate", str(job), *args],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -12,11 +12,11 @@ from typing import Any
 import yaml
 from helpers import ftorch, job_dict, write_data
 
-from orchestrator import jobs
-from orchestrator import status as job_status
+from orchestrator.jobs import lifecycle as jobs
 from orchestrator.registry import TERMINAL, Registry
-from trainer.checkpoints.interval import History
+from orchestrator.views import status as job_status
 from trainer.runstore.store import RunStore
+from trainer.stops.interval import History
 
 
 def _wait(job_id: str, predicate: Any, timeout: float = 240.0) -> dict[str, Any]:

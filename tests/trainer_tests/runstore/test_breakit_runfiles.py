@@ -11,8 +11,8 @@ import pytest
 from fakejobs import add_job
 from helpers import ftorch
 
-from orchestrator import status as job_status
 from orchestrator.registry import Registry
+from orchestrator.views import status as job_status
 from trainer.runstore.store import RunStore
 
 BAD = [
@@ -63,7 +63,7 @@ def test_an_invalid_cached_progress_is_not_used(tmp_path: Path, ftorch_home: Pat
 
 
 def test_a_garbled_spec_file_is_rebuilt_on_resume(tmp_path: Path, ftorch_home: Path) -> None:
-    from orchestrator import jobs
+    from orchestrator.jobs import lifecycle as jobs
 
     registry = Registry()
     job_id = add_job(registry, tmp_path / "runs", "spec-dddddd", "CANCELLED", 10, ended_ago_s=10)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import job_dict, prepare_run, run_trainer, wandb_records, write_data
 
-from trainer import model_card
+from trainer.outputs import model_card
 from trainer.runstore.store import RunStore
 
 STEPS = 12
@@ -106,8 +106,8 @@ def test_tensorboard_has_every_step_once(runs: dict[str, str]) -> None:
 
 def test_the_next_attempt_records_where_the_killed_one_got_to(runs: dict[str, str]) -> None:
     """The resumed trainer records its start step and the killed one's last reported step (the ledger's
-    steps redone; trainer/ledger.py record_start): at least its last checkpoint, at most the kill."""
-    from trainer.ledger import attempts_from_records
+    steps redone; trainer/recording/ledger.py record_start): at least its last checkpoint, at most the kill."""
+    from trainer.recording.ledger import attempts_from_records
 
     records = RunStore(runs["killed"]).epoch_records()
     second = next(r for r in records.values() if r.get("attempt") == 2)

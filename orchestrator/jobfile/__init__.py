@@ -1,0 +1,1 @@
+"""The job file and what it names: reading and validating it, other tools' names for its fields, axolotl conversion, the model's config where users keep it, the environment lock. Ground floor: imports only orchestrator's ground modules and trainer/config."""
