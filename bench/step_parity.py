@@ -68,7 +68,7 @@ def ftorch_side(spec: Any, device: torch.device) -> Any:
     return SimpleNamespace(
         spec=spec, device=device, model=model, optimizer=optimizer, scheduler=scheduler, dataset=dataset,
         layout=layout_for(spec, 1), par=Parallel(), scaler=make_scaler(spec, device), steps=steps,
-        state=TrainerState(step=0, micro_batches=0, tokens_seen=0),
+        state=TrainerState(step=0, micro_batches=0, tokens_seen=0), health=None, watchdog=None,
     )  # fmt: skip
 
 

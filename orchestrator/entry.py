@@ -8,6 +8,7 @@ goes to orchestrator.cli.app, which parses and reports as before.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from orchestrator.cli.status_command import fast_status
@@ -15,6 +16,11 @@ from orchestrator.cli.status_command import fast_status
 
 def main() -> None:
     argv = sys.argv[1:]
+    if "_FTORCH_COMPLETE" in os.environ:  # shell completion (click's protocol): typer answers it
+        from orchestrator.cli import app as cli
+
+        cli.main()
+        return
     if argv in ([], ["--help"]):  # typer: help on stdout; exit 2 without arguments (no_args_is_help)
         from orchestrator.cli.fast_help import render
 

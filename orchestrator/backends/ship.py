@@ -41,7 +41,7 @@ class Install:
 
 def source_root() -> Path | None:
     """The ftorch source tree this CLI runs from, if any."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # orchestrator/backends/ship.py -> the repository
     pyproject = root / "pyproject.toml"
     if pyproject.exists() and 'name = "ftorch"' in pyproject.read_text(encoding="utf-8"):
         return root

@@ -101,8 +101,10 @@ def apply_record(registry: Registry, job: Job, record: Mapping[str, Any] | None)
         reason = f"SkyPilot {sky_status}" + (
             f": {record['failure_reason']}" if record.get("failure_reason") else ""
         )
-    sick = unhealthy_stop(job) if STATES.get(sky_status) is JobState.FAILED else None
-    if sick is not None:  # exit 86 (not in recover_on_exit_codes): the trainer's health checks ended it
+    ended = STATES.get(sky_status)
+    sick = unhealthy_stop(job) if ended in (JobState.FAILED, JobState.SUCCEEDED) else None
+    if sick is not None:  # the health checks ended it: the run script exits 0 (never relaunched), an older
+        # one 86; the run store says which
         new_state, reason = JobState.UNHEALTHY, sick
     if new_state != job.state or (reason and reason != job.reason):
         registry.set_state(job.job_id, new_state, reason)
@@ -193,6 +195,8 @@ def _sync_attempts(registry: Registry, job: Job, record: Mapping[str, Any], stat
         outcome = OUTCOMES[ended]
         if outcome is Outcome.SUCCEEDED and budget_stop(job) is not None:
             outcome = Outcome.BUDGET
+        elif outcome in (Outcome.SUCCEEDED, Outcome.FAILED) and unhealthy_stop(job) is not None:
+            outcome = Outcome.UNHEALTHY
         end_open(outcome, status, float(record.get("end_at") or time.time()))
 
 

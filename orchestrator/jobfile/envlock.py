@@ -220,7 +220,7 @@ def version_changes(
     store: Any, remote: bool, newest: tuple[int, dict[str, Any]] | None, lock: str | None = None
 ) -> list[Any]:
     """The COMPARED versions that differ between the newest checkpoint and the next attempt."""
-    from trainer.envlock import compared_changes
+    from trainer.checkpoints.versions import compared_changes
 
     now = next_versions(store, remote, lock) if newest else None
     if not newest or now is None:

@@ -362,7 +362,7 @@ def _version_changes(
     """The library versions that differ between the newest checkpoint and the next attempt (the run's
     lock for a cloud run, this machine's for a local one; orchestrator/jobfile/envlock.py)."""
     from orchestrator.jobfile import envlock as runenv
-    from trainer.envlock import newest_versions
+    from trainer.checkpoints.versions import newest_versions
 
     try:
         newest = newest_versions(store)

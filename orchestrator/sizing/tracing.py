@@ -21,20 +21,22 @@ from orchestrator.sizing.shapes import ModelShape
 
 #: the trainer files whose code decides what a traced step (and a traced load) allocates, under trainer/
 TRACED_CODE = (
-    "memory/memtrace.py",
-    "memory/live_bytes.py",
-    "memory/loadtrace.py",
-    "memory/cuda_allocator.py",
+    "memtrace/steptrace.py",
+    "memtrace/live_bytes.py",
+    "memtrace/loadtrace.py",
+    "memtrace/cuda_allocator.py",
     "memory/facts.py",
     "memory/load_memory.py",
-    "model.py",
-    "quant.py",
-    "sharded_load.py",
+    "model/load.py",
+    "model/quant.py",
+    "model/sharded_load.py",
     "distributed.py",
-    "optim_in_backward.py",
+    "optim/build.py",
+    "optim/in_backward.py",
     "loop.py",
-    "loss.py",
-    "step.py",
+    "kernels.py",
+    "train_step/loss.py",
+    "train_step/step.py",
 )
 TRACE_TIMEOUT_S = 600.0
 

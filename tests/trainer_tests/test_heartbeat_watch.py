@@ -35,13 +35,19 @@ os.kill(os.getpid(), signal.SIGSTOP)
 """
 
 
-def _watch(tmp_path: Path, *args: str, timeout: float = 60) -> tuple[int, str]:
+def _watch(
+    tmp_path: Path,
+    *args: str,
+    timeout: float = 60,
+    flags: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> tuple[int, str]:
     script = tmp_path / "freezer.py"
     script.write_text(FREEZER)
-    env = {k: v for k, v in os.environ.items() if k != "FTORCH_PROGRESS_MIRROR"}
+    env = {**{k: v for k, v in os.environ.items() if k != "FTORCH_PROGRESS_MIRROR"}, **(env or {})}
     env["FTORCH_HEARTBEAT_POLL_S"] = "0.2"
     done = subprocess.run(
-        [sys.executable, "-m", "trainer.stops.heartbeat_watch", "--", sys.executable, str(script),
+        [sys.executable, "-m", "trainer.stops.heartbeat_watch", *flags, "--", sys.executable, str(script),
          str(tmp_path / "x"), *args],
         env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
@@ -93,3 +99,54 @@ def test_the_heartbeat_file_is_read_as_the_trainer_writes_it(tmp_path: Path) -> 
     assert read_heartbeat(path) == {}
     path.write_text(json.dumps({"step": 3}))
     assert read_heartbeat(path) == {"step": 3}
+
+
+@pytest.mark.timeout(120)
+def test_the_cloud_run_script_ends_an_unhealthy_run_with_0_and_records_why(tmp_path: Path) -> None:
+    """SkyPilot relaunches any non-zero exit up to max_restarts_on_errors (86 included), into the same hang:
+    the run script's `--unhealthy-exit 0` ends it for good, and the run store says it was unhealthy."""
+    from trainer.runstore.attempts import ending
+    from trainer.runstore.store import RunStore
+
+    run = tmp_path / "run"
+    store = RunStore(str(run))
+    store.write_json("spec.json", {"run_id": "r", "job": {}})
+    store.claim_epoch({"attempt": 2})
+    code, log = _watch(
+        tmp_path, "none", "99", flags=("--unhealthy-exit", "0"), env={"FTORCH_RUN_URI": str(run)}
+    )
+    assert code == 0, log
+    assert "stalled twice without progress" in log and "so that the run is not relaunched" in log, log
+    (record,) = RunStore(str(run)).epoch_records().values()
+    assert record["ended"] == "unhealthy" and "stalled twice" in record["stop_detail"], record
+    assert ending(RunStore(str(run)), 2) == "unhealthy" and ending(RunStore(str(run)), 1) == ""
+
+
+@pytest.mark.timeout(60)
+def test_the_trainers_own_unhealthy_exit_is_mapped_and_other_codes_pass_through(tmp_path: Path) -> None:
+    for trainer_code, expected in (
+        (exitcodes.UNHEALTHY, 0),
+        (1, 1),
+        (exitcodes.PREEMPTED, exitcodes.PREEMPTED),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "trainer.stops.heartbeat_watch", "--unhealthy-exit", "0", "--",
+             sys.executable, "-c", f"import sys; sys.exit({trainer_code})"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert done.returncode == expected, (trainer_code, done.stderr)
+
+
+@pytest.mark.parametrize("kind", ["single", "node", "multinode"])
+def test_every_task_template_ends_an_unhealthy_run_without_a_relaunch(kind: str) -> None:
+    """The single-GPU script maps through the heartbeat watch; the torchrun scripts (torchrun reports a
+    worker's 86 as 1) ask the run store how the attempt ended."""
+    from orchestrator.backends.skypilot_render import load_template
+
+    run = load_template(kind)["run"]
+    if kind == "single":
+        assert "trainer.stops.heartbeat_watch --unhealthy-exit 0 --" in run
+    else:
+        assert (
+            '--ending "$FTORCH_ATTEMPT"' in run and "unhealthy) exit 0" in run and "preempted) exit 75" in run
+        )

@@ -133,23 +133,63 @@ def was_preempted(
         sleep(min(poll_s, max(0.0, deadline - clock())))
 
 
+def open_run_store(run_uri: str) -> RunStore:
+    """The run store as a run script reaches it: FTORCH_STORAGE_OPTIONS (e.g. an S3 endpoint) to read
+    spec.json in the first place, then the job's own checkpoint.storage_options."""
+    options = json.loads(os.environ.get("FTORCH_STORAGE_OPTIONS") or "{}")
+    spec = RunStore(run_uri, options).read_spec()
+    options = spec.get("job", {}).get("checkpoint", {}).get("storage_options") or options
+    return RunStore(run_uri, options)
+
+
+#: endings recorded in an attempt's epoch record that no relaunch may repeat: the run script exits 0 for
+#: them, so SkyPilot's max_restarts_on_errors never relaunches into the same divergence or hang (ftorch
+#: reads the ending from the run store: orchestrator/backends/skypilot_state.py)
+FINAL_ENDINGS = frozenset({"unhealthy"})
+
+
+def ending(
+    store: RunStore,
+    attempt: int,
+    wait_s: float = 0.0,
+    poll_s: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> str:
+    """How `attempt` ended as the run store says: `preempted` (a notice, its checkpoint written),
+    `unhealthy` (the health checks ended the run), or "" (a crash, or nothing recorded). A worker node waits
+    up to `wait_s` for rank 0's record, as `was_preempted` does."""
+    deadline = clock() + wait_s
+    while True:
+        if was_preempted(store, attempt):
+            return "preempted"
+        for record in store.epoch_records().values():
+            if record.get("attempt") == attempt and record.get("ended") in FINAL_ENDINGS:
+                return str(record["ended"])
+        progress = store.read_progress() or {}
+        if (progress.get("attempt") == attempt and progress.get("state") != "running") or clock() >= deadline:
+            return ""
+        sleep(min(poll_s, max(0.0, deadline - clock())))
+
+
+USAGE = "usage: python -m trainer.runstore.attempts RUN_URI [--preempted N | --ending N] [--wait SECONDS]\n"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`RUN_URI` prints this machine's attempt number; `RUN_URI --preempted N` exits 0 if N was preempted."""
+    """`RUN_URI` prints this machine's attempt number; `RUN_URI --preempted N` exits 0 if N was preempted;
+    `RUN_URI --ending N` prints how N ended (`preempted`, `unhealthy` or nothing)."""
     args = sys.argv[1:] if argv is None else argv
     wait_s = 0.0
     if len(args) == 5 and args[3] == "--wait" and args[4].isdigit():
         wait_s, args = float(args[4]), args[:3]
-    if len(args) not in (1, 3) or (len(args) == 3 and (args[1] != "--preempted" or not args[2].isdigit())):
-        sys.stderr.write(
-            "usage: python -m trainer.runstore.attempts RUN_URI [--preempted N [--wait SECONDS]]\n"
-        )
+    asks = ("--preempted", "--ending")
+    if len(args) not in (1, 3) or (len(args) == 3 and (args[1] not in asks or not args[2].isdigit())):
+        sys.stderr.write(USAGE)
         return 2
-    run_uri = args[0]
-    # the store's fsspec options (e.g. an S3 endpoint): needed to read spec.json in the first place
-    options = json.loads(os.environ.get("FTORCH_STORAGE_OPTIONS") or "{}")
-    spec = RunStore(run_uri, options).read_spec()
-    options = spec.get("job", {}).get("checkpoint", {}).get("storage_options") or options
-    store = RunStore(run_uri, options)
+    store = open_run_store(args[0])
+    if len(args) == 3 and args[1] == "--ending":
+        sys.stdout.write(ending(store, int(args[2]), wait_s) + "\n")
+        return 0
     if len(args) == 3:
         return 0 if was_preempted(store, int(args[2]), wait_s) else 1
     sys.stdout.write(f"{claim_attempt(store)}\n")

@@ -5,8 +5,10 @@ watches its heartbeat: the progress mirror the trainer rewrites every step (FTOR
 here to a file of its own when unset) with the trainer's own stall timeout in it. The rule is the local
 supervisor's (trainer/stops/watchdog.py: `stale`): a heartbeat older than `outside(timeout)` is a stall;
 the command's process group is killed and the command runs again once; a second stall (or the trainer's
-own exit 87) with no new checkpoint since the previous one ends with exitcodes.UNHEALTHY (86), which is
-not in the task's recover_on_exit_codes, so SkyPilot does not relaunch into the same hang.
+own exit 87) with no new checkpoint since the previous one ends the run UNHEALTHY: recorded in the newest
+attempt's epoch record (FTORCH_RUN_URI), and exitcodes.UNHEALTHY (86). `--unhealthy-exit 0` (the SkyPilot
+run script) turns every unhealthy end, this watch's or the trainer's own 86, into that code: 86 is not in
+recover_on_exit_codes, but SkyPilot's max_restarts_on_errors would still relaunch it into the same hang.
 
 The command runs in its own process group; SIGTERM/SIGINT sent to this process (SkyPilot's cancel, a
 preemption sent to the run script's group) are passed on to it, and its exit code is this one's.
@@ -84,6 +86,24 @@ def run_once(command: list[str], mirror: Path) -> tuple[int, dict[str, Any]]:
             signal.signal(sig, handler)
 
 
+def record_unhealthy(detail: str, checkpoint_step: int) -> None:
+    """Mark the newest attempt of FTORCH_RUN_URI's run as ended unhealthy (best effort: the exit code still
+    says it when the store cannot be reached)."""
+    run_uri = os.environ.get("FTORCH_RUN_URI")
+    if not run_uri:
+        return
+    try:
+        from trainer.runstore.attempts import open_run_store
+
+        store = open_run_store(run_uri)
+        store.epoch = max(store.epoch_records() or {0: None})
+        store.update_epoch_record(
+            ended="unhealthy", stop_detail=detail, healthy_step=checkpoint_step or None, ended_at=time.time()
+        )
+    except Exception as exc:  # noqa: BLE001 - advisory
+        log(f"could not record the unhealthy end in the run store ({exc.__class__.__name__}: {exc})")
+
+
 def watch(command: list[str], mirror: Path) -> int:
     """Run `command`, again after a stall once per progress; 86 after two stalls without progress."""
     stalled_at: int | None = None
@@ -93,7 +113,9 @@ def watch(command: list[str], mirror: Path) -> int:
             return code
         newest = int(heartbeat.get("last_checkpoint_step") or 0)
         if stalled_at is not None and newest <= stalled_at:
-            log(f"unhealthy: stalled twice without progress (checkpoint step {newest})")
+            detail = f"unhealthy: stalled twice without progress (checkpoint step {newest})"
+            log(detail)
+            record_unhealthy(detail.removeprefix("unhealthy: "), newest)
             return exitcodes.UNHEALTHY
         stalled_at = newest
         log(f"restarting after the stall (newest checkpoint step {newest})")
@@ -101,16 +123,27 @@ def watch(command: list[str], mirror: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    unhealthy_exit = exitcodes.UNHEALTHY
+    if args[:1] == ["--unhealthy-exit"] and len(args) > 1 and args[1].isdigit():
+        unhealthy_exit, args = int(args[1]), args[2:]
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        print("usage: python -m trainer.stops.heartbeat_watch -- COMMAND [ARGS...]", file=sys.stderr)
+        print(
+            "usage: python -m trainer.stops.heartbeat_watch [--unhealthy-exit CODE] -- COMMAND [ARGS...]",
+            file=sys.stderr,
+        )
         return 2
     given = os.environ.get("FTORCH_PROGRESS_MIRROR")
     if given:
-        return watch(args, Path(given))
-    with tempfile.TemporaryDirectory(prefix="ftorch-heartbeat-") as tmp:
-        return watch(args, Path(tmp) / "progress.json")
+        code = watch(args, Path(given))
+    else:
+        with tempfile.TemporaryDirectory(prefix="ftorch-heartbeat-") as tmp:
+            code = watch(args, Path(tmp) / "progress.json")
+    if code == exitcodes.UNHEALTHY and unhealthy_exit != code:
+        log(f"ended unhealthy: exiting {unhealthy_exit} so that the run is not relaunched")
+        return unhealthy_exit
+    return code
 
 
 if __name__ == "__main__":

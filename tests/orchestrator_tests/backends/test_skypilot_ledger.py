@@ -118,3 +118,26 @@ def test_the_ledger_takes_provisioning_and_setup_from_skypilots_timestamps(
     assert times[2]["placed_at"] == sky["recovered"]
     assert times[1]["detected_at"] == pytest.approx(detected, abs=1e-6)
     assert succeeded["end_at"] == sky["ended"]
+
+
+def test_a_run_the_health_checks_ended_is_unhealthy_though_skypilot_says_succeeded(
+    ftorch_home: Path, tmp_path: Path
+) -> None:
+    """The run script exits 0 for an unhealthy end (else max_restarts_on_errors relaunches it into the same
+    divergence): SkyPilot's SUCCEEDED, read with the run store's epoch record, is UNHEALTHY in ftorch."""
+    sky = _skypilot_records(tmp_path)
+    registry = Registry()
+    run_uri = str(tmp_path / "run")
+    spec = {"checkpoint": {"uri": str(tmp_path), "storage_options": {}}, "resources": {"backend": "skypilot"}}
+    job = registry.create_job("sky-u", "x", "skypilot", run_uri, run_uri + "/output", spec)
+    skypilot_state.record_launch(registry, job, int(sky["records"][0]["job_id"]), "launched")
+    store = RunStore(run_uri)
+    store.claim_epoch({"attempt": 1, "ended": "preempted", "step": 50})
+    store.claim_epoch({"attempt": 2, "ended": "unhealthy", "step": 61, "healthy_step": 60,
+                       "stop_detail": "unhealthy: loss NaN at step 61 after 2 rollbacks"})  # fmt: skip
+    for record in sky["records"]:
+        job = skypilot_state.apply_record(registry, job, record)
+    assert sky["records"][-1]["status"] == "SUCCEEDED"
+    assert job.state == "UNHEALTHY", job.reason
+    assert "loss NaN at step 61" in (job.reason or "") and "newest healthy checkpoint: step 60" in job.reason
+    assert registry.attempts(job.job_id)[-1].outcome == "unhealthy"

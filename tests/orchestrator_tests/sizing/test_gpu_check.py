@@ -23,6 +23,8 @@ def test_gpu_check_cpu_tiny_mode(tmp_path: Path) -> None:
             "--facts",
             str(facts),
             "--learn",
+            "--out",
+            str(tmp_path / "rows.jsonl"),
         ],
         capture_output=True,
         text=True,
