@@ -27,9 +27,10 @@ from orchestrator.backends.skypilot import render_job
 from orchestrator.backends.skypilot_render import regions_of
 from orchestrator.backends.skypilot_sdk import SdkClient
 from orchestrator.jobfile.spec import load_job
-from orchestrator.spot.controller import Config, Controller, Plan, split_resources
+from orchestrator.spot.controller import Config, Controller, ControllerHooks, Plan
 from orchestrator.spot.policy import Mode, make_policy
 from orchestrator.spot.region_order import cloud_of, entry_key, lost_region_last, region_of
+from orchestrator.spot.task_resources import split_resources
 from trainer.runstore.store import RunStore
 
 out: dict[str, Any] = {}
@@ -145,7 +146,8 @@ control = Controller(
     Plan("job-1", make_policy("spot-only"), {Mode.SPOT: copy.deepcopy(spot)}, 0.0, None, 300.0,
          switching=False, regions=regions),
     Client([records[running], records[recovering]]), RunStore(str(folder / "run")), folder,
-    config=Config(tick_s=60.0), on_event=lambda e, r: events.append([e, r]), on_failed=failed.append,
+    config=Config(tick_s=60.0),
+    hooks=ControllerHooks(on_event=lambda e, r: events.append([e, r]), on_failed=failed.append),
 )  # fmt: skip
 control.state.mode, control.state.sky_job_id = "spot", 7  # typed state (ControllerState)
 out["tick1"] = control.tick()

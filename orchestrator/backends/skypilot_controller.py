@@ -14,6 +14,7 @@ shares the same FTORCH_HOME registry, SkyPilot API server and run store (docs/po
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -21,19 +22,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from orchestrator.backends.skypilot_sdk import SdkClient
-from orchestrator.spot.controller import (  # noqa: F401 - read_state, write_state, status_fields: for the backend
-    RELOCATED,
-    SWITCHING,
-    Config,
-    Controller,
-    Plan,
-    read_state,
-    spot_first,
-    status_fields,
-    write_state,
-)
-from orchestrator.spot.controller_state import STATE_RECORD, ControllerState
+from orchestrator.spot.controller import RELOCATED, SWITCHING, Config, Controller, ControllerHooks, Plan
+from orchestrator.spot.controller_state import STATE_RECORD, ControllerState, read_state, write_state
 from orchestrator.spot.policy import Mode
+from orchestrator.spot.task_resources import spot_first
 
 
 def describe_plan(
@@ -254,8 +246,8 @@ def spawn(registry: Any, job: Any) -> int:
     return proc.pid
 
 
-def registry_hooks(registry: Any, job_id: str) -> tuple[Any, Any]:
-    """Callbacks that keep the registry in step: each launch recorded (the attempt it ends gets the
+def registry_hooks(registry: Any, job_id: str) -> ControllerHooks:
+    """The hooks that keep the registry in step: each launch recorded (the attempt it ends gets the
     switch's reason), and SkyPilot's record applied every tick (state, attempts, cost)."""
     import time
 
@@ -279,7 +271,7 @@ def registry_hooks(registry: Any, job_id: str) -> tuple[Any, Any]:
         if record is not None:
             skypilot_state.apply_record(registry, registry.get(job_id), record)
 
-    return on_launch, on_record
+    return ControllerHooks(on_launch=on_launch, on_record=on_record)
 
 
 def for_job(job_id: str) -> Controller:
@@ -322,21 +314,14 @@ def build(registry: Any, job_id: str, plan: Plan, client: Any, store: Any, **kwa
     from orchestrator.backends.skypilot_watch import event_hook
     from orchestrator.states import JobState
 
-    on_launch, on_record = registry_hooks(registry, job_id)
-    config = kwargs.pop("config", None) or Config()
-    return Controller(
-        plan,
-        client,
-        store,
-        registry.job_dir(job_id),
-        config=config,
-        on_launch=on_launch,
-        on_record=on_record,
+    hooks = dataclasses.replace(
+        registry_hooks(registry, job_id),
         on_event=event_hook(registry, job_id),
         on_failed=lambda reason: registry.set_state(job_id, JobState.FAILED, reason),
         placed_spot=is_spot,
-        **kwargs,
     )
+    config = kwargs.pop("config", None) or Config()
+    return Controller(plan, client, store, registry.job_dir(job_id), config=config, hooks=hooks, **kwargs)
 
 
 def run_foreground(job_id: str, out: Any = None) -> int:

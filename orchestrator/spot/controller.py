@@ -30,12 +30,12 @@ policy never switches (`Plan.switching` False):
   0.14.1 relaunches in the lost region first (EAGER_NEXT_REGION does not block it, notes/skypilot.md
   §6), so the controller cancels the recovering job and relaunches it with the lost region's entries
   last (orchestrator/spot/region_order.py);
-- `on_event(event, reason)` hears preempted / budget / succeeded / failed / cancelled (notifications).
+- `hooks.on_event(event, reason)` hears preempted / budget / succeeded / failed / cancelled (notifications).
 
 A relaunch comes after the cancel of the managed job it replaces, so one SkyPilot refuses would leave the
 run with no managed job: it is tried again every tick (an API server or network hiccup) up to
 `relaunch_tries`, and one SkyPilot refuses for good (no enabled cloud: `sky check`) ends the job FAILED
-at once, with SkyPilot's error on one line (`on_failed`, the `failed` event).
+at once, with SkyPilot's error on one line (`hooks.on_failed`, the `failed` event).
 
 Every switch is recorded (attempt, from, to, why) in the job folder's controller.json, with a heartbeat
 and where the controller runs; `ftorch status JOB` shows them. If the controller dies, the managed job
@@ -45,7 +45,6 @@ keeps running under SkyPilot's own recovery with its current list; status says s
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -57,13 +56,15 @@ from typing import Any, Protocol
 from orchestrator.errors import one_line
 from orchestrator.spot.controller_state import (
     STATE_RECORD,
-    ControllerState,
     LaunchRefused,
     Pending,
     Placement,
     RefusedForGood,
     Relaunch,
+    load_state,
+    read_state,
     run_end,
+    write_state,
 )
 from orchestrator.spot.policy import Mode, Observation, Policy
 from orchestrator.spot.region_order import lost_region_last
@@ -71,7 +72,6 @@ from trainer.runstore.lease import Lease, LeaseError
 from trainer.stops.budget import relaunch_reason
 from trainer.stops.interruptions import STOP_REQUEST, newest_epoch, request_stop, withdraw_stop
 
-STATE_FILE = "controller.json"
 #: SkyPilot statuses in which the job is over (for the controller: nothing left to control)
 FINAL = {
     "SUCCEEDED",
@@ -117,34 +117,6 @@ class Store(Protocol):
     def epoch_records(self) -> dict[int, dict[str, Any]]: ...
 
 
-def spot_first(task: Mapping[str, Any]) -> dict[Mode, dict[str, Any]]:
-    """The lists a switching job's controller launches: SPOT is the whole task, spot entries first and
-    on-demand after (SkyPilot falls back by itself, and a relaunch SkyPilot makes while no controller
-    watches keeps that fallback); ON_DEMAND has the on-demand entries only (the safety net)."""
-    entries = task["resources"]["ordered"]
-    full = json.loads(json.dumps(task))
-    full["resources"]["ordered"] = [e for e in entries if e.get("use_spot")] + [
-        e for e in entries if not e.get("use_spot")
-    ]
-    out = split_resources(task)
-    if Mode.SPOT in out:
-        out[Mode.SPOT] = full
-    return out
-
-
-def split_resources(task: Mapping[str, Any]) -> dict[Mode, dict[str, Any]]:
-    """The task with spot entries only, and with on-demand entries only (a kind with none is left out)."""
-    entries = task["resources"]["ordered"]
-    out: dict[Mode, dict[str, Any]] = {}
-    for mode, spot in ((Mode.SPOT, True), (Mode.ON_DEMAND, False)):
-        kept = [e for e in entries if bool(e.get("use_spot")) is spot]
-        if kept:
-            copy = json.loads(json.dumps(task))
-            copy["resources"]["ordered"] = kept
-            out[mode] = copy
-    return out
-
-
 @dataclass
 class Config:
     tick_s: float = 60.0
@@ -185,31 +157,24 @@ class Plan:
     regions: dict[str, list[str]] = field(default_factory=dict)
 
 
-def read_state(job_dir: Any) -> dict[str, Any]:
-    """The job folder's copy of the controller state, as JSON (for `ftorch status`); {} when none."""
-    try:
-        return json.loads((job_dir / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+def _ignore(*_args: Any) -> None:
+    """The default hook: does nothing, returns None."""
 
 
-def write_state(job_dir: Any, state: ControllerState | Mapping[str, Any]) -> None:
-    payload = state.to_json() if isinstance(state, ControllerState) else dict(state)
-    path = job_dir / STATE_FILE
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(payload, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+@dataclass(frozen=True, kw_only=True)
+class ControllerHooks:
+    """What the controller tells its owner (the registry, notifications), and asks it; each optional."""
 
-
-def load_state(store: Any, job_dir: Any) -> ControllerState:
-    """The run store's state (any machine's controller), else the job folder's copy."""
-    try:
-        saved = store.read_json_or_none(STATE_RECORD)
-    except Exception:  # noqa: BLE001 - advisory: the job folder's copy
-        saved = None
-    return ControllerState.from_json(saved if isinstance(saved, dict) else read_state(job_dir))
+    #: after each launch (sky_job_id, mode, why); returns the run's attempt number it will be, or None
+    on_launch: Callable[[int, Mode, str], int | None] = _ignore
+    #: each tick not mid-switch, with SkyPilot's record of the managed job; returns nothing
+    on_record: Callable[[dict[str, Any]], None] = _ignore
+    #: on preempted / budget / succeeded / failed / cancelled (event, reason); returns nothing
+    on_event: Callable[[str, str | None], None] = _ignore
+    #: when the job ends FAILED (a relaunch refused, a run SkyPilot forgot), its reason; returns nothing
+    on_failed: Callable[[str], None] = _ignore
+    #: on the spot list, with SkyPilot's record; returns whether it landed on spot (None: not known)
+    placed_spot: Callable[[Mapping[str, Any]], bool | None] = _ignore
 
 
 class Controller:
@@ -223,13 +188,10 @@ class Controller:
         store: Store,
         job_dir: Any,
         config: Config | None = None,
+        *,
+        hooks: ControllerHooks | None = None,
         clock: Callable[[], float] = time.time,
-        on_launch: Callable[[int, Mode, str], int | None] | None = None,
-        on_record: Callable[[dict[str, Any] | None], None] | None = None,
         where: str | None = None,
-        on_event: Callable[[str, str | None], None] | None = None,
-        on_failed: Callable[[str], None] | None = None,
-        placed_spot: Callable[[Mapping[str, Any]], bool | None] | None = None,
     ) -> None:
         self.plan = plan
         self.client = client
@@ -237,11 +199,7 @@ class Controller:
         self.job_dir = job_dir
         self.config = config or Config()
         self.clock = clock
-        self.on_launch = on_launch
-        self.on_record = on_record  # e.g. keep the registry's attempts and cost in step with SkyPilot
-        self.on_event = on_event  # notifications: preempted, budget, succeeded, failed, cancelled
-        self.on_failed = on_failed  # the job ends FAILED (a relaunch SkyPilot refused): its reason
-        self.placed_spot = placed_spot  # whether a record's placement is spot (None: not known)
+        self.hooks = hooks or ControllerHooks()
         self.state = load_state(store, job_dir)
         self.state.where = where or f"{platform.node()} (pid {os.getpid()})"
         self.state.pid = os.getpid()
@@ -278,10 +236,9 @@ class Controller:
         )
         st.missing_since = None
         st.launches.append({"sky_job_id": sky_job_id, "mode": mode.value, "at": now, "why": why})
-        if self.on_launch is not None:
-            attempt = self.on_launch(sky_job_id, mode, why)  # the run's attempt number it will be
-            if attempt is not None and st.switches and why != "launch":
-                st.switches[-1]["attempt"] = attempt
+        attempt = self.hooks.on_launch(sky_job_id, mode, why)  # the run's attempt number it will be
+        if attempt is not None and st.switches and why != "launch":
+            st.switches[-1]["attempt"] = attempt
         self._save()
         return sky_job_id
 
@@ -302,7 +259,7 @@ class Controller:
         """The job runs (or would run) on spot: a spot-first launch that did not land on on-demand."""
         if self.mode is not Mode.SPOT:
             return False
-        placed = self.placed_spot(record) if self.placed_spot and record else None
+        placed = self.hooks.placed_spot(record) if record else None
         return placed is not False
 
     def _spot_available(self, record: Mapping[str, Any] | None, now: float) -> bool:
@@ -386,8 +343,8 @@ class Controller:
             self._save()
             return self._going()
         record, answered = self._record()
-        if self.on_record is not None and not self.state.pending and record is not None:
-            self.on_record(record)  # not mid-switch: the stop it asked for is no preemption
+        if not self.state.pending and record is not None:
+            self.hooks.on_record(record)  # not mid-switch: the stop it asked for is no preemption
         progress = self.store.read_progress() or {}
         status = str((record or {}).get("status") or "")
         if record is None and self._missing(answered, progress, now):
@@ -452,19 +409,17 @@ class Controller:
                 " continues from its newest checkpoint"
             )
             self.state.failed = reason
-            if self.on_failed is not None:
-                self.on_failed(reason)
+            self.hooks.on_failed(reason)
             self._end("gone", "failed", {"failure_reason": reason})
             return True
         self._save()  # wait: SkyPilot may list it again (an API server restart)
         return True
 
     def _event(self, event: str, reason: str | None) -> None:
-        if self.on_event is not None:
-            try:
-                self.on_event(event, reason)
-            except Exception as exc:  # a notification must never break the controller
-                sys.stderr.write(f"controller: {event}: {exc.__class__.__name__}: {exc}\n")
+        try:
+            self.hooks.on_event(event, reason)
+        except Exception as exc:  # a notification must never break the controller
+            sys.stderr.write(f"controller: {event}: {exc.__class__.__name__}: {exc}\n")
 
     def _stop_asked(self, now: float) -> bool:
         """A stop request in the run store from someone else (`ftorch cancel`), recent enough to be
@@ -634,8 +589,7 @@ class Controller:
             reason = f"relaunch refused by SkyPilot{f' {tries} times' if tries > 1 else ''}: {line}"
             reason += "; `ftorch resume JOB` continues from the checkpoint once SkyPilot accepts it"
             self.state.relaunch, self.state.ended, self.state.failed = None, "relaunch refused", reason
-            if self.on_failed is not None:
-                self.on_failed(reason)
+            self.hooks.on_failed(reason)
             self._event("failed", reason)
 
     def run(

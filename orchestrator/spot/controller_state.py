@@ -3,17 +3,21 @@ says about how a run ended (the controller's truth when SkyPilot's queue is empt
 
 The state lives in the run store (`control/controller.json`), so that a controller started on another
 machine, or again after a kill, continues what the last one began (a switch half done); the job folder
-keeps a copy for `ftorch status`.
+keeps a copy for `ftorch status` (`read_state` / `write_state`; `load_state` prefers the run store's).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 STATE_RECORD = "control/controller.json"
+#: the job folder's copy of the state (what `ftorch status` reads)
+STATE_FILE = "controller.json"
 
 
 class LaunchRefused(Exception):
@@ -117,6 +121,35 @@ class ControllerState:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1, sort_keys=True)
+
+
+# ---- the state's files: the run store's record and the job folder's copy --------------------------------
+def read_state(job_dir: Any) -> dict[str, Any]:
+    """The job folder's copy of the controller state, as JSON (for `ftorch status`); {} when none."""
+    try:
+        return json.loads((job_dir / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(job_dir: Any, state: ControllerState | Mapping[str, Any]) -> None:
+    """Write the job folder's copy (owner-only, replaced atomically)."""
+    payload = state.to_json() if isinstance(state, ControllerState) else dict(state)
+    path = job_dir / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(payload, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def load_state(store: Any, job_dir: Any) -> ControllerState:
+    """The run store's state (any machine's controller), else the job folder's copy."""
+    try:
+        saved = store.read_json_or_none(STATE_RECORD)
+    except Exception:  # noqa: BLE001 - advisory: the job folder's copy
+        saved = None
+    return ControllerState.from_json(saved if isinstance(saved, dict) else read_state(job_dir))
 
 
 # ---- what the run store says about the run's end -------------------------------------------------

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 from sky_double import Clock, ReplaySky
 
-from orchestrator.spot.controller import STATE_FILE, Config, Controller, Plan, split_resources, status_fields
+from orchestrator.spot.controller import Config, Controller, Plan, status_fields
+from orchestrator.spot.controller_state import STATE_FILE
 from orchestrator.spot.policy import Mode, make_policy
+from orchestrator.spot.task_resources import split_resources
 from trainer.runstore.store import RunStore
 from trainer.stops.interruptions import request_stop
 from trainer.stops.stop_request import STOP_REQUEST, StopRequestWatcher
@@ -192,7 +194,7 @@ def test_switches_reach_the_registry_and_ftorch_status(tmp_path: Path, ftorch_ho
     controller.job_dir = registry.job_dir(job.job_id)
     controller.config.tick_s = GAP  # fewer ticks: each one writes the registry
 
-    controller.on_launch, controller.on_record = registry_hooks(registry, job.job_id)
+    controller.hooks = registry_hooks(registry, job.job_id)
     drive(sky, controller, clock)
     registry.set_state(job.job_id, "SUCCEEDED", "finished")
     row = registry.get(job.job_id)
@@ -270,7 +272,7 @@ def test_resume_restarts_a_dead_controller_of_a_running_job(
     from orchestrator.jobfile.spec import load_job
     from orchestrator.jobs import lifecycle as jobs
     from orchestrator.registry import Registry
-    from orchestrator.spot.controller import write_state
+    from orchestrator.spot.controller_state import write_state
 
     spec = load_job(Path("examples/llama3-8b-qlora-deadline.yaml"))
     registry = Registry()

@@ -5,15 +5,17 @@ interrupted, and only one controller of two acts. SkyPilot is scripted at the SD
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sky_double import Clock
 
-from orchestrator.spot.controller import Config, Controller, Plan, spot_first
+from orchestrator.spot.controller import Config, Controller, ControllerHooks, Plan
 from orchestrator.spot.controller_state import STATE_RECORD
 from orchestrator.spot.policy import Mode, make_policy
+from orchestrator.spot.task_resources import spot_first
 from trainer.runstore.store import RunStore
 
 H = 3600.0
@@ -85,7 +87,8 @@ def controller(tmp_path: Path, client: Scripted, clock: Clock, policy: str = "sp
     job_dir.mkdir(parents=True, exist_ok=True)
     store = RunStore(str(tmp_path / "run"), retry_seconds=1)
     config = Config(tick_s=60.0, spot_wait_s=600.0)
-    return Controller(plan, client, store, job_dir, config, clock=clock, where="t", placed_spot=is_spot)
+    hooks = ControllerHooks(placed_spot=is_spot)
+    return Controller(plan, client, store, job_dir, config, hooks=hooks, clock=clock, where="t")
 
 
 def progress(store: RunStore, step: int, state: str = "running", at: float = 0.0) -> None:
@@ -160,7 +163,7 @@ def test_a_run_that_ended_while_skypilots_controller_stopped_is_never_relaunched
 def test_a_run_skypilot_forgot_without_an_end_in_the_store_ends_failed_not_relaunched(tmp_path: Path) -> None:
     client, ctl, clock = started(tmp_path)
     failed: list[str] = []
-    ctl.on_failed = failed.append
+    ctl.hooks = dataclasses.replace(ctl.hooks, on_failed=failed.append)
     clock.now += 8 * H
     client.gone = "empty"
     assert ctl.tick()  # first sight of an empty queue: wait (an API server restart lists it again)
