@@ -61,6 +61,7 @@ def check_data_readable(spec: JobSpec, timeout_s: float = 10.0) -> str | None:
     When the store cannot be reached from here, a warning line (the VM may reach it). Hub ids pass."""
     from fsspec.core import url_to_fs
 
+    from orchestrator.jobfile.data_check import quick_fail
     from trainer.data.source import looks_like_hub_id
 
     options = dict(spec.checkpoint.storage_options)
@@ -70,11 +71,8 @@ def check_data_readable(spec: JobSpec, timeout_s: float = 10.0) -> str | None:
     for field, path in sources:
         if looks_like_hub_id(path):
             continue
-        if path.startswith(("s3://", "s3a://")):  # answer in seconds when the store is unreachable
-            config = {"connect_timeout": 3, "read_timeout": timeout_s, "retries": {"max_attempts": 2}}
-            options["config_kwargs"] = {**config, **options.get("config_kwargs", {})}
         try:
-            fs, where = url_to_fs(path, **options)
+            fs, where = url_to_fs(path, **quick_fail(path, options, timeout_s))
             if fs.isdir(where):
                 fs.ls(where)
             else:

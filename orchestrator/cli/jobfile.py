@@ -29,11 +29,12 @@ def check_job(job_file: str, overrides: list[str]) -> dict[str, Any]:
     lines, local model folders, the plan and task on the skypilot backend), without a store probe or a launch.
     Raises SpecError/UserError (exit 2) on the first problem.
     """
+    from orchestrator.jobfile.data_check import check_data
     from orchestrator.jobfile.spec import load_job
     from orchestrator.jobs import lifecycle as jobs
 
     spec = load_job(job_file, overrides)
-    notes = jobs.check_data(spec)  # every line, as launch and the trainer read it
+    notes = check_data(spec)  # every line, as launch and the trainer read it
     data = spec.data.path
     store = spec.checkpoint.uri.split("://", 1)[0] if "://" in spec.checkpoint.uri else "file"
     if store in jobs.NON_DURABLE_SCHEMES:

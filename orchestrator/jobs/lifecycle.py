@@ -48,12 +48,13 @@ def launch(
 ) -> dict[str, Any]:
     """Validate, record and start a job. Nothing is recorded or started when the input is wrong.
     `before_start` runs once the job is recorded, before its backend starts it (a sweep joins its group)."""
+    from orchestrator.jobfile.data_check import check_data
     from orchestrator.jobfile.spec import load_job
     from trainer.runstore.storage import StoreError, join_uri, preflight
     from trainer.runstore.store import RunStore
 
     spec = load_job(job_file, overrides)
-    check_data(spec)
+    check_data(spec)  # the rows stay in this process for the planner's token count
     backend = backend_for(spec.resources.backend)
     job_id = new_job_id(spec.name)
     run_uri = join_uri(spec.checkpoint.uri, job_id)
@@ -113,47 +114,6 @@ def launch(
         before_start(registry, job)
     backend.start(registry, job, prepared)
     return summary
-
-
-def check_data(spec: JobSpec) -> list[str]:
-    """The data, checked at launch as the trainer will read it: every JSONL line (encoding, JSON, the
-    format's keys), other sources' columns and records, the splits, the held-out set. Local data must pass;
-    remote data is checked when it can be read now (when it cannot, the trainer reports it, with the same
-    messages); a hub data set is not fetched here. Returns notes on what was not checked."""
-    from trainer.data import source as data_source
-    from trainer.data.check import DataError, check_chat_template, check_row
-
-    data = spec.data
-    options = dict(spec.checkpoint.storage_options)
-    notes: list[str] = []
-    sources = [("data.path", data.path, data.split, data.subset)]
-    held = data.eval_source()
-    if held is not None:
-        sources.append(("data.eval_path", held[0], held[1], data.subset if held[0] == data.path else None))
-    for field, path, split, subset in sources:
-        remote = data_source.is_remote(path)
-        if data_source.looks_like_hub_id(path):
-            notes.append(f"{field}: {path} is taken as a Hugging Face Hub data set (not fetched to check it)")
-            continue
-        if remote and path.startswith(("s3://", "s3a://")):  # answer in seconds when the store is unreachable
-            config = {"connect_timeout": 3, "read_timeout": 10, "retries": {"max_attempts": 2}}
-            options["config_kwargs"] = {**config, **options.get("config_kwargs", {})}
-        try:
-            rows = data_source.load(path, data.format, split, subset, options, field)
-            if "_line" not in rows.column_names:  # JSONL lines were checked as they were read
-                for number, row in enumerate(rows, start=1):
-                    check_row({**row, "_line": number}, data.format, path)
-            if field == "data.path":
-                data_source.held_out_split(data, len(rows))
-                if data.format == "chat" and data.chat_template:  # one record rendered, as the trainer will
-                    check_chat_template(data.chat_template, {"_line": 1, **next(iter(rows))}, path)
-        except DataError as exc:
-            raise SpecError(exc.field, str(exc)) from None
-        except Exception as exc:  # noqa: BLE001 - unreadable now: the trainer reads (and reports) it
-            if not remote:
-                raise SpecError(field, f"cannot read {path}: {exc.__class__.__name__}: {exc}") from None
-            notes.append(f"{field}: {path} could not be read from here ({exc.__class__.__name__})")
-    return notes
 
 
 def print_logs(job_ref: str, follow: bool = False) -> None:

@@ -203,7 +203,7 @@ def count_local_tokens(data: Any, lengths: list[int] | None = None) -> tuple[int
     trainer does. A JSONL file over 64 MiB is sampled (its first 20k lines, scaled by size); other
     sources by their first 20k records, scaled by their count. Each example's estimated length is
     appended to `lengths` when given (the records read: all, or the sample)."""
-    from trainer.data import source as data_source
+    from orchestrator.jobfile.data_check import load_rows
     from trainer.data.check import DataError, iter_jsonl
 
     def tokens_of(row: dict[str, Any]) -> int:
@@ -225,7 +225,7 @@ def count_local_tokens(data: Any, lengths: list[int] | None = None) -> tuple[int
                     break
             scale = os.path.getsize(path) / max(1, read)
             return int(tokens * scale), int(examples * scale), "sampled, ~4 chars/token"
-        rows = data_source.load(path, data.format, data.split, data.subset)
+        rows = load_rows(path, data.format, data.split, data.subset)  # read once by the launch's check
     except DataError as exc:
         raise SpecError(exc.field, str(exc)) from None
     sample = rows.select(range(min(len(rows), 20_000)))
