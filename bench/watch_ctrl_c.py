@@ -43,7 +43,7 @@ def child(out_path: str, trials: int, span: float, seed: int) -> None:
 
     from orchestrator.cli import follow
     from orchestrator.registry import Registry
-    from orchestrator.views import ui
+    from orchestrator.views.cells import console
 
     attempts = [
         {"start": 0, "end": 131, "reason": "preempted (with notice, random)", "seconds": 2620},
@@ -72,7 +72,7 @@ def child(out_path: str, trials: int, span: float, seed: int) -> None:
             shooter = threading.Thread(target=shoot, daemon=True)
             shooter.start()
             try:
-                outcome = follow.live(JOB, out=ui.console(), poll_s=0.02)
+                outcome = follow.live(JOB, out=console(), poll_s=0.02)
             except KeyboardInterrupt:
                 outcome = "escaped"
             state["returned"] = time.time()

@@ -83,9 +83,10 @@ def send(
 
 
 def notify_job(registry: Any, job_id: str, event: str, log: Callable[[str], None]) -> list[str]:
-    """Build the payload from the job's status and send it; records a `notify` event. Never raises."""
+    """Build the payload from the job's status row and send it; records a `notify` event. Never raises."""
     try:
-        from orchestrator.views.status import job_row
+        from orchestrator.backends.base import backend_for
+        from orchestrator.views.job_facts import job_facts, with_fields
 
         job = registry.get(job_id)
         spec_notify = job.spec.get("notify")
@@ -96,7 +97,8 @@ def notify_job(registry: Any, job_id: str, event: str, log: Callable[[str], None
             if not spec_notify.get("command"):
                 registry.event(job_id, "notify", f"{event}: webhook posted by the job itself")
                 return []
-        row = job_row(registry, job)  # with the backend's fields (a cloud job's cost, where it runs)
+        # the row `ftorch status` shows: the job's facts with its backend's (a cloud job's cost, where it runs)
+        row = with_fields(job_facts(registry, job), backend_for(job.backend).status_fields(registry, job))
         problems = send(spec_notify, event, payload(event, row), log)
         registry.event(job_id, "notify", f"{event}: " + ("; ".join(problems) if problems else "sent"))
         return problems

@@ -44,15 +44,16 @@ def _frame(job_id: str | None, show_all: bool, width: int, with_log: bool) -> tu
     from rich.text import Text
 
     from orchestrator.views import status as job_status
-    from orchestrator.views import ui
+    from orchestrator.views.job_detail import render_detail
+    from orchestrator.views.jobs_table import render_jobs
 
     stamp = Text(f"ftorch status --watch · {time.strftime('%H:%M:%S')} · Ctrl-C stops watching", style="dim")
     if job_id is None:
         rows = job_status.status_all()
         done = all(r["state"] in TERMINAL for r in rows)
-        return Group(ui.render_jobs(rows, width, show_all), stamp), done
+        return Group(render_jobs(rows, width, show_all), stamp), done
     detail = job_status.status_one(job_id)
-    parts: list[Any] = [ui.render_detail(detail, width)]
+    parts: list[Any] = [render_detail(detail, width)]
     if with_log:
         lines = _log_tail(detail["job_id"])
         if lines:
@@ -72,9 +73,9 @@ def live(
     """Redraw until everything watched has ended ("ended") or Ctrl-C ("interrupted")."""
     from rich.live import Live
 
-    from orchestrator.views import ui
+    from orchestrator.views.cells import console
 
-    out = out or ui.console()
+    out = out or console()
     frame: Any = None
     outcome = "ended"
     try:
@@ -125,10 +126,10 @@ def mark(job_id: str) -> Mark:
 def follow(job_id: str, poll_s: float = 0.25, out: Any = None, since: Mark | None = None) -> int:
     """Follow a job until it ends, then summarise; the exit code says how it ended (FOLLOW_EXIT_CODES).
     With `since` (a `mark()`), the stream starts there instead of at the job's beginning."""
-    from orchestrator.views import ui
+    from orchestrator.views.cells import console
 
     job = get_job(job_id)
-    out = out or ui.console()
+    out = out or console()
     if out.is_terminal:
         if live(job.job_id, out=out, poll_s=max(poll_s, 0.5), with_log=True) == "interrupted":
             return _interrupted(job.job_id)
@@ -176,7 +177,7 @@ def _stream(job_id: str, poll_s: float, since: Mark | None = None) -> None:
 
 
 def _summary(detail: dict[str, Any]) -> None:
-    from orchestrator.views.ui import money
+    from orchestrator.views.format import money
 
     _write("")
     _write(

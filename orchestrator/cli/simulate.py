@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from orchestrator.cli.common import JobFile, JsonOut, Sets, print_json
 from orchestrator.errors import SpecError, UserError
+
+if TYPE_CHECKING:
+    from orchestrator.spot.traces import Zones
 
 
 def _seconds(option: str, value: str | None) -> float | None:
@@ -79,26 +82,14 @@ def simulate_command(
     """Replay spot availability traces: cost, finish time and deadline of each policy."""
     from orchestrator.jobfile.spec import load_job
     from orchestrator.spot import simulator, traces
-    from orchestrator.spot.policy import BASELINE_NAMES, POLICY_NAMES, make_policy
+    from orchestrator.spot.policy import make_policy
 
-    extra = list(ctx.args)
-    bad = [a for a in extra if a.startswith("-")]
-    if bad:
-        raise UserError(f"unknown option {bad[0]}")
+    extra = _extra_trace_files(ctx)
     if not trace:
         raise SpecError("--trace", "give at least one spot trace file (one per zone)")
     spec = load_job(job_file, list(set_ or []), check_support=False)
-    known = (*(n for n in POLICY_NAMES if n != "on-demand"), *BASELINE_NAMES, "on-demand")
-    names = list(known) if policy == "all" else [policy]
-    if policy != "all" and policy not in known:
-        raise SpecError("--policy", f"unknown policy {policy!r}; valid: {', '.join(known)}, all")
-    if "on-demand" not in names:
-        names.append("on-demand")  # the baseline the others are compared with
-    _positive("--hours", hours)
-    _positive("--spot-price", spot_price, allow_zero=True)
-    _positive("--ondemand-price", ondemand_price)
-    if windows < 1:
-        raise SpecError("--windows", f"must be >= 1 (got {windows})")
+    names = _policy_names(policy)
+    _check_numbers(hours, spot_price, ondemand_price, windows)
     given = {
         "hours": hours,
         "spot_price": spot_price,
@@ -108,19 +99,65 @@ def simulate_command(
     }
     zones = traces.load_zones([*trace, *extra], nodes=spec.resources.nodes)
     job, sources = simulator.job_numbers(spec, given, deadline)
+    start_tick = _start_tick(start, zones)
+    policies = [make_policy(n, baselines=True) for n in names]
+    payload = simulator.run(policies, job, zones, start_tick, windows)
+    payload["job"]["sources"] = sources
+    _show(payload, as_json)
+
+
+def _extra_trace_files(ctx: typer.Context) -> list[str]:
+    """The arguments left over: the trace files after --trace's first (a shell glob expands to several);
+    an option among them is one this command does not have."""
+    extra = list(ctx.args)
+    bad = [a for a in extra if a.startswith("-")]
+    if bad:
+        raise UserError(f"unknown option {bad[0]}")
+    return extra
+
+
+def _policy_names(policy: str) -> list[str]:
+    """The policies to replay for --policy, always with on-demand: the baseline the others are
+    compared with."""
+    from orchestrator.spot.policy import BASELINE_NAMES, POLICY_NAMES
+
+    known = (*(n for n in POLICY_NAMES if n != "on-demand"), *BASELINE_NAMES, "on-demand")
+    names = list(known) if policy == "all" else [policy]
+    if policy != "all" and policy not in known:
+        raise SpecError("--policy", f"unknown policy {policy!r}; valid: {', '.join(known)}, all")
+    if "on-demand" not in names:
+        names.append("on-demand")  # the baseline the others are compared with
+    return names
+
+
+def _check_numbers(
+    hours: float | None, spot_price: float | None, ondemand_price: float | None, windows: int
+) -> None:
+    """Refuse hours, prices and window counts that are out of range."""
+    _positive("--hours", hours)
+    _positive("--spot-price", spot_price, allow_zero=True)
+    _positive("--ondemand-price", ondemand_price)
+    if windows < 1:
+        raise SpecError("--windows", f"must be >= 1 (got {windows})")
+
+
+def _start_tick(start: str, zones: Zones) -> int:
+    """The trace tick that --start names; refused when it lies past the end of the traces."""
     start_s = _seconds("--start", start) or 0.0
     start_tick = int(start_s // zones.gap_s)
     if start_tick >= zones.n_ticks:
         raise SpecError(
             "--start", f"is past the end of the traces ({zones.n_ticks * zones.gap_s / 3600:.1f} h)"
         )
-    policies = [make_policy(n, baselines=True) for n in names]
-    payload = simulator.run(policies, job, zones, start_tick, windows)
-    payload["job"]["sources"] = sources
+    return start_tick
+
+
+def _show(payload: dict[str, Any], as_json: bool) -> None:
+    """Print the simulation: its JSON, or the table of policies."""
     if as_json:
         print_json(payload)
     else:
-        from orchestrator.views.ui import simulate_lines
+        from orchestrator.views.simulate_lines import simulate_lines
 
         typer.echo("\n".join(simulate_lines(payload)))
 

@@ -53,38 +53,58 @@ def estimate_cmd(
 ) -> None:
     """Peak GPU memory per GPU for a job, with its breakdown (analytic; traced with --trace)."""
     from orchestrator.sizing.memory import estimate_memory
-    from orchestrator.sizing.planner import HEADROOM
     from orchestrator.sizing.shapes import resolve_shape
 
     spec = _load(job_file, set_)
     shape = resolve_shape(spec.model, online=online)
     est = estimate_memory(spec, gpus, shape=shape)
     est, offloaded = _offload_as_plan_does(spec, shape, est)
-    traced, why = None, None
-    if trace:
-        from orchestrator.sizing.tracing import trace_job
-        from orchestrator.views.progress import spinner
-
-        with spinner(f"tracing the training step of {spec.model} on fake tensors (cached after the first)"):
-            result = trace_job(spec, shape, [est.n_gpus], load=True)
-        traced, why = result.results.get(est.n_gpus), result.error
+    traced, why = _trace_step(spec, shape, est.n_gpus) if trace else (None, None)
     measured = measured_for(spec, est.n_gpus)
     if as_json:
-        payload = est.to_json()
-        payload["shape"] = shape.summary()
-        payload["measured"] = measured
-        payload["offload_by_planner"] = offloaded
-        payload["next_gpus_that_fit"] = _next_gpus_that_fit(spec, shape, est.n_gpus)
+        payload = _estimate_json(spec, shape, est, offloaded, measured)
         if trace:
             payload["trace"] = traced
             if why:
                 payload["trace_error"] = f"{why}; the analytic estimate stands"
         _print_json(payload)
         return
-    from orchestrator.views.ui import estimate_view
+    from orchestrator.views.sizing_tables import estimate_view
 
     con = _console()
     con.print(estimate_view(spec, shape, est, traced, why))
+    _print_sources(con, est, offloaded, measured)
+    peak, load_gib = _peak_and_load(est, traced)
+    fits = _sizes_that_fit(peak)
+    con.print(_fit_line(spec, shape, est, fits, loading=peak <= load_gib))
+    if spec.train.offload == "auto" and not offloaded:
+        _print_offload_hint(con, spec, shape, est, fits)
+
+
+def _trace_step(spec: Any, shape: Any, n_gpus: int) -> tuple[dict[str, Any] | None, str | None]:
+    """(the traced step on `n_gpus` GPUs or None, why it was not traced or None)."""
+    from orchestrator.sizing.tracing import trace_job
+    from orchestrator.views.progress import spinner
+
+    with spinner(f"tracing the training step of {spec.model} on fake tensors (cached after the first)"):
+        result = trace_job(spec, shape, [n_gpus], load=True)
+    return result.results.get(n_gpus), result.error
+
+
+def _estimate_json(
+    spec: Any, shape: Any, est: Any, offloaded: bool, measured: dict[str, Any] | None
+) -> dict[str, Any]:
+    """`ftorch estimate --json` without the traced step (the caller adds it under --trace)."""
+    payload = est.to_json()
+    payload["shape"] = shape.summary()
+    payload["measured"] = measured
+    payload["offload_by_planner"] = offloaded
+    payload["next_gpus_that_fit"] = _next_gpus_that_fit(spec, shape, est.n_gpus)
+    return payload
+
+
+def _print_sources(con: Any, est: Any, offloaded: bool, measured: dict[str, Any] | None) -> None:
+    """Say when the estimate is the offloaded one the planner would run, and when a run measured it."""
     if offloaded:
         con.print(
             f"offload: train.offload is auto and the job fits no common GPU on {est.n_gpus} GPU(s) without it, "
@@ -98,32 +118,51 @@ def estimate_cmd(
             "over the estimate (fit measured)",
             markup=False,
         )
+
+
+def _peak_and_load(est: Any, traced: dict[str, Any] | None) -> tuple[float, float]:
+    """(peak GiB per GPU, GiB per GPU to load the model): the traced step's when there is one."""
     # the trace measures the step, and QLoRA's loading; other loading is estimated
     load_gib = traced["load"]["total_gib"] if traced and traced.get("load") else est.load_gib_per_gpu
     peak = max(traced["total_gib"], load_gib) if traced else est.peak_gib_per_gpu
-    fits = [g for g in COMMON_GPU_SIZES_GIB if peak <= g * (1 - HEADROOM)]
-    loading = peak <= load_gib
+    return peak, load_gib
+
+
+def _sizes_that_fit(peak_gib: float) -> list[float]:
+    """The common GPU sizes (GiB) that hold `peak_gib` with the planner's headroom, smallest first."""
+    from orchestrator.sizing.planner import HEADROOM
+
+    return [g for g in COMMON_GPU_SIZES_GIB if peak_gib <= g * (1 - HEADROOM)]
+
+
+def _fit_line(spec: Any, shape: Any, est: Any, fits: list[float], loading: bool) -> str:
+    """Which common GPUs the job fits, or what to try when none; `loading`: the model's load sets the peak."""
+    from orchestrator.sizing.planner import HEADROOM
+
     more = _next_gpus_that_fit(spec, shape, est.n_gpus)
     hint = f"; try --gpus {more}" if more else f"; not even on {MAX_GPUS_TRIED} GPUs"
-    con.print(
+    return (
         f"fits GPUs of {fits[0]:g} GiB or more (with {HEADROOM:.0%} headroom)"
         + (", set by loading the model" if loading else "")
         if fits
         else f"fits none of the common GPU sizes on {est.n_gpus} GPU(s)"
         + ("; set by loading the model" if loading else hint)
     )
-    if spec.train.offload == "auto" and not offloaded:
-        from orchestrator.sizing.memory import estimate, settings_from_spec
 
-        off = estimate(shape, settings_from_spec(spec, est.n_gpus, "params"))
-        smaller = [g for g in COMMON_GPU_SIZES_GIB if off.peak_gib_per_gpu <= g * (1 - HEADROOM)]
-        if smaller and (not fits or smaller[0] < fits[0]):
-            con.print(
-                f"with CPU offload (train.offload auto: `ftorch plan` turns it on for GPUs too small without "
-                f"it): {off.peak_gib_per_gpu:.1f} GiB per GPU, fits GPUs of {smaller[0]:g} GiB or more, "
-                f"{off.host_gib:.0f} GiB host RAM per machine",
-                markup=False,
-            )
+
+def _print_offload_hint(con: Any, spec: Any, shape: Any, est: Any, fits: list[float]) -> None:
+    """With train.offload auto, say so when CPU offload would fit a smaller common GPU than `fits`."""
+    from orchestrator.sizing.memory import estimate, settings_from_spec
+
+    off = estimate(shape, settings_from_spec(spec, est.n_gpus, "params"))
+    smaller = _sizes_that_fit(off.peak_gib_per_gpu)
+    if smaller and (not fits or smaller[0] < fits[0]):
+        con.print(
+            f"with CPU offload (train.offload auto: `ftorch plan` turns it on for GPUs too small without "
+            f"it): {off.peak_gib_per_gpu:.1f} GiB per GPU, fits GPUs of {smaller[0]:g} GiB or more, "
+            f"{off.host_gib:.0f} GiB host RAM per machine",
+            markup=False,
+        )
 
 
 MAX_GPUS_TRIED = 64
@@ -184,8 +223,8 @@ def plan_cmd(
         if plan.chosen is None:
             raise UserError(plan.why_none())
         return
-    from orchestrator.views.ui import plan_table
-    from orchestrator.views.ui import usd as ui_usd
+    from orchestrator.views.format import money
+    from orchestrator.views.sizing_tables import plan_table
 
     con = _console()
     single = plan.estimates.get(1)
@@ -231,7 +270,7 @@ def plan_cmd(
         + (f"{c.nodes} x " if c.nodes > 1 else "")
         + f"{c.instance_type} ({c.count}x {c.accelerator}), "
         f"{'spot' if c.spot else 'on-demand'} ${c.hourly_usd:.2f}/h, {c.est_hours:.1f} h of training, "
-        f"expected {ui_usd(c.expected_cost_usd)} over {c.expected_hours:.1f} h"
+        f"expected {money(c.expected_cost_usd, cents=True, missing='-')} over {c.expected_hours:.1f} h"
         + (f" with {c.expected_interruptions:.1f} interruptions" if c.spot else "")
     )
     if c.layout:
@@ -261,7 +300,7 @@ def accelerator_rows(offers: list[Any]) -> list[dict[str, Any]]:
 def _accelerators_table(rows: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
-    from orchestrator.views.ui import usd
+    from orchestrator.views.format import money
 
     table = Table()
     for col in ("tier", "accelerator", "GiB/GPU", "GPUs per instance", "clouds", "spot $/GPU-h", "on demand $/GPU-h",
@@ -270,7 +309,8 @@ def _accelerators_table(rows: list[dict[str, Any]]) -> Any:
     for r in rows:
         table.add_row(
             r["tier"], r["accelerator"], f"{r['gpu_memory_gib']:g}", ",".join(map(str, r["counts"])),
-            ", ".join(r["clouds"]), usd(r["spot_usd_per_gpu"]), usd(r["ondemand_usd_per_gpu"]), str(r["offers"]),
+            ", ".join(r["clouds"]), money(r["spot_usd_per_gpu"], cents=True, missing="-"),
+            money(r["ondemand_usd_per_gpu"], cents=True, missing="-"), str(r["offers"]),
         )  # fmt: skip
     return table
 
@@ -323,7 +363,7 @@ def gpus_cmd(
              "offers": [o.to_json() for o in offers]}
         )  # fmt: skip
         return
-    from orchestrator.views.ui import gpus_table
+    from orchestrator.views.sizing_tables import gpus_table
 
     con = _console()
     con.print(f"source: {catalog.source}", markup=False)
@@ -354,7 +394,7 @@ def history_cmd(as_json: JsonOut = False) -> None:
     if as_json:
         _print_json({"measurements": [{**r, "peak_gib_per_gpu": round(peak_gib(r), 3)} for r in rows]})
         return
-    from orchestrator.views.ui import history_table
+    from orchestrator.views.sizing_tables import history_table
 
     con = _console()
     if not rows:

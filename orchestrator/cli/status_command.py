@@ -70,9 +70,9 @@ def run(job: str | None, as_json: bool, show_all: bool, watch: bool, plot: str |
     if as_json:
         print_json(detail)
     else:
-        from orchestrator.views import ui
+        from orchestrator.views.job_detail import print_job_detail
 
-        ui.print_job_detail(detail)
+        print_job_detail(detail)
         if plot is not None:
             sys.stdout.write(f"loss plot: {plot}\n")
     return 0

@@ -76,6 +76,7 @@ def launch_sweep(
     """Validate every point, then launch one job per point as a group. Nothing is launched when any
     point is wrong."""
     from orchestrator.backends.base import backend_for
+    from orchestrator.jobfile.data_check import check_data
     from orchestrator.jobfile.spec import load_job
     from orchestrator.jobs import lifecycle as jobs
 
@@ -98,7 +99,7 @@ def launch_sweep(
         if each is not None:
             sets.append(f"resources.budget_usd={each}")
         spec = load_job(job_file, sets)  # every point is checked before any is launched
-        jobs.check_data(spec)
+        check_data(spec)
         plans.append((point, sets))
     group_id = f"sweep-{base.name[:40].lower()}-{secrets.token_hex(3)}"
     launched = []
@@ -140,17 +141,19 @@ def print_status(rows: list[dict[str, Any]], show_all: bool = False) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from orchestrator.views import ui
+    from orchestrator.views.cells import console, cost_text, loss_text, state_text
+    from orchestrator.views.format import money
+    from orchestrator.views.jobs_table import print_jobs_table
 
-    out = ui.console()
+    out = console()
     alone, groups = by_group(rows)
     if alone or not groups:
-        ui.print_jobs_table(alone, show_all=show_all, out=out)
+        print_jobs_table(alone, show_all=show_all, out=out)
     for group_id, members in groups.items():
         budget = next((m.get("group_budget_usd") for m in members), None)
         spent = sum(m.get("cost_usd") or 0.0 for m in members)
-        head = f"{group_id}: {len(members)} jobs, spent {ui.money(spent)}"
-        head += f" of a shared {ui.money(budget)} budget" if budget is not None else ""
+        head = f"{group_id}: {len(members)} jobs, spent {money(spent)}"
+        head += f" of a shared {money(budget)} budget" if budget is not None else ""
         out.print(Text(head, style="bold"))
         table = Table(box=None, header_style="bold", pad_edge=False)
         for column in ("RANK", "JOB", "POINT", "STATE", "HELD-OUT", "LOSS", "COST"):
@@ -161,9 +164,9 @@ def print_status(rows: list[dict[str, Any]], show_all: bool = False) -> None:
                 str(rank) if held is not None else "-",
                 m["job_id"],
                 _point_text(m.get("point") or {}),
-                ui.state_text(m),
+                state_text(m),
                 "-" if held is None else f"{held:.4f}",
-                ui.loss_text(m, 4),
-                ui.cost_text(m),
+                loss_text(m, 4),
+                cost_text(m),
             )
         out.print(table)

@@ -350,8 +350,51 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
     if s.method not in ("full", "lora", "qlora"):
         raise SpecError("method", f"unknown method {s.method!r}")
     n = max(1, s.n_gpus)
-    sb = _state_bytes(s)
     trainable = trainable_params(shape, s)
+    held, host, sharding = _held_bytes(shape, s, k, trainable)
+    parts_by_phase = _phase_parts(shape, s, k, held)
+    load_allocated = sum(load_parts(shape, s, trainable).values())
+    settings = asdict(s)
+    if isinstance(settings["lora_targets"], tuple):
+        settings["lora_targets"] = list(settings["lora_targets"])
+    return MemoryEstimate(
+        model=shape.name,
+        method=s.method,
+        n_gpus=n,
+        params=shape.params,
+        trainable_params=trainable,
+        paged_optimizer_gib=held.paged_optim / GIB,
+        sharding=sharding,
+        settings=settings,
+        host_gib=sum(host.values()) / GIB,
+        host_breakdown_gib={key: val / GIB for key, val in host.items()},
+        offload=s.offload,
+        **_peak(parts_by_phase, load_allocated, k),
+    )
+
+
+@dataclass(frozen=True)
+class _Held:
+    """Bytes one GPU holds for the step, by what they are (before the phases pick them)."""
+
+    stored: float  # the weights as stored (a shard under FSDP)
+    gather: float  # FSDP's gathered units in forward and backward
+    dequant: float  # QLoRA's dequantized weights in flight
+    cast: float  # autocast's cached 16-bit copies of fp32 weights
+    grads: float
+    optim: float  # the optimizer's state resident on the GPU
+    step_temp: float  # the optimizer step's temporaries
+    reduce_buf: float  # FSDP's reduce-scatter buffer in backward
+    paged_optim: float  # the optimizer's state paged to unified memory instead (not resident)
+
+
+def _held_bytes(
+    shape: ModelShape, s: Settings, k: Constants, trainable: int
+) -> tuple[_Held, dict[str, float], str]:
+    """(what each GPU holds, host RAM by part, the sharding): FSDP shards the weights, gradients and
+    optimizer state over the GPUs; CPU offload moves them to host RAM."""
+    n = max(1, s.n_gpus)
+    sb = _state_bytes(s)
     stored, layer_gathered, root_gathered, dequant = _weights(shape, s, trainable)
     cast = 0.0  # autocast's 16-bit copies of fp32 weights, cached through the forward
     if s.method == "full" and s.precision in facts.MIXED:
@@ -374,35 +417,48 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
     if offload:  # the shards, gradients, optimizer state and its step live in host RAM
         stored = _quant_state_bytes(shape, s)  # bitsandbytes' quant state is no parameter: it stays
         grads = resident_optim = step_temp = 0.0
+    paged_optim = optim / n if paged else 0.0
+    held = _Held(stored, gather, dequant, cast, grads, resident_optim, step_temp, reduce_buf, paged_optim)
+    return held, host, sharding
 
+
+def _phase_parts(shape: ModelShape, s: Settings, k: Constants, held: _Held) -> dict[str, dict[str, float]]:
+    """Bytes per GPU by part in each phase of the step: forward/backward, backward with the gradients
+    filled, and the optimizer step."""
     acts = activation_bytes(shape, s, k)
     logit = logits_bytes(shape, s, k)
-    weights_fb = stored + gather + dequant
-    accumulated = grads if s.grad_accum > 1 else 0.0
-    grads, step_temp, after_step = _in_backward(shape, s, grads, step_temp)
-    parts_by_phase = {
+    weights_fb = held.stored + held.gather + held.dequant
+    accumulated = held.grads if s.grad_accum > 1 else 0.0
+    grads, step_temp, after_step = _in_backward(shape, s, held.grads, held.step_temp)
+    return {
         "forward_backward": {
-            "weights": weights_fb + cast,
+            "weights": weights_fb + held.cast,
             "gradients": accumulated,
-            "optimizer": resident_optim,
+            "optimizer": held.optim,
             "activations": acts,
             "logits": logit,
         },
         "backward_grads": {
             "weights": weights_fb,
-            "gradients": grads + reduce_buf,
-            "optimizer": resident_optim + (step_temp if s.optimizer_in_backward else 0.0),
+            "gradients": grads + held.reduce_buf,
+            "optimizer": held.optim + (step_temp if s.optimizer_in_backward else 0.0),
             "activations": acts / 2,
             "logits": 0.0,
         },
         "optimizer_step": {
-            "weights": stored,
+            "weights": held.stored,
             "gradients": after_step,
-            "optimizer": resident_optim + (0.0 if s.optimizer_in_backward else step_temp),
+            "optimizer": held.optim + (0.0 if s.optimizer_in_backward else step_temp),
             "activations": 0.0,
             "logits": 0.0,
         },
     }
+
+
+def _peak(parts_by_phase: dict[str, dict[str, float]], load_allocated: float, k: Constants) -> dict[str, Any]:
+    """MemoryEstimate's peak fields: the phase with the most allocated, reserved = allocated x (1 +
+    allocator slack) + the cuBLAS workspace, the CUDA context on top; the load instead when loading the
+    model needs more than the step (the trainer could not start)."""
     phases = {p: sum(parts.values()) for p, parts in parts_by_phase.items()}
     phase = max(phases, key=lambda p: phases[p])
     allocated = phases[phase]
@@ -410,38 +466,23 @@ def estimate(shape: ModelShape, s: Settings, constants: Constants | None = None)
     context = k.cuda_context_gib * GIB
     parts = dict(parts_by_phase[phase])
     parts["overhead"] = step_extra = reserved - allocated + context
-    load_allocated = sum(load_parts(shape, s, trainable).values())
     load_reserved = load_allocated * (1.0 + k.alloc_slack)  # no matmul yet: no cuBLAS workspace
     if load_reserved > reserved:  # the trainer cannot start: loading needs more than the step
         phase, allocated, reserved = "load", load_allocated, load_reserved
         parts = {key: 0.0 for key in parts}
         parts["weights"] = load_allocated
         parts["overhead"] = reserved - allocated + context
-    settings = asdict(s)
-    if isinstance(settings["lora_targets"], tuple):
-        settings["lora_targets"] = list(settings["lora_targets"])
     phases_gib = {p: (v + step_extra) / GIB for p, v in phases.items()}
     phases_gib["load"] = (load_reserved + context) / GIB
-    return MemoryEstimate(
-        model=shape.name,
-        method=s.method,
-        n_gpus=n,
-        peak_gib_per_gpu=(reserved + context) / GIB,
-        breakdown_gib={key: val / GIB for key, val in parts.items()},
-        params=shape.params,
-        trainable_params=trainable,
-        peak_phase=phase,
-        paged_optimizer_gib=(optim / n if paged else 0.0) / GIB,
-        sharding=sharding,
-        settings=settings,
-        phases_gib=phases_gib,
-        peak_allocated_gib=allocated / GIB,
-        peak_reserved_gib=reserved / GIB,
-        load_gib_per_gpu=(load_reserved + context) / GIB,
-        host_gib=sum(host.values()) / GIB,
-        host_breakdown_gib={key: val / GIB for key, val in host.items()},
-        offload=s.offload,
-    )
+    return {
+        "peak_gib_per_gpu": (reserved + context) / GIB,
+        "breakdown_gib": {key: val / GIB for key, val in parts.items()},
+        "peak_phase": phase,
+        "phases_gib": phases_gib,
+        "peak_allocated_gib": allocated / GIB,
+        "peak_reserved_gib": reserved / GIB,
+        "load_gib_per_gpu": (load_reserved + context) / GIB,
+    }
 
 
 # ---- optimizer step in backward (trainer/optim/in_backward.py) ----

@@ -34,9 +34,16 @@ from orchestrator.sizing.catalog import CONSUMER_TIER, Catalog, Offer, load_cata
 from orchestrator.sizing.history import History, key_of, load_history, peak_gib
 from orchestrator.sizing.memory import MemoryEstimate, checkpoint_bytes, estimate, settings_from_spec
 from orchestrator.sizing.shapes import ModelShape, resolve_shape
-from orchestrator.sizing.throughput import Workload, accelerator, estimate_time, scaled, workload
+from orchestrator.sizing.throughput import (
+    TimeEstimate,
+    Workload,
+    accelerator,
+    estimate_time,
+    scaled,
+    workload,
+)
 from orchestrator.sizing.tracing import TraceConfirmation
-from orchestrator.spot.egress import Store, store_of
+from orchestrator.spot.egress import Movement, Store, store_of
 from orchestrator.spot.egress import price as price_movement
 from orchestrator.spot.hazards import Hazard, HazardTable, load_table
 from trainer.layout import Layout, layout_for
@@ -717,6 +724,180 @@ def _check_price(job: _Job, offer: Offer, od: float | None, spot: float | None) 
     return is_spot, price
 
 
+#: one market's expected (cost USD, wall hours, interruptions, checkpoint interval s, data movement)
+_Paid = tuple[float, float, float, float, Any]
+
+
+@dataclass
+class _Costing:
+    """What an offer's expected cost on either market depends on (`_candidate`), and the adjustments made
+    on the way (an interval stretched for the uploads, the market changed)."""
+
+    job: _Job
+    offer: Offer
+    time: TimeEstimate  # the time model's, scaled by measured runs
+    ckpt: CheckpointCost
+    startup_s: float  # provisioning and the model's download: billed once on any instance
+    restart_s: float  # the startup and the checkpoint's load
+    hazard: Hazard
+    step_s: float  # one optimizer step
+    save_gb: float  # one checkpoint
+    pull_gb: float  # the data, pulled at each launch
+    shares: dict[str, float]  # where launches land, by region
+    adjustments: list[str] = field(default_factory=list)
+
+    @property
+    def hours(self) -> float:
+        """Compute hours without interruptions."""
+        return self.time.hours
+
+    @property
+    def rate(self) -> float:
+        """Spot interruptions per hour of the job (its nodes)."""
+        return self.hazard.rate_per_hour
+
+    def movement(self, wall: float, interval: float, interruptions: float) -> Movement:
+        """The data movement and storage of a run of `wall` hours with a save every `interval` s."""
+        saves = self.hours * 3600.0 / interval + 1.0  # the periodic saves and the final one
+        return price_movement(
+            self.job.store, self.offer.cloud, self.shares, save_gb=self.save_gb, saves=saves, pull_gb=self.pull_gb,
+            launches=1.0 + interruptions, restores=interruptions, keep=self.job.spec.checkpoint.keep, hours=wall,
+        )  # fmt: skip
+
+    def cost_on(self, spot_price: bool, hourly: float | None) -> _Paid | None:
+        """(cost, wall hours, interruptions, interval, data movement) on one market; None without a price
+        there, or on spot when interruptions come faster than progress."""
+        if hourly is None:
+            return None
+        per_save = self.movement(1.0, 1.0, 0.0).per_save_usd
+        interval, why = interval_and_why(self.job.spec, self.step_s, self.ckpt, self.rate if spot_price else 0.0,
+                                         per_save * 3600.0 / hourly)  # fmt: skip
+        if why and why not in self.adjustments:
+            self.adjustments.append(why)
+        startup_h = self.startup_s / 3600.0
+        rule = BILLING.get(self.offer.cloud, DEFAULT_BILLING)
+        if not spot_price or self.rate <= 0:
+            wall = self.hours + startup_h
+            moved = self.movement(wall, interval, 0.0)
+            extra = (moved.egress_usd or 0.0) + (moved.storage_usd or 0.0)
+            return hourly * billed_hours(wall, 1, rule) + extra, wall, 0.0, interval, moved
+        spot_wall = spot_hours(
+            self.hours, self.rate, interval, self.ckpt.blocking_s, self.restart_s, self.ckpt.upload_s
+        )
+        if spot_wall is None:
+            return None
+        wall = spot_wall + startup_h
+        interruptions = self.rate * wall
+        moved = self.movement(wall, interval, interruptions)
+        extra = (moved.egress_usd or 0.0) + (moved.storage_usd or 0.0)
+        return (
+            hourly * billed_hours(wall, 1 + interruptions, rule) + extra,
+            wall,
+            interruptions,
+            interval,
+            moved,
+        )
+
+    def data_usd_per_hour(self, regions: tuple[str, ...], paid: _Paid) -> dict[str, float]:
+        """Data movement per wall hour of the `paid` run had it run all in each region (empty when the
+        egress is not priced)."""
+        _, wall, interruptions, interval, moved = paid
+        per_region: dict[str, float] = {}
+        for region in regions if moved.egress_usd is not None and wall > 0 else ():
+            there = price_movement(
+                self.job.store, self.offer.cloud, {region: 1.0}, save_gb=self.save_gb,
+                saves=self.hours * 3600.0 / interval + 1.0, pull_gb=self.pull_gb, launches=1.0 + interruptions,
+                restores=interruptions, keep=0, hours=wall,
+            )  # fmt: skip
+            if there.egress_usd is not None:
+                per_region[region] = there.egress_usd / wall
+        return per_region
+
+
+def _costing(
+    job: _Job,
+    offer: Offer,
+    layout: Layout,
+    mem: MemoryEstimate,
+    acc: Any,
+    regions: tuple[str, ...],
+    scale: float,
+) -> _Costing:
+    """The offer's training time (the time model's, times `scale`), checkpoint, startup and restart costs
+    and interruption hazard in `regions`."""
+    spec, shape, work = job.spec, job.shape, job.work
+    ranks = layout.ranks
+    settings = settings_from_spec(spec, ranks, mem.offload)
+    link = offer.interconnect if layout.nodes == 1 else "network"  # FSDP across nodes: not NVLink
+    vcpus = offer.vcpus / offer.count if offer.vcpus else None
+    t = scaled(
+        estimate_time(shape, settings, mem.trainable_params, work, acc, ranks, link, vcpus_per_rank=vcpus),
+        scale,
+    )
+    ckpt_bytes = checkpoint_bytes(shape, settings)
+    ckpt = CheckpointCost.of_bytes(ckpt_bytes)
+    model_bytes = shape.params * 2.0
+    startup_s = PROVISION_S + model_bytes / (DOWNLOAD_GBPS * 1e9)  # billed once on any instance
+    restart_s = startup_s + ckpt_bytes / (CHECKPOINT_GBPS * 1e9)
+    hazard = hazard_of(offer, layout.nodes, regions, job.hazards)
+    return _Costing(
+        job=job,
+        offer=offer,
+        time=t,
+        ckpt=ckpt,
+        startup_s=startup_s,
+        restart_s=restart_s,
+        hazard=hazard,
+        step_s=layout.accum * t.step_s_per_microbatch,
+        save_gb=ckpt_bytes / 1e9,
+        pull_gb=(work.tokens_per_epoch or 0) * DATA_BYTES_PER_TOKEN / 1e9,
+        shares=dict(hazard.region_share) or ({regions[0]: 1.0} if regions else {}),
+    )
+
+
+@dataclass(frozen=True)
+class _Market:
+    """The market an offer runs on, at what price per hour, its expected cost there (`paid`), and each
+    market's expected cost (None: no price, or no progress)."""
+
+    is_spot: bool
+    price: float
+    paid: _Paid
+    on_spot: _Paid | None
+    on_demand: _Paid | None
+    fallback_share: float  # share of the work expected on demand for want of spot capacity
+
+
+def _market(
+    job: _Job, costs: _Costing, is_spot: bool, price: float, od: float | None, spot: float | None
+) -> _Market | None:
+    """Each market's expected cost (with spot's capacity), and the market the offer runs on: on demand
+    instead of spot when the job may fall back and on demand is expected cheaper; None when the market
+    it runs on makes no progress."""
+    on_spot = costs.cost_on(True, spot)
+    on_demand = costs.cost_on(False, od)
+    hazard = costs.hazard
+    fallback_share = 0.0
+    if on_spot is not None and (hazard.no_capacity > 0 or hazard.relaunch_no_capacity > 0):
+        on_spot, fallback_share = _with_capacity(on_spot, on_demand, hazard, job.fallback)
+    if (
+        is_spot
+        and on_spot is not None
+        and on_demand is not None
+        and job.fallback
+        and on_demand[0] < on_spot[0]
+    ):
+        costs.adjustments.append(
+            f"market: on-demand is expected cheaper than spot here (${on_demand[0]:.2f} vs ${on_spot[0]:.2f} "
+            f"at {costs.rate:.2f} interruptions/h), so resources.fallback: on-demand runs it on demand"
+        )
+        is_spot, price = False, od
+    paid = on_spot if is_spot else on_demand
+    if paid is None:
+        return None
+    return _Market(is_spot, price, paid, on_spot, on_demand, fallback_share)
+
+
 def _candidate(
     job: _Job,
     offer: Offer,
@@ -730,98 +911,16 @@ def _candidate(
     regions: tuple[str, ...],
     scale: float = 1.0,
 ) -> Candidate | None:
-    spec, shape, work = job.spec, job.shape, job.work
-    ranks = layout.ranks
-    settings = settings_from_spec(spec, ranks, mem.offload)
-    link = offer.interconnect if layout.nodes == 1 else "network"  # FSDP across nodes: not NVLink
-    vcpus = offer.vcpus / offer.count if offer.vcpus else None
-    t = scaled(
-        estimate_time(shape, settings, mem.trainable_params, work, acc, ranks, link, vcpus_per_rank=vcpus),
-        scale,
-    )
-    hours = t.hours
-    ckpt_bytes = checkpoint_bytes(shape, settings)
-    ckpt = CheckpointCost.of_bytes(ckpt_bytes)
-    model_bytes = shape.params * 2.0
-    startup_s = PROVISION_S + model_bytes / (DOWNLOAD_GBPS * 1e9)  # billed once on any instance
-    restart_s = startup_s + ckpt_bytes / (CHECKPOINT_GBPS * 1e9)
-    hazard = hazard_of(offer, layout.nodes, regions, job.hazards)
-    rate = hazard.rate_per_hour
-    step_s = layout.accum * t.step_s_per_microbatch
-    rule = BILLING.get(offer.cloud, DEFAULT_BILLING)
-    save_gb, pull_gb = ckpt_bytes / 1e9, (work.tokens_per_epoch or 0) * DATA_BYTES_PER_TOKEN / 1e9
-    shares = dict(hazard.region_share) or ({regions[0]: 1.0} if regions else {})
-    adjustments: list[str] = []
-
-    def movement(wall: float, interval: float, interruptions: float) -> Any:
-        saves = hours * 3600.0 / interval + 1.0  # the periodic saves and the final one
-        return price_movement(
-            job.store, offer.cloud, shares, save_gb=save_gb, saves=saves, pull_gb=pull_gb,
-            launches=1.0 + interruptions, restores=interruptions, keep=spec.checkpoint.keep, hours=wall,
-        )  # fmt: skip
-
-    def cost_on(spot_price: bool, hourly: float | None) -> tuple[float, float, float, float, Any] | None:
-        """(cost, wall hours, interruptions, interval, data movement) on one market."""
-        if hourly is None:
-            return None
-        per_save = movement(1.0, 1.0, 0.0).per_save_usd
-        interval, why = interval_and_why(spec, step_s, ckpt, rate if spot_price else 0.0,
-                                            per_save * 3600.0 / hourly)  # fmt: skip
-        if why and why not in adjustments:
-            adjustments.append(why)
-        startup_h = startup_s / 3600.0
-        if not spot_price or rate <= 0:
-            wall = hours + startup_h
-            moved = movement(wall, interval, 0.0)
-            extra = (moved.egress_usd or 0.0) + (moved.storage_usd or 0.0)
-            return hourly * billed_hours(wall, 1, rule) + extra, wall, 0.0, interval, moved
-        wall = spot_hours(hours, rate, interval, ckpt.blocking_s, restart_s, ckpt.upload_s)
-        if wall is None:
-            return None
-        wall += startup_h
-        interruptions = rate * wall
-        moved = movement(wall, interval, interruptions)
-        extra = (moved.egress_usd or 0.0) + (moved.storage_usd or 0.0)
-        return (
-            hourly * billed_hours(wall, 1 + interruptions, rule) + extra,
-            wall,
-            interruptions,
-            interval,
-            moved,
-        )
-
-    on_spot = cost_on(True, spot)
-    on_demand = cost_on(False, od)
-    fallback_share = 0.0
-    if on_spot is not None and (hazard.no_capacity > 0 or hazard.relaunch_no_capacity > 0):
-        on_spot, fallback_share = _with_capacity(on_spot, on_demand, hazard, job.fallback)
-    if (
-        is_spot
-        and on_spot is not None
-        and on_demand is not None
-        and job.fallback
-        and on_demand[0] < on_spot[0]
-    ):
-        adjustments.append(
-            f"market: on-demand is expected cheaper than spot here (${on_demand[0]:.2f} vs ${on_spot[0]:.2f} "
-            f"at {rate:.2f} interruptions/h), so resources.fallback: on-demand runs it on demand"
-        )
-        is_spot, price = False, od
-    paid = on_spot if is_spot else on_demand
-    if paid is None:
+    """The offer as a candidate on the market it runs on, with its expected cost; None when interruptions
+    come faster than progress there."""
+    costs = _costing(job, offer, layout, mem, acc, regions, scale)
+    market = _market(job, costs, is_spot, price, od, spot)
+    if market is None:
         return None
-    cost, wall, interruptions, interval, moved = paid
-    per_region: dict[str, float] = {}
-    for region in regions if moved.egress_usd is not None and wall > 0 else ():
-        there = price_movement(
-            job.store, offer.cloud, {region: 1.0}, save_gb=save_gb, saves=hours * 3600.0 / interval + 1.0,
-            pull_gb=pull_gb, launches=1.0 + interruptions, restores=interruptions, keep=0, hours=wall,
-        )  # fmt: skip
-        if there.egress_usd is not None:
-            per_region[region] = there.egress_usd / wall
-    region_rates = {
-        r: round(hazard_of(offer, layout.nodes, (r,), job.hazards).rate_per_hour, 5) for r in regions
-    }
+    is_spot, price, hazard, rate = market.is_spot, market.price, costs.hazard, costs.rate
+    cost, wall, interruptions, interval, moved = market.paid
+    per_region = costs.data_usd_per_hour(regions, market.paid)
+    region_rates = _region_rates(job, offer, layout, regions)
     return Candidate(
         cloud=offer.cloud,
         instance_type=offer.instance_type,
@@ -833,21 +932,21 @@ def _candidate(
         hourly_usd=price,
         spot_hourly_usd=spot,
         ondemand_hourly_usd=od,
-        est_hours=hours,
+        est_hours=costs.hours,
         expected_hours=wall,
         expected_cost_usd=cost,
-        expected_cost_spot_usd=on_spot[0] if on_spot else None,
-        expected_cost_ondemand_usd=on_demand[0] if on_demand else None,
+        expected_cost_spot_usd=market.on_spot[0] if market.on_spot else None,
+        expected_cost_ondemand_usd=market.on_demand[0] if market.on_demand else None,
         checkpoint_interval_s=interval,
-        checkpoint_write_s=ckpt.upload_s,
-        checkpoint_blocking_s=ckpt.blocking_s,
-        startup_s=startup_s,
-        restart_overhead_s=restart_s,
+        checkpoint_write_s=costs.ckpt.upload_s,
+        checkpoint_blocking_s=costs.ckpt.blocking_s,
+        startup_s=costs.startup_s,
+        restart_overhead_s=costs.restart_s,
         interruption_rate_per_hour=rate if is_spot else 0.0,  # the job's nodes, on the market it runs on
         expected_interruptions=interruptions,
         peak_gib_per_gpu=mem.peak_gib_per_gpu,
         regions=list(regions),
-        tokens_per_s=t.tokens_per_s,
+        tokens_per_s=costs.time.tokens_per_s,
         time_scale=scale,
         nodes=layout.nodes,
         layout=layout,
@@ -857,14 +956,19 @@ def _candidate(
         interruption_high_per_hour=hazard.high_per_hour,
         spot_availability=hazard.availability,
         spot_wait_s=hazard.wait_s,
-        fallback_share=fallback_share if is_spot else 0.0,
+        fallback_share=market.fallback_share if is_spot else 0.0,
         egress_usd=moved.egress_usd,
         storage_usd=moved.storage_usd,
-        adjustments=adjustments,
+        adjustments=costs.adjustments,
         data_usd_per_hour=per_region,
         region_rates_per_hour=region_rates,
         save_cost_s=moved.per_save_usd * 3600.0 / price if price else 0.0,
     )
+
+
+def _region_rates(job: _Job, offer: Offer, layout: Layout, regions: tuple[str, ...]) -> dict[str, float]:
+    """The job's spot interruption rate per hour (its nodes) had it run in each of `regions`."""
+    return {r: round(hazard_of(offer, layout.nodes, (r,), job.hazards).rate_per_hour, 5) for r in regions}
 
 
 def _with_capacity(

@@ -1,1 +1,1 @@
-"""What the CLI shows: job facts for `status`, the rich tables, charts and the HTML report. May import the ground floor, sizing, spot and backends; never the CLI."""
+"""What the CLI shows: job facts for `status`, the rich tables, charts and the HTML report. May import the ground floor, sizing, spot and backends; never the CLI. `job_facts` alone is ground floor (the backends read it), so it imports only the ground floor."""

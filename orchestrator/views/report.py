@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UserError
+from orchestrator.views.format import money
 
 REPORT_FILE = "report.html"
 #: the plan `ftorch launch` recorded in the run store (jobs.launch), for backends that plan
@@ -47,9 +48,8 @@ def _e(value: Any) -> str:
 
 
 def _usd(value: Any) -> str:
-    return (
-        "-" if not isinstance(value, (int, float)) else f"${value:,.2f}" if value >= 0.01 else f"${value:.4f}"
-    )
+    """To the cent, four places under a cent (orchestrator/views/format.py: the CLI's dollars too)."""
+    return money(value, cents=True, tiny=True, missing="-")
 
 
 def _clock(at: Any) -> str:

@@ -158,6 +158,9 @@ FLOORS = {
     # jobs as a user drives them, and what the CLI shows
     "orchestrator.jobs": STATUS,
     "orchestrator.views": STATUS,
+    # a job's facts from the registry and its run store, free of the backends: a backend's notification
+    # carries the same status row (orchestrator/backends/notify.py adds the backend's fields itself)
+    "orchestrator.views.job_facts": GROUND,
     # the CLI: command modules, follow/watch, the light entry point
     "orchestrator.cli": CLI,
     "orchestrator.cli.status_command": STATUS,  # the body of `ftorch status`, free of typer
@@ -165,13 +168,7 @@ FLOORS = {
     "orchestrator.entry": CLI,  # the console script: defers to orchestrator.cli.app
 }
 #: upward arrows still there, (module, target) -> why; remove an entry when its arrow is gone
-KNOWN_UPWARD = {
-    (
-        "orchestrator.backends.notify",
-        "orchestrator.views.status",
-    ): "a notification carries the job's status row "
-    "(job_row, with the backend's fields); the backends that notify cannot build it themselves",
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 
 def floor_of(module: str, floors: dict[str, int] = FLOORS) -> int | None:

@@ -10,8 +10,8 @@ from rich.console import Console
 
 from orchestrator.backends.skypilot_cost import ondemand_price
 from orchestrator.registry import Registry
+from orchestrator.views.jobs_table import render_jobs
 from orchestrator.views.status import status_one
-from orchestrator.views.ui import render_jobs
 from trainer.runstore.store import RunStore
 
 

@@ -18,6 +18,7 @@ from helpers import job_dict, prepare_run, write_data
 
 from orchestrator.registry import JobState, Registry
 from orchestrator.views import status as job_status
+from orchestrator.views.job_facts import timeline
 from trainer.runstore.store import RunStore
 from trainer.stops.interruptions import how_it_ended, request_stop
 
@@ -57,7 +58,7 @@ def test_steps_are_credited_to_the_attempt_that_trained_them(tmp_path: Path, fto
              outcome="crashed")  # fmt: skip
     _attempt(registry, job_id, 30, first_step_at=now - 100, ended_at=now, end_step=60,
              end_reason="succeeded", outcome="succeeded")  # fmt: skip
-    rows = job_status.timeline(registry.attempts(job_id), JobState.SUCCEEDED, now)
+    rows = timeline(registry.attempts(job_id), JobState.SUCCEEDED, now)
     assert [r["steps_gained"] for r in rows] == [30, 0, 30]
     assert [r["steps_lost"] for r in rows] == [5, 0, 0]
 
@@ -73,9 +74,9 @@ def test_a_recovering_attempt_does_not_show_the_previous_attempts_step(
              end_reason="preempted (without notice, step 35)", outcome="preempted")  # fmt: skip
     _attempt(registry, job_id, 30)  # loading the model; progress.json is still attempt 1's
     progress = {"attempt": 1, "step": 35}
-    rows = job_status.timeline(registry.attempts(job_id), JobState.RECOVERING, now, progress)
+    rows = timeline(registry.attempts(job_id), JobState.RECOVERING, now, progress)
     assert rows[1]["start_step"] == 30 and not rows[1]["steps_gained"]
-    rows = job_status.timeline(registry.attempts(job_id), JobState.RUNNING, now, {"attempt": 2, "step": 33})
+    rows = timeline(registry.attempts(job_id), JobState.RUNNING, now, {"attempt": 2, "step": 33})
     assert rows[1]["steps_gained"] == 3
 
 

@@ -19,8 +19,10 @@ from rich.console import Console
 
 from orchestrator.registry import Registry
 from orchestrator.views import status as job_status
-from orchestrator.views import ui
 from orchestrator.views.charts import MARK, loss_chart
+from orchestrator.views.job_detail import render_detail
+from orchestrator.views.job_facts import lost_time_per_preemption
+from orchestrator.views.jobs_table import render_jobs
 
 WIDTHS = (40, 80, 160)
 #: what `ftorch status` must not load (typer itself brings pydantic; the job-file schema stays out)
@@ -47,7 +49,7 @@ def demo(tmp_path: Path, ftorch_home: Path) -> Registry:
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_jobs_table_answers_at_a_glance_at_every_width(demo: Registry, width: int) -> None:
-    text = render(ui.render_jobs(job_status.status_all(), width), width)
+    text = render(render_jobs(job_status.status_all(), width), width)
     # the running job, the one stopped on its budget, the recent success; the old failure collapses
     assert "RUNNING" in text and "STOPPED·budget" in text and "SUCCEEDED" in text
     assert "llama3-8b-support-a" in text and "qwen-7b-sql-d4e5f6" in text
@@ -68,18 +70,18 @@ def test_jobs_table_answers_at_a_glance_at_every_width(demo: Registry, width: in
 
 
 def test_all_shows_old_finished_jobs(demo: Registry) -> None:
-    text = render(ui.render_jobs(job_status.status_all(), 160, show_all=True), 160)
+    text = render(render_jobs(job_status.status_all(), 160, show_all=True), 160)
     assert "old-experiment-111111" in text and "FAILED" in text and "hidden" not in text
 
 
 def test_no_jobs_says_how_to_start_one(ftorch_home: Path) -> None:
-    assert "ftorch launch" in render(ui.render_jobs(job_status.status_all(), 80), 80)
+    assert "ftorch launch" in render(render_jobs(job_status.status_all(), 80), 80)
 
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_detail_shows_timeline_checkpoints_chart(demo: Registry, width: int) -> None:
     detail = job_status.status_one("llama3")
-    text = render(ui.render_detail(detail, width), width)
+    text = render(render_detail(detail, width), width)
     assert "llama3-8b-support-a1b2c3" in text and "RUNNING" in text and "212/600" in text
     assert "attempts" in text and "preempted (with notice" in text and "running" in text
     assert "checkpoints" in text and "4.0 KiB" in text
@@ -95,7 +97,7 @@ def test_detail_shows_timeline_checkpoints_chart(demo: Registry, width: int) -> 
 def test_detail_of_a_budget_stop_says_how_to_continue(demo: Registry) -> None:
     detail = job_status.status_one("qwen")
     assert detail["stop_reason"] == "budget" and detail["budget_usd"] == 2.0
-    text = render(ui.render_detail(detail, 100), 100)
+    text = render(render_detail(detail, 100), 100)
     assert "STOPPED·budget" in text and "budget $2.00" in text
     assert flat("ftorch resume qwen-7b-sql-d4e5f6") in flat(text) and "--setresources.budget_usd=" in flat(
         text
@@ -104,7 +106,7 @@ def test_detail_of_a_budget_stop_says_how_to_continue(demo: Registry) -> None:
 
 def test_detail_of_a_success_says_where_the_output_is(demo: Registry) -> None:
     detail = job_status.status_one("mistral")
-    text = render(ui.render_detail(detail, 80), 80)
+    text = render(render_detail(detail, 80), 80)
     assert flat(f"output: {detail['output_uri']}") in flat(text) and "SUCCEEDED" in text
     assert detail["projected_cost_usd"] == detail["cost_usd"] and detail["eta_s"] == 0.0
 
@@ -147,7 +149,7 @@ def test_status_with_1000_jobs_is_fast_and_loads_nothing_heavy(tmp_path: Path, f
     assert best < 0.3, f"status_all over 1,000 jobs took {best:.3f} s"
     script = (
         f"import sys; sys.argv = ['ftorch', 'status']; HEAVY = {HEAVY!r}\n"
-        "from orchestrator import cli\n"
+        "from orchestrator.cli import app as cli\n"
         "try:\n    cli.main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
         "heavy = [m for m in HEAVY if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
@@ -222,6 +224,6 @@ def test_a_kill_before_any_checkpoint_counts_the_steps_redone_as_lost_time() -> 
 
     killed = {"outcome": Outcome.PREEMPTED, "ended_at": 100.0, "time_lost_s": 89 * 0.15 + 5.2}
     following = {"outcome": None, "ended_at": None, "first_step_at": 105.2, "time_lost_s": None}
-    assert job_status.lost_time_per_preemption([killed, following]) == [round(89 * 0.15 + 5.2, 2)]
+    assert lost_time_per_preemption([killed, following]) == [round(89 * 0.15 + 5.2, 2)]
     noticed = {**killed, "time_lost_s": None}  # a notice saved every step: the gap alone
-    assert job_status.lost_time_per_preemption([noticed, following]) == [5.2]
+    assert lost_time_per_preemption([noticed, following]) == [5.2]

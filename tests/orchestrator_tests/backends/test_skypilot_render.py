@@ -24,7 +24,7 @@ from orchestrator.backends.skypilot import render_job
 from orchestrator.errors import SpecError
 from orchestrator.jobfile.spec import load_job, validate_job
 from trainer import exitcodes
-from trainer.runstore.attempts import claim_attempt, machine_key, was_preempted
+from trainer.runstore.attempts import claim_attempt, ending, machine_key, was_preempted
 from trainer.runstore.store import RunStore
 from trainer.stops.interruptions import prior_mtbf_s
 from trainer.stops.interval import CheckpointCost, auto_interval
@@ -332,8 +332,17 @@ def test_a_worker_node_waits_for_rank_0s_record_before_exit_75(tmp_path: Path) -
     assert was_preempted(store, 7, wait_s=10, poll_s=0.05)
     store.write_progress({"attempt": 8, "state": "failed"})  # rank 0 recorded a crash: no wait, no 75
     assert not was_preempted(store, 8, wait_s=10, poll_s=0.05)
+    # what the run script asks (`--ending`): the same bounded wait, and an unhealthy end read the same way
+    store.write_progress({"attempt": 9, "state": "running"})
+    later = threading.Timer(0.3, lambda: store.write_progress({"attempt": 9, "state": "preempted"}))
+    later.start()
+    assert ending(store, 9, wait_s=10, poll_s=0.05) == "preempted"
+    store.claim_epoch({"attempt": 10, "ended": "unhealthy"})
+    store.write_progress({"attempt": 10, "state": "failed"})
+    assert ending(store, 10, wait_s=10, poll_s=0.05) == "unhealthy"
+    assert ending(store, 8, wait_s=10, poll_s=0.05) == ""
     template = (REPO / "task_templates/multinode.yaml").read_text()
-    assert '--preempted "$FTORCH_ATTEMPT" --wait "$wait_s"' in template and "wait_s=120" in template
+    assert '--ending "$FTORCH_ATTEMPT" --wait "$wait_s"' in template and "wait_s=120" in template
 
 
 # ---- the templates' run scripts, for real (bash, the trainer, torchrun on CPU) ---------------------

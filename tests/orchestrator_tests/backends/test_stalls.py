@@ -103,7 +103,7 @@ def test_a_hung_step_is_ended_by_the_watchdog_restarted_and_a_second_stall_witho
 
 
 def test_status_shows_a_stale_heartbeat_as_stalled_with_its_age() -> None:
-    from orchestrator.views.ui import state_text
+    from orchestrator.views.cells import state_text
 
     assert str(state_text({"state": "RUNNING", "stalled_s": 200.0})).startswith("STALLED (heartbeat 3m")
     assert str(state_text({"state": "RUNNING", "stalled_s": None})) == "RUNNING"

@@ -18,7 +18,7 @@ from orchestrator.sizing.history import History
 from orchestrator.sizing.planner import make_plan
 from orchestrator.spot.egress import per_gb
 from orchestrator.spot.hazards import bundled
-from orchestrator.views.ui import plan_table
+from orchestrator.views.sizing_tables import plan_table
 from trainer.stops.interval import CHECKPOINT_GBPS
 
 EXAMPLES = REPO / "examples"
