@@ -27,7 +27,7 @@ WEBHOOK_TRIES = 2
 COMMAND_TIMEOUT_S = 60.0
 #: events the trainer sends itself (trainer/recording/notify.py); the local supervisor sends them only when the
 #: trainer did not deliver them (no marker in the run store)
-TRAINER_EVENTS = ("succeeded", "budget", "preempted")
+TRAINER_EVENTS = ("succeeded", "budget", "preempted", "unhealthy")
 #: events only the launching machine knows (a re-plan at `ftorch resume`): always sent from here
 LAUNCHER_EVENTS = ("replanned",)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,6 +22,7 @@ from helpers import (
     run_trainer,
     write_data,
 )
+from http_fakes import Hook
 
 from trainer import exitcodes
 from trainer.config import HealthSpec
@@ -143,11 +145,14 @@ DIVERGE = {"lr": 10, "max_grad_norm": 1e9, "warmup_steps": 0, "max_steps": 40, "
 
 
 def test_a_diverging_local_job_ends_unhealthy_keeps_its_good_weights_and_every_view_renders(
-    tmp_path: Path, tiny_model: Path, ftorch_home: Path
+    tmp_path: Path, tiny_model: Path, ftorch_home: Path, request: pytest.FixtureRequest
 ) -> None:
     data = write_data(tmp_path / "d.jsonl", "instruction", 64)
+    hook = Hook()
+    request.addfinalizer(hook.close)
     job = job_dict(tiny_model, data, tmp_path / "runs", train=DIVERGE, checkpoint={"every": 2, "keep": 2},
-                   local={"threads": 1, "restart_backoff_s": 0.2, "max_restarts_on_errors": 3})  # fmt: skip
+                   local={"threads": 1, "restart_backoff_s": 0.2, "max_restarts_on_errors": 3},
+                   notify={"webhook": hook.url, "on": ["unhealthy", "failed"]})  # fmt: skip
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job))
     launched = ftorch("launch", str(job_file), "--follow")
@@ -155,6 +160,10 @@ def test_a_diverging_local_job_ends_unhealthy_keeps_its_good_weights_and_every_v
     assert launched.returncode == 6, launched.stdout[-3000:] + launched.stderr[-2000:]  # UNHEALTHY
     detail = json.loads(ftorch("status", job_id, "--json").stdout)
     assert detail["state"] == "UNHEALTHY" and detail["attempts"] == 1  # never restarted
+    # one `unhealthy` notification: the trainer's own (the supervisor sees its marker and does not repeat
+    # it), and no `failed`; the supervisor's last post, if any, comes after --follow returns
+    time.sleep(2.0)
+    assert [p["body"]["event"] for p in hook.received] == ["unhealthy"], hook.received
     assert detail["reason"].startswith("unhealthy: ") and "after 2 rollbacks" in detail["reason"]
     store = RunStore(detail["run_uri"])
     healthy = [c for c in store.complete_checkpoints() if c.meta.get("healthy") is not False]
