@@ -49,7 +49,7 @@ from trainer.recording.notify import TrainerNotifier
 from trainer.recording.recorders import fmt_eval as _fmt_eval
 from trainer.recording.trackers import Trackers
 from trainer.runstore.progress import ProgressReporter, log
-from trainer.runstore.store import RunStore, check_output, output_store
+from trainer.runstore.store import CheckpointListing, RunStore, check_output, output_store
 from trainer.stops import budget
 from trainer.stops.interruptions import SUPERVISOR_LOST, how_it_ended, process_started_at
 from trainer.stops.notices import start_watcher
@@ -185,8 +185,8 @@ def _record_output(
             examples=example_count(dataset.train),
             held_out_examples=len(dataset.held_out),
             data_tokens=dataset.tokens,
-            eval_before=state.extra.get("eval_before"),
-            eval_after=state.extra.get("eval_after"),
+            eval_before=state.evals.before,
+            eval_after=state.evals.after,
             attempt=attempt,
             output_uri=output_uri,
         )
@@ -238,9 +238,8 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
 # ---- setup ---------------------------------------------------------------------------------------
 def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) -> Attempt:
     """Claim the run, build data, model and optimizer, and resume from the newest good checkpoint."""
-    measurer = (
-        Measurer()
-    )  # measured facts (trainer/recording/measure.py): phases count from the process's start
+    # measured facts (trainer/recording/measure.py): phases count from the process's start
+    measurer = Measurer()
     flag = PreemptionFlag()
     install_signal_handlers(flag)
     start_watcher(flag, log=log)  # cloud preemption notices (AWS/GCP/Azure metadata); ends off-cloud
@@ -256,22 +255,74 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     )
     # the store's checkpoints, listed once for this start (rank 0; the other ranks get its listing)
     listing = store.list_checkpoints() if int(os.environ.get("RANK", "0")) == 0 else None
-    # the spec fingerprint (trainer/checkpoints/fingerprint.py): a job or data changed since the newest
-    # checkpoint is refused (exit 2) unless `ftorch resume --allow-change` allowed it; every checkpoint records it
     identity = data_identity(spec.data, spec.checkpoint.storage_options)
     spec, as_run = _resolve_attention(spec, resolved, device.type)
-    start_check = fingerprint.check_start(store, as_run, identity, log, listing)
-    # the library versions (trainer/envlock.py): recorded with the attempt and every checkpoint; a resume
-    # under other versions than the newest checkpoint's is refused (exit 2) unless --allow-change allowed it
-    versions = check_versions(store, resolved, log, listing)
-    store.checkpoint_meta = {**start_check.meta, envlock.META_KEY: versions}
+    start_check, checked = _check_unchanged(store, resolved, as_run, identity, listing)
     # FSDP across ranks (torchrun, or a sharded run resumed by one process), or the identity
     par = setup_parallel(
         spec, device, store, resume_sharded=listing is not None and is_sharded(listing.newest)
     )
     log(f"attempt {attempt} of run {resolved['run_id']} on {device} (torch {torch.__version__})")
     log(f"layout: {layout.describe()}")
+    tokenizer, dataset = _load_data(spec, store, identity)
+    steps = total_steps(spec, dataset)
+    loading = time.time()
+    model, optimizer, scheduler, scaler = _build_model(spec, par, device, dataset, steps)
+    measurer.phase("model_load_s", time.time() - loading)
+    checkpoints = Checkpointer(par, store, spec, attempt, listing, start_meta=checked)
+    reading = time.time()
+    state = _resume(checkpoints, model, optimizer, scheduler, dataset, device, steps)
+    measurer.phase(
+        "checkpoint_read_s", time.time() - reading if checkpoints.resumed_from is not None else 0.0
+    )
+    # the same examples when the effective batch is split differently
+    if checkpoints.resumed_from is not None:
+        state.micro_batches = start_check.data_position(
+            state.step, state.micro_batches, resolved["job"], len(dataset.train)
+        )
+    state.attempt = attempt
+    if store.epoch:  # the ledger's steps redone: where this attempt starts, where the last one got to
+        ledger.record_start(store, attempt, state.step)
+    restore_scaler(scaler, state.scaler)
+    checkpoints.clean_up()
+    reporter, trackers = _open_reporting(
+        store, spec, resolved, par, device, attempt, steps, state, checkpoints
+    )
+    # notify: the webhook posts the trainer makes itself (trainer/recording/notify.py; bounded, never raises)
+    notifier = TrainerNotifier(store, resolved, attempt, steps, log)
+    if checkpoints.resumed_from is not None:
+        _check_resumed(spec, steps, state, scheduler, start_check, notifier)
+    measurer.ready(device, layout.ranks, layout.micro_batch, layout.accum, spec.train.gradient_checkpointing)
+    # budget: the trainer stops itself at resources.budget_usd (rank 0 holds the epoch and its price)
+    watch = budget.start_watch(store, resolved, checkpoints.auto, log) if store.epoch else None
+    return Attempt(
+        attempt, resolved, spec, store, flag, device, layout, par, tokenizer, dataset, steps,
+        model, optimizer, scheduler, scaler, checkpoints, state, reporter, trackers, notifier, measurer, watch,
+    )  # fmt: skip
 
+
+def _check_unchanged(
+    store: RunStore,
+    resolved: dict[str, Any],
+    as_run: dict[str, Any],
+    identity: str | None,
+    listing: CheckpointListing | None,
+) -> tuple[fingerprint.StartCheck, dict[str, Any]]:
+    """The job and the library versions compared with the newest checkpoint's: the check, and the meta
+    every checkpoint of this attempt records (fingerprint and versions; handed to the `Checkpointer`).
+
+    The spec fingerprint (trainer/checkpoints/fingerprint.py): a job or data changed since the newest
+    checkpoint is refused (exit 2) unless `ftorch resume --allow-change` allowed it. The library versions
+    (trainer/envlock.py) are recorded with the attempt too; a resume under other versions than the newest
+    checkpoint's is refused (exit 2) unless --allow-change allowed it."""
+    start_check = fingerprint.check_start(store, as_run, identity, log, listing)
+    versions = check_versions(store, resolved, log, listing)
+    return start_check, {**start_check.meta, envlock.META_KEY: versions}
+
+
+def _load_data(spec: JobSpec, store: RunStore, identity: str | None) -> tuple[Any, Dataset]:
+    """The tokenizer and the tokenized dataset (an earlier attempt's, from the run store's cache, when the
+    data's `identity` matches)."""
     log(f"loading the tokenizer of {spec.model}")
     tokenizer = load_tokenizer(spec)
     dataset = load_dataset(
@@ -283,54 +334,36 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
         cache_store=store,
         identity=identity,
     )
-    steps = total_steps(spec, dataset)
-    loading = time.time()
-    model, optimizer, scheduler, scaler = _build_model(spec, par, device, dataset, steps)
-    measurer.phase("model_load_s", time.time() - loading)
-    checkpoints = Checkpointer(par, store, spec, attempt, listing)
-    reading = time.time()
-    state = _resume(checkpoints, model, optimizer, scheduler, dataset, device, steps)
-    measurer.phase(
-        "checkpoint_read_s", time.time() - reading if checkpoints.resumed_from is not None else 0.0
+    return tokenizer, dataset
+
+
+def _check_resumed(
+    spec: JobSpec,
+    steps: int,
+    state: TrainerState,
+    scheduler: Any,
+    start_check: fingerprint.StartCheck,
+    notifier: TrainerNotifier,
+) -> None:
+    """After a resume: the webhook's post, and the log line that says whether the LR and the data position
+    are the ones planned for the resumed step."""
+    notifier.resumed(state.step)
+    expected = state.micro_batches if start_check.changes else state.step * spec.train.grad_accum
+    resume_check.check(  # "resumed at step N: lr and data position as planned" (or what differs)
+        state.step, scheduler, lr_lambda_for(spec, steps), state.micro_batches, expected, log
     )
-    if (
-        checkpoints.resumed_from is not None
-    ):  # the same examples when the effective batch is split differently
-        state.micro_batches = start_check.data_position(
-            state.step, state.micro_batches, resolved["job"], len(dataset.train)
-        )
-    state.extra["attempt"] = attempt
-    if store.epoch:  # the ledger's steps redone: where this attempt starts, where the last one got to
-        ledger.record_start(store, attempt, state.step)
-    restore_scaler(scaler, state.extra)
-    checkpoints.clean_up()
-    reporter, trackers = _open_reporting(
-        store, spec, resolved, par, device, attempt, steps, state, checkpoints
-    )
-    # notify: the webhook posts the trainer makes itself (trainer/recording/notify.py; bounded, never raises)
-    notifier = TrainerNotifier(store, resolved, attempt, steps, log)
-    if checkpoints.resumed_from is not None:
-        notifier.resumed(state.step)
-        expected = state.micro_batches if start_check.changes else state.step * spec.train.grad_accum
-        resume_check.check(  # "resumed at step N: lr and data position as planned" (or what differs)
-            state.step, scheduler, lr_lambda_for(spec, steps), state.micro_batches, expected, log
-        )
-    measurer.ready(device, layout.ranks, layout.micro_batch, layout.accum, spec.train.gradient_checkpointing)
-    # budget: the trainer stops itself at resources.budget_usd (rank 0 holds the epoch and its price)
-    watch = budget.start_watch(store, resolved, checkpoints.auto, log) if store.epoch else None
-    return Attempt(
-        attempt, resolved, spec, store, flag, device, layout, par, tokenizer, dataset, steps,
-        model, optimizer, scheduler, scaler, checkpoints, state, reporter, trackers, notifier, measurer, watch,
-    )  # fmt: skip
 
 
 def _open_store(
     run_uri: str, attempt: int, storage_options: dict[str, Any] | None, flag: PreemptionFlag
 ) -> tuple[RunStore, dict[str, Any], JobSpec]:
-    """The run store (with the spec's storage options), its resolved spec, and this attempt's epoch."""
-    resolved = RunStore(run_uri, storage_options).read_spec()
+    """The run store (with the spec's storage options), its resolved spec, and this attempt's epoch: the
+    one `RunStore` of this start, which every part of the attempt is handed."""
+    store = RunStore(run_uri, storage_options)  # `storage_options`: how to reach spec.json
+    resolved = store.read_spec()
     spec = JobSpec.model_validate(resolved["job"])
-    store = RunStore(run_uri, spec.checkpoint.storage_options)
+    if spec.checkpoint.storage_options != store.storage_options:  # spec.json names other options: they
+        store = RunStore(run_uri, spec.checkpoint.storage_options)  # hold for the run (the first is let go)
     start_stop_watcher(flag, store, log=log)  # a cloud controller's switch request (run store)
     # budget: the price this attempt runs at, and a run already at its budget leaves at once (every rank)
     price = budget.price_record(_gpu_name(), process_started_at())
@@ -404,10 +437,10 @@ def _resume(
         assert checkpoints.resumed_from is not None
         log(f"resumed from {checkpoints.resumed_from.path} (step {state.step}/{steps})")
         return state
-    state = TrainerState(step=0, micro_batches=0, tokens_seen=0, extra={})
+    state = TrainerState(step=0, micro_batches=0, tokens_seen=0)
     if dataset.held_out:
-        state.extra["eval_before"] = evaluate(model, dataset, device, checkpoints.spec)
-        log(f"held-out before training: {_fmt_eval(state.extra['eval_before'])}")
+        state.evals.before = evaluate(model, dataset, device, checkpoints.spec)
+        log(f"held-out before training: {_fmt_eval(state.evals.before)}")
     return state
 
 
@@ -434,17 +467,13 @@ def _open_reporting(
     reporter.start(state.step)
     report_to = spec.train.report_to if par.is_main else []
     trackers = Trackers(store, report_to, attempt, state.step, resolved["run_id"], resolved["job"])
-    if state.step == 0 and state.extra.get("eval_before"):
-        trackers.scalar("eval/loss", state.extra["eval_before"]["loss"], 0)
+    if state.step == 0 and state.evals.before:
+        trackers.scalar("eval/loss", state.evals.before["loss"], 0)
     # issue 23: records go with the checkpoint that covers them (flushed before its manifest), and W&B
     # gets again what an earlier attempt handed it but it never durably got, up to the resumed checkpoint
     checkpoints.before_save += [reporter.flush, trackers.flush]
-    trackers.catch_up(state.step, (state.extra.get("eval_before") or {}).get("loss"))
+    trackers.catch_up(state.step, (state.evals.before or {}).get("loss"))
     return reporter, trackers
-
-
-#: state.extra: the step whose evaluation a notice cut short (made up by the attempt that resumes there)
-EVAL_CUT_SHORT = "eval_cut_short"
 
 
 # ---- fit -----------------------------------------------------------------------------------------
@@ -463,8 +492,10 @@ def fit(a: Attempt) -> int | None:
     a.watchdog = _start_watchdog(a)
     heartbeat = recorders.WatchdogObserver(a.watchdog, a.reporter)
     a.observers.insert(0, heartbeat)
-    if eval_every and a.state.extra.pop(EVAL_CUT_SHORT, None) == a.state.step:
-        _evaluate_now(a, heartbeat)  # the notice's checkpoint came before this step's evaluation
+    if eval_every and a.state.evals.cut_short_at is not None:  # the mark is taken off here
+        cut_short_at, a.state.evals.cut_short_at = a.state.evals.cut_short_at, None
+        if cut_short_at == a.state.step:
+            _evaluate_now(a, heartbeat)  # the notice's checkpoint came before this step's evaluation
     while a.state.step < a.steps:
         if a.par.any(a.flag.is_set()):  # all ranks stop at the same step
             heartbeat.enter("checkpoint")  # the final save is timed as a checkpoint, not as a step
@@ -516,10 +547,10 @@ def _evaluate_now(a: Attempt, heartbeat: recorders.WatchdogObserver) -> None:
     stop = (lambda: a.par.any(a.flag.is_set())) if a.par.world > 1 else a.flag.is_set  # all ranks alike
     result = _quiet_evaluate(a.model, a.dataset, a.device, a.spec, stop)
     if result:
-        a.state.extra.pop(EVAL_CUT_SHORT, None)
+        a.state.evals.cut_short_at = None
         a.observers.eval(a.state.step, result)
     else:  # {}: a notice came during it; the loop saves at once
-        a.state.extra[EVAL_CUT_SHORT] = a.state.step
+        a.state.evals.cut_short_at = a.state.step
         heartbeat.enter("step")
 
 
@@ -572,7 +603,7 @@ def _train_step(a: Attempt) -> tuple[float, float, float]:
     # the health checks (trainer/health/guard.py) may skip the optimizer step (a non-finite loss or norm)
     go = a.health.go_for(state.step + 1, step_loss) if a.health is not None else None
     grad_norm = update(a.model, a.optimizer, a.spec.train.max_grad_norm, a.scaler, go)
-    save_scaler(a.scaler, state.extra)
+    state.scaler = save_scaler(a.scaler, state.scaler)
     a.scheduler.step()
     a.optimizer.zero_grad(set_to_none=True)
     maybe_slow("slow-step")  # FTORCH_FAULTS=slow-step@MS (tests: a slow machine on demand)
@@ -625,15 +656,15 @@ def finish(a: Attempt) -> int:
     a.checkpoints.wait()
     a.reporter.last_checkpoint(state.step)
     if a.dataset.held_out:
-        state.extra["eval_after"] = evaluate(a.model, a.dataset, a.device, a.spec)
-        log(f"held-out after training:  {_fmt_eval(state.extra['eval_after'])}")
-        a.reporter.eval_loss(state.step, state.extra["eval_after"]["loss"])
-        a.trackers.scalar("eval/loss", state.extra["eval_after"]["loss"], state.step)
+        state.evals.after = evaluate(a.model, a.dataset, a.device, a.spec)
+        log(f"held-out after training:  {_fmt_eval(state.evals.after)}")
+        a.reporter.eval_loss(state.step, state.evals.after["loss"])
+        a.trackers.scalar("eval/loss", state.evals.after["loss"], state.step)
     a.trackers.close()
     a.store.check_intact()  # a run store deleted under this attempt: StoreGone (exit 2), never "done"
     a.reporter.set_state("writing_output")
     a.par.write_output(write_output, a.model, a.tokenizer, a.spec, output_uri, a.store.run_uri)
-    a.reporter.finish(eval_before=state.extra.get("eval_before"), eval_after=state.extra.get("eval_after"))
+    a.reporter.finish(eval_before=state.evals.before, eval_after=state.evals.after)
     if a.par.is_main:
         _record_output(a.store, a.spec, a.resolved, a.steps, state, a.dataset, a.number, output_uri)
     health = {"health": a.health.rules.state.to_json()} if a.health is not None else {}

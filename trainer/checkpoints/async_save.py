@@ -56,7 +56,8 @@ class AsyncCheckpointer:
         self.log = log
         #: the steps whose "saved" line is logged (the Checkpointer chooses); None: every step's
         self.loud_steps: set[int] | None = None
-        #: the manifest's `meta` (checkpointer.manifest_meta)
+        #: the manifest's `meta` (checkpointer.manifest_meta: fingerprint, versions, attempt), handed to
+        #: `RunStore.commit_checkpoint` with each checkpoint
         self.meta = dict(meta or {})
         self.asynchronous = asynchronous
         self.staging_dir = staging_dir if staging_dir is not None else os.environ.get("FTORCH_STAGING_DIR")
@@ -98,7 +99,7 @@ class AsyncCheckpointer:
         self.wait()
         started = time.perf_counter()
         snap = snapshot(model, optimizer, scheduler, state)
-        meta = {**self.meta, **health_meta(state.extra)}  # this state's: whether it is healthy
+        meta = {**self.meta, **health_meta(state.health)}  # this state's: whether it is healthy
         result = SaveResult(step=state.step, blocking_s=time.perf_counter() - started, nbytes=snap.nbytes)
         if not self.asynchronous or wait:
             self._upload(snap, result, meta)

@@ -4,7 +4,8 @@
 - `optimizer.pt`: optimizer and LR-scheduler state dicts (tensors and numbers only; read back with
   `torch.load(weights_only=True)`)
 - `rng.safetensors`: torch CPU and CUDA generator states
-- `trainer_state.json`: step, data position, python and numpy RNG, evaluation results, bookkeeping
+- `trainer_state.json`: step, data position, python and numpy RNG, and `TrainerState`'s named parts
+  (evaluations, attempt, loss scaler, health counters)
 
 Also the contract of the two checkpoint writers (`CheckpointWriter`, `SaveResult`, `StagingError`):
 `AsyncCheckpointer` (one process) and `ShardedWriter` (DCP, several ranks); `Checkpointer` picks one.
@@ -24,6 +25,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
 from trainer.checkpoints.rng import RngState
+from trainer.health.rules import HealthState
 from trainer.model.load import trainable_parameters
 from trainer.runstore.store import CorruptCheckpoint
 
@@ -31,35 +33,88 @@ WEIGHTS = "weights.safetensors"
 OPTIMIZER = "optimizer.pt"
 RNG = "rng.safetensors"
 STATE = "trainer_state.json"
+#: the key of `trainer_state.json` that holds the named parts, as `extra` held them before they were named
+#: (`eval_before`, `eval_after`, `eval_cut_short`, `attempt`, `grad_scaler`, `health`)
+EXTRA = "extra"
+
+
+@dataclass
+class Evals:
+    """The held-out evaluations (trainer/loop.py `evaluate`: loss, exact match, examples)."""
+
+    #: before the first step (a fresh start with held-out examples); None when not made
+    before: dict[str, float] | None = None
+    #: after the last step (`finish`); None until then
+    after: dict[str, float] | None = None
+    #: the step whose mid-run evaluation a notice cut short: the attempt resuming there makes it up first
+    cut_short_at: int | None = None
 
 
 @dataclass
 class TrainerState:
-    """Where the run is: the optimizer step, the data position (in the job's micro-batches), the tokens
-    seen, and bookkeeping that travels with the checkpoint (`extra`: evaluations, attempt, scaler)."""
+    """Where the run is (the optimizer step, the data position in the job's micro-batches, the tokens
+    seen) and the bookkeeping that travels with the checkpoint, each part named."""
 
     step: int
     micro_batches: int
     tokens_seen: int
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: the held-out evaluations made so far
+    evals: Evals = field(default_factory=Evals)
+    #: the attempt that wrote the checkpoint (set at each attempt's start); None before
+    attempt: int | None = None
+    #: fp16-mixed's loss scaler state (`GradScaler.state_dict()`: scale, growth tracker); None otherwise
+    scaler: dict[str, Any] | None = None
+    #: train.health's counters (trainer/health/rules.py; the rollbacks name the data windows stepped
+    #: over), `healthy` also covering the weights at the save; None until the health guard records them
+    health: HealthState | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The fields of `trainer_state.json` this class owns (a writer adds its own beside them)."""
+        """The fields of `trainer_state.json` this class owns (a writer adds its own beside them). The
+        named parts go under `extra`, as in checkpoints written before they were named; unset ones are
+        left out."""
+        parts = {
+            "eval_before": self.evals.before,
+            "eval_after": self.evals.after,
+            "eval_cut_short": self.evals.cut_short_at,
+            "attempt": self.attempt,
+            "grad_scaler": self.scaler,
+            "health": self.health.to_json() if self.health is not None else None,
+        }
         return {
             "step": self.step,
             "micro_batches": self.micro_batches,
             "tokens_seen": self.tokens_seen,
-            "extra": copy.deepcopy(self.extra),
+            EXTRA: copy.deepcopy({k: v for k, v in parts.items() if v is not None}),
         }
 
     @classmethod
     def from_json(cls, saved: dict[str, Any]) -> TrainerState:
+        """The state of a `trainer_state.json` (any checkpoint's: keys under `extra` that name no part
+        are dropped)."""
+        parts = saved.get(EXTRA)
+        parts = parts if isinstance(parts, dict) else {}
+        health = _dict(parts.get("health"))
         return cls(
             step=int(saved["step"]),
             micro_batches=int(saved["micro_batches"]),
             tokens_seen=int(saved["tokens_seen"]),
-            extra=saved.get("extra") or {},
+            evals=Evals(
+                before=_dict(parts.get("eval_before")),
+                after=_dict(parts.get("eval_after")),
+                cut_short_at=_int(parts.get("eval_cut_short")),
+            ),
+            attempt=_int(parts.get("attempt")),
+            scaler=_dict(parts.get("grad_scaler")),
+            health=HealthState.from_json(health) if health is not None else None,
         )
+
+
+def _dict(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class StagingError(RuntimeError):

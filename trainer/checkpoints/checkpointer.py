@@ -1,7 +1,8 @@
 """The trainer's one checkpoint object (`Checkpointer`): what it reads at the start, when it saves, how,
 and what a failed save means for the attempt.
 
-Built from (parallelism, store, spec), it alone knows which kind of checkpoint is read and written:
+Built from (parallelism, store, spec, and the start's checked fingerprint and versions, `start_meta`, which
+its writers record in every manifest), it alone knows which kind of checkpoint is read and written:
 sharded DCP checkpoints from every rank (`sharded_checkpoint`) when the run is sharded, else whole ones
 from one process (`async_checkpoint`: a snapshot, then a background upload); FTORCH_ASYNC_CHECKPOINT=0
 makes either synchronous. The loop calls
@@ -56,10 +57,11 @@ from trainer.runstore.store import (
 from trainer.stops.interval import AutoInterval, History
 
 
-def manifest_meta(spec: JobSpec, attempt: int) -> dict[str, Any]:
-    """What every checkpoint's manifest records about the run in its `meta` (a sharded writer adds its
-    kind, world size and files beside it)."""
-    return {"attempt": attempt}
+def manifest_meta(attempt: int, start_meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What every checkpoint's manifest records about the run in its `meta`: what the start checked
+    (`start_meta`: the spec fingerprint and the library versions) and the attempt (a writer adds the
+    state's health, and a sharded one its kind, world size and files, beside them)."""
+    return {**(start_meta or {}), "attempt": attempt}
 
 
 def async_saves() -> bool:
@@ -78,11 +80,15 @@ class Checkpointer:
         attempt: int = 1,
         listing: CheckpointListing | None = None,
         writer: CheckpointWriter | None = None,
+        start_meta: dict[str, Any] | None = None,
     ) -> None:
         self.par = par
         self.store = store
         self.spec = spec
         self.attempt = attempt
+        #: what this start checked (trainer/loop.py `_check_unchanged`: the spec fingerprint and the
+        #: library versions), recorded in every checkpoint manifest its writers commit
+        self.start_meta = dict(start_meta or {})
         self._listing = par.share(listing)  # every rank works from rank 0's listing
         self.writer = writer if writer is not None else self._make_writer()
         self.agree = par.any
@@ -104,7 +110,7 @@ class Checkpointer:
 
     def _make_writer(self) -> CheckpointWriter:
         """DCP shards from every rank, or one process's files (snapshot, then a background upload)."""
-        meta = manifest_meta(self.spec, self.attempt)
+        meta = manifest_meta(self.attempt, self.start_meta)
         if isinstance(self.par, Sharded):
             return ShardedWriter(self.store, self.spec, self.par, meta, async_saves=async_saves())
         return AsyncCheckpointer(self.store, self.spec.checkpoint.keep, log, meta, asynchronous=async_saves())
@@ -150,7 +156,7 @@ class Checkpointer:
         """The step of the newest complete healthy checkpoint in the store (rank 0; None on the others)."""
         if not self.par.is_main:
             return None
-        healthy = healthy_listing(self.store.list_checkpoints()).newest
+        healthy = self.store.list_checkpoints().newest_healthy
         return healthy.step if healthy is not None else None
 
     def clean_up(self) -> None:

@@ -178,10 +178,9 @@ def newest_record(store: Any, listing: Any = None) -> tuple[int, dict[str, Any]]
     """(step, fingerprint record) of the newest checkpoint with a manifest; None when there is none.
     An old checkpoint without a record gives an empty one (nothing to compare). `listing`: the start's
     one listing of the store (trainer.runstore.store.CheckpointListing), when the caller has it."""
-    complete = listing.complete if listing is not None else store.complete_checkpoints()
-    if not complete:
+    info = (listing if listing is not None else store.list_checkpoints()).newest
+    if info is None:
         return None
-    info = complete[-1]
     recorded = info.meta.get(META_KEY)
     if recorded is not None and not isinstance(recorded, dict):
         raise DamagedRecord(info.step, recorded)

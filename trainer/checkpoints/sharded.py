@@ -109,7 +109,8 @@ class ShardedWriter:
         self.store = store
         self.spec = spec
         self.par = par
-        #: the manifest's `meta` (checkpointer.manifest_meta); the DCP kind, world and files are added here
+        #: the manifest's `meta` (checkpointer.manifest_meta: fingerprint, versions, attempt); the DCP kind,
+        #: world and files are added here, and rank 0 hands it to `RunStore.commit_checkpoint`
         self.meta = dict(meta or {})
         self.async_saves = async_saves
         self.pending: _Pending | None = None
@@ -154,7 +155,7 @@ class ShardedWriter:
                 blobs[rank_file(rank)] = json.dumps(rng).encode()
         model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(self.spec))
         writer = FsspecWriter(self.store.uri(folder), **self.store.storage_options)
-        meta = {**self.meta, "kind": KIND, "world_size": self.par.world, **health_meta(state.extra)}
+        meta = {**self.meta, "kind": KIND, "world_size": self.par.world, **health_meta(state.health)}
         payload = {"model": model_sd, "optim": optim_sd}
         if self.async_saves and not wait:
             staging = _plain_staging()

@@ -23,11 +23,11 @@ def compared_changes(before: Mapping[str, Any], after: Mapping[str, Any], step: 
 
 def newest_versions(store: Any, listing: Any = None) -> tuple[int, dict[str, Any]] | None:
     """(step, versions) of the newest complete checkpoint; None without one; {} for one that recorded none."""
-    complete = listing.complete if listing is not None else store.complete_checkpoints()
-    if not complete:
+    info = (listing if listing is not None else store.list_checkpoints()).newest
+    if info is None:
         return None
-    recorded = complete[-1].meta.get(META_KEY)
-    return complete[-1].step, recorded if isinstance(recorded, dict) else {}
+    recorded = info.meta.get(META_KEY)
+    return info.step, recorded if isinstance(recorded, dict) else {}
 
 
 def check_start(

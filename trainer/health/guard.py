@@ -9,11 +9,12 @@ through `poll`, the guard being a stop source (trainer/observers.py) whose stop 
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
 from trainer import exitcodes
-from trainer.health.rules import KEY, ROLLBACK, STEP, UNHEALTHY, HealthRules, HealthState, Verdict, finite
+from trainer.health.rules import ROLLBACK, STEP, UNHEALTHY, HealthRules, HealthState, Verdict, finite
 from trainer.observers import Stop
 from trainer.runstore.progress import log
 
@@ -21,7 +22,8 @@ from trainer.runstore.progress import log
 class HealthGuard:
     def __init__(self, a: Any) -> None:
         self.a = a
-        self.rules = HealthRules(a.spec.train.health, HealthState.from_json(a.state.extra.get(KEY)))
+        # the counters the resumed checkpoint carried (a copy: the rules change theirs step by step)
+        self.rules = HealthRules(a.spec.train.health, copy.deepcopy(a.state.health))
         self.verdict: Verdict = Verdict(STEP)
         self._ended: str | None = None
         self.scaled = a.scaler is not None  # fp16: a finite loss with an overflowed gradient is normal
@@ -31,10 +33,9 @@ class HealthGuard:
         """Into the checkpointed state (and so the manifest's `healthy`: the newest loss finite and the
         trainable weights finite on every rank), before every save."""
         weights_bad = self.a.par.any(not _weights_finite(self.a.model))
-        self.a.state.extra[KEY] = {
-            **self.rules.state.to_json(),
-            "healthy": self.rules.state.healthy and not weights_bad,
-        }
+        self.a.state.health = HealthState.from_json(
+            {**self.rules.state.to_json(), "healthy": self.rules.state.healthy and not weights_bad}
+        )
 
     # ---- before the optimizer step ---------------------------------------------------------------
     def go_for(self, step: int, loss: float) -> Any:

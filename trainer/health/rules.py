@@ -20,8 +20,8 @@ default, a spike is 10x the largest loss seen), LLM Foundry's KillLossSpike (2x 
 patience 4), NVIDIA's resiliency extension (at most 3 restarts without progress, first iterations not
 monitored).
 
-`HealthState` travels with the checkpoint (`TrainerState.extra["health"]`), so the counters survive a
-resume; `manifest_meta` says in the checkpoint's manifest whether it is healthy.
+`HealthState` travels with the checkpoint (`TrainerState.health`), so the counters survive a resume;
+`manifest_meta` says in the checkpoint's manifest whether it is healthy.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STEP, SKIP, ROLLBACK, UNHEALTHY = "step", "skip", "rollback", "unhealthy"
-KEY = "health"
 
 
 def finite(value: float | None) -> bool:
@@ -148,14 +147,9 @@ def no_healthy_checkpoint(reason: str) -> Verdict:
     return Verdict(UNHEALTHY, f"{reason}; no healthy checkpoint to roll back to")
 
 
-def manifest_meta(extra: dict[str, Any]) -> dict[str, Any]:
+def manifest_meta(health: HealthState | None) -> dict[str, Any]:
     """What a checkpoint's manifest says about its health (`healthy`; absent in older ones: healthy)."""
-    saved = extra.get(KEY)
-    return {"healthy": bool(saved.get("healthy", True))} if isinstance(saved, dict) else {}
-
-
-def is_healthy(meta: dict[str, Any]) -> bool:
-    return meta.get("healthy", True) is not False
+    return {"healthy": bool(health.healthy)} if health is not None else {}
 
 
 def unhealthy_reason(store: Any, attempt: int | None) -> str:

@@ -38,7 +38,7 @@ from trainer.model.load import (
 from trainer.outputs.hub_push import PushError, push_folder
 from trainer.outputs.stage import publish, recover, stage_dir
 from trainer.runstore.storage import Storage, StoreError, preflight
-from trainer.runstore.store import CorruptCheckpoint, RunStore, is_healthy, output_store
+from trainer.runstore.store import CorruptCheckpoint, RunStore, output_store
 
 #: written last into every export folder: what a later export may replace there
 MARKER = ".ftorch-export.json"
@@ -154,14 +154,15 @@ def _save(
 
 
 def pick_checkpoint(store: RunStore, step: int | None) -> Any:
-    complete = store.complete_checkpoints()
+    listing = store.list_checkpoints()
+    complete = listing.complete
     if not complete:
         raise ExportError("JOB: the run has no complete checkpoint yet")
     if step is None:  # the newest healthy one (trainer/health/rules.py): an unhealthy run's good weights
-        healthy = [c for c in complete if is_healthy(c)]
-        if not healthy:
+        healthy = listing.newest_healthy
+        if healthy is None:
             raise ExportError("JOB: the run has no healthy checkpoint (train.health); --step picks one")
-        return healthy[-1]
+        return healthy
     for info in complete:
         if info.step == step:
             return info

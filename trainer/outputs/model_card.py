@@ -139,14 +139,34 @@ def render_card(s: dict[str, Any]) -> str:
     huggingface_hub's ModelCard."""
     export = s.get("export") or {}
     adapter = s["method"] in ("lora", "qlora") and not export.get("merge")
+    lines = _card_heading(s, export)
+    lines += _training_table(s)
+    lines += ["## Prompt format", "", "Prompts at inference must look like the training prompts:", ""]
+    lines += ["```", s["prompt_format"].rstrip("\n"), "```", "", "## Use it", "", "```python"]
+    lines += _usage_code(s, adapter)
+    lines += [
+        f"`training_summary.json` beside this file holds these figures. Job `{s.get('job_id')}`: "
+        f"`ftorch status {s.get('job_id')}` shows its attempts.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _card_heading(s: dict[str, Any], export: dict[str, Any]) -> list[str]:
+    """The front matter, the title and the sentence that says what the folder holds."""
     lines = ["---", card_metadata(s).rstrip("\n"), "---", "", f"# {s.get('job_id') or 'ftorch run'}", ""]
     what = {"lora": "A LoRA adapter", "qlora": "A QLoRA adapter (4-bit base)", "full": "A full fine-tune"}
     said = what[s["method"]] if not export.get("merge") else f"{what[s['method']]}, merged into its base,"
     lines += [f"{said} of `{s['base_model']}`, trained with ftorch.", ""]
     if export:
         lines += [f"Exported from the checkpoint at step {export['step']:,}.", ""]
+    return lines
+
+
+def _training_table(s: dict[str, Any]) -> list[str]:
+    """The "## Training" section: data, steps, losses, attempts and cost, then how it was trained."""
     d = s["data"]
-    lines += [
+    lines = [
         "## Training",
         "",
         "| | |",
@@ -157,17 +177,7 @@ def render_card(s: dict[str, Any]) -> str:
         f"| training loss | {_fmt(s['first_loss'], '.4f')} (first steps) -> {_fmt(s['final_loss'], '.4f')} "
         "(last steps) |",
     ]
-    before, after = s.get("eval_before"), s.get("eval_after")
-    if before and after:
-        lines.append(
-            f"| held-out loss | {before['loss']:.4f} -> {after['loss']:.4f} on {int(after['examples'])} "
-            f"examples (exact match {before['exact_match']:.0%} -> {after['exact_match']:.0%}) |"
-        )
-    curve = s.get("eval_curve") or []
-    if len(curve) > 1:
-        cells = [f"{loss:.4f} (step {step})" for step, loss in curve]
-        shown = cells if len(cells) <= 6 else [*cells[:3], "...", *cells[-3:]]
-        lines.append(f"| held-out loss during training | {', '.join(shown)} |")
+    lines += _held_out_rows(s)
     cost = "-" if s.get("cost_usd") is None else f"${s['cost_usd']:.2f}"
     lines += [
         f"| attempts | {s['attempts']} ({s['interruptions']} interrupted) |",
@@ -175,19 +185,46 @@ def render_card(s: dict[str, Any]) -> str:
         f"| cost | {cost} |",
     ]
     lines += [f"| {label} | {value} |" for label, value in _ledger_rows(s.get("ledger"))]
+    return lines + _method_rows(s)
+
+
+def _held_out_rows(s: dict[str, Any]) -> list[str]:
+    """The held-out loss before -> after (when both were measured) and its curve during training."""
+    rows = []
+    before, after = s.get("eval_before"), s.get("eval_after")
+    if before and after:
+        rows.append(
+            f"| held-out loss | {before['loss']:.4f} -> {after['loss']:.4f} on {int(after['examples'])} "
+            f"examples (exact match {before['exact_match']:.0%} -> {after['exact_match']:.0%}) |"
+        )
+    curve = s.get("eval_curve") or []
+    if len(curve) > 1:
+        cells = [f"{loss:.4f} (step {step})" for step, loss in curve]
+        shown = cells if len(cells) <= 6 else [*cells[:3], "...", *cells[-3:]]
+        rows.append(f"| held-out loss during training | {', '.join(shown)} |")
+    return rows
+
+
+def _method_rows(s: dict[str, Any]) -> list[str]:
+    """The LoRA and quantization settings (when the method has them) and the hyperparameters; ends the
+    table with its blank line."""
+    rows = []
     if s.get("lora"):
         lo = s["lora"]
-        lines.append(
+        rows.append(
             f"| LoRA | r {lo['r']}, alpha {lo['alpha']}, dropout {lo['dropout']}, {lo['target_modules']} |"
         )
     if s.get("quantization"):
         q = s["quantization"]
-        lines.append(f"| quantization | {q['bits']}-bit {q['quant_type']}, compute {q['compute_dtype']} |")
+        rows.append(f"| quantization | {q['bits']}-bit {q['quant_type']}, compute {q['compute_dtype']} |")
     hp = ", ".join(f"{k} {v}" for k, v in s["hyperparameters"].items() if v is not None)
-    lines += [f"| hyperparameters | {hp} |", ""]
-    lines += ["## Prompt format", "", "Prompts at inference must look like the training prompts:", ""]
-    lines += ["```", s["prompt_format"].rstrip("\n"), "```", "", "## Use it", "", "```python"]
-    lines += ["from transformers import AutoModelForCausalLM, AutoTokenizer"]
+    return rows + [f"| hyperparameters | {hp} |", ""]
+
+
+def _usage_code(s: dict[str, Any], adapter: bool) -> list[str]:
+    """The "## Use it" snippet's body: load the adapter on its base, or the full model, and generate; closes
+    the code block."""
+    lines = ["from transformers import AutoModelForCausalLM, AutoTokenizer"]
     if adapter:
         lines += [
             "from peft import PeftModel",
@@ -203,18 +240,14 @@ def render_card(s: dict[str, Any]) -> str:
             'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
         ]
     example = _example_prompt(s)
-    lines += [
+    return lines + [
         f"prompt = {example}",
         'inputs = tokenizer(prompt, return_tensors="pt")',
         "out = model.generate(**inputs, max_new_tokens=64)",
         'print(tokenizer.decode(out[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
         "```",
         "",
-        f"`training_summary.json` beside this file holds these figures. Job `{s.get('job_id')}`: "
-        f"`ftorch status {s.get('job_id')}` shows its attempts.",
-        "",
     ]
-    return "\n".join(lines)
 
 
 def _ledger_rows(ledger: dict[str, Any] | None) -> list[tuple[str, str]]:

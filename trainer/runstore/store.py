@@ -126,8 +126,16 @@ class CheckpointListing:
 
     @property
     def newest(self) -> CheckpointInfo | None:
+        """The newest checkpoint with a readable manifest (files not verified: `RunStore.newest_good`
+        walks back from it to the newest that loads)."""
         complete = self.complete
         return complete[-1] if complete else None
+
+    @property
+    def newest_healthy(self) -> CheckpointInfo | None:
+        """The newest checkpoint with a readable manifest that is healthy (`is_healthy`)."""
+        healthy = [c for c in self.complete if is_healthy(c)]
+        return healthy[-1] if healthy else None
 
     def forget(self, name: str) -> None:
         """A folder this start deleted."""
@@ -173,8 +181,6 @@ class RunStore(Storage):
         self.run_uri = self.root_uri
         self.epoch = 0  # 0: not fenced (tools, tests); the trainer claims one with claim_epoch()
         self.fenced_by: int | None = None
-        #: added to every checkpoint manifest's meta this store writes (the trainer's spec fingerprint)
-        self.checkpoint_meta: dict[str, Any] = {}
 
     # ---- fencing ------------------------------------------------------------------------------
     def epochs(self) -> list[int]:
@@ -242,7 +248,8 @@ class RunStore(Storage):
     def commit_checkpoint(
         self, step: int, blobs: dict[str, bytes], meta: dict[str, Any] | None = None
     ) -> str:
-        """Write a checkpoint's files, then its manifest. Returns the checkpoint's folder name.
+        """Write a checkpoint's files, then its manifest (with `meta`: the writer's, e.g. the trainer's
+        spec fingerprint, versions, attempt and health). Returns the checkpoint's folder name.
 
         The files go to this epoch's own folder; the manifest is created only if none is there, or
         replaces one written by this or an older epoch (never a newer one's).
@@ -270,7 +277,7 @@ class RunStore(Storage):
             "dir": sub,
             "created_at": time.time(),
             "files": files,
-            "meta": {**self.checkpoint_meta, **(meta or {})},
+            "meta": dict(meta or {}),
         }
         self.check_fence()
         body = json.dumps(manifest, indent=1, sort_keys=True).encode()
@@ -448,10 +455,9 @@ class RunStore(Storage):
         complete = listing.complete
         complete_names = [c.path.rsplit("/", 1)[-1] for c in complete]
         doomed = complete_names[:-keep] if keep > 0 else complete_names
-        healthy = [c for c in complete if is_healthy(c)]
+        healthy = listing.newest_healthy
         if healthy:  # checkpoint.keep never deletes the newest healthy checkpoint (trainer/health/rules.py)
-            newest_healthy = healthy[-1].path.rsplit("/", 1)[-1]
-            doomed = [n for n in doomed if n != newest_healthy]
+            doomed = [n for n in doomed if n != healthy.path.rsplit("/", 1)[-1]]
         newest_complete = complete[-1].step if complete else None
         leftovers = [
             n

@@ -395,10 +395,10 @@ def kept_note(store: Any) -> str:
     """'; checkpoint at step N kept' (or that none was saved) from the store's newest complete
     checkpoint; '' when the store cannot say: nothing is claimed then."""
     try:
-        found = store.complete_checkpoints()
+        newest = store.list_checkpoints().newest
     except Exception:  # noqa: BLE001 - advisory
         return ""
-    return f"; {kept_line(found[-1].step if found else None)}"
+    return f"; {kept_line(newest.step if newest is not None else None)}"
 
 
 def relaunch_reason(store: Any) -> str | None:

@@ -24,8 +24,6 @@ from trainer.model.load import autocast_dtype
 from trainer.optim.in_backward import in_backward
 from trainer.train_step.loss import label_tokens, loss_sum
 
-SCALER_KEY = "grad_scaler"
-
 
 def make_scaler(spec: JobSpec, device: torch.device) -> torch.amp.GradScaler | None:
     """fp16's loss scaler (fp16 gradients underflow without it); None for every other precision.
@@ -35,15 +33,16 @@ def make_scaler(spec: JobSpec, device: torch.device) -> torch.amp.GradScaler | N
     return torch.amp.GradScaler(device.type)
 
 
-def save_scaler(scaler: torch.amp.GradScaler | None, extra: dict[str, Any]) -> None:
-    """The scaler's state (scale, growth tracker: plain numbers) into the checkpointed trainer state."""
-    if scaler is not None:
-        extra[SCALER_KEY] = scaler.state_dict()
+def save_scaler(scaler: torch.amp.GradScaler | None, kept: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The scaler state to checkpoint (`TrainerState.scaler`: scale, growth tracker, plain numbers): the
+    scaler's now, or `kept` (the state as it was) without a scaler."""
+    return scaler.state_dict() if scaler is not None else kept
 
 
-def restore_scaler(scaler: torch.amp.GradScaler | None, extra: dict[str, Any]) -> None:
-    if scaler is not None and extra.get(SCALER_KEY):
-        scaler.load_state_dict(extra[SCALER_KEY])
+def restore_scaler(scaler: torch.amp.GradScaler | None, saved: dict[str, Any] | None) -> None:
+    """The checkpoint's scaler state (`TrainerState.scaler`) into the scaler, when both are there."""
+    if scaler is not None and saved:
+        scaler.load_state_dict(saved)
 
 
 def accumulate(
