@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from helpers import REPO, ftorch
-from test_planner import HEADER, job
+from support.planner_jobs import HEADER, job
 
 from orchestrator.sizing import catalog as cat
 from orchestrator.sizing.catalog import Catalog, parse_offers

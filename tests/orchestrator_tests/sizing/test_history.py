@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from test_planner import catalog, job  # the planner tests' fixed catalog
+from support.planner_jobs import catalog, job  # the planner tests' fixed catalog
 
 from orchestrator.registry import Registry
 from orchestrator.sizing import history

@@ -89,7 +89,7 @@ def test_history_from_fence_records() -> None:
 def _three_intervals(blocking: float, upload: float, rate: float, every: object = "auto") -> list[float]:
     """The interval the planner prices, the trainer's auto interval and the budget guard's expectation,
     for one checkpoint cost and one interruption rate."""
-    from test_planner import job
+    from support.planner_jobs import job
 
     from orchestrator.sizing.planner import checkpoint_interval
     from trainer.stops.budget import BudgetGuard
@@ -131,7 +131,7 @@ def test_the_clamps_and_fixed_intervals_are_shared() -> None:
     high = _three_intervals(1e6, 0.0, 1e-6)
     assert low == [MIN_INTERVAL_S] * 3 and high == [MAX_INTERVAL_S] * 3
     # `checkpoint.every: 90s` is 90 s for planner and guard alike (the trainer times it itself)
-    from test_planner import job
+    from support.planner_jobs import job
 
     from orchestrator.sizing.planner import checkpoint_interval
     from trainer.stops.budget import BudgetGuard
