@@ -19,6 +19,6 @@ PYTHONPATH="$target:$PWD" .venv/bin/python -c \
 PYTHONPATH="$target:$PWD" OMP_NUM_THREADS=1 FTORCH_HOME="$(mktemp -d)" .venv/bin/python -m pytest -q -n 0 \
     -p no:cacheprovider \
     tests/trainer_tests/checkpoints/test_exact_resume.py::test_sigterm_checkpoints_exits_preempted_and_resumes_bitwise \
-    tests/trainer_tests/test_qlora.py tests/trainer_tests/test_export.py tests/trainer_tests/memory/test_lean_trainer.py tests/trainer_tests/data/test_data.py \
+    tests/trainer_tests/model/test_qlora.py tests/trainer_tests/outputs/test_export.py tests/trainer_tests/memory/test_lean_trainer.py tests/trainer_tests/data/test_data.py \
     tests/trainer_tests/test_fsdp.py::test_sharded_checkpoint_layout_and_manifest tests/trainer_tests/data/test_packing.py \
-    tests/trainer_tests/test_sharded_load.py tests/trainer_tests/data/test_data_sources.py tests/trainer_tests/checkpoints/test_sharded_export.py "$@"
+    tests/trainer_tests/model/test_sharded_load.py tests/trainer_tests/data/test_data_sources.py tests/trainer_tests/checkpoints/test_sharded_export.py "$@"

@@ -5,7 +5,7 @@
     python scripts/jobfile_ref.py --schema > docs/job-file.schema.json
 
 Every field of the schema gets a row: its YAML path, type, default and bounds from the schema, and the
-comment the README's job-file example gives it. tests/orchestrator_tests/test_jobfile_ref.py fails when the file is stale.
+comment the README's job-file example gives it. tests/orchestrator_tests/jobfile/test_jobfile_ref.py fails when the file is stale.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 HEADER = """# Job file reference
 
 Generated from the schema (`trainer/config.py`) by `python scripts/jobfile_ref.py > docs/job-file.md`;
-`tests/orchestrator_tests/test_jobfile_ref.py` keeps it in sync. Notes come from the commented example in the README's job-file
+`tests/orchestrator_tests/jobfile/test_jobfile_ref.py` keeps it in sync. Notes come from the commented example in the README's job-file
 section. Unknown keys are errors; `--set key.path=value` overrides any field (YAML-typed); relative paths
 are relative to the job file. `ftorch validate JOB.yaml` checks a file, `ftorch init` writes a starter.
 Other tools' names (axolotl, HF, TRL) are refused naming ftorch's field; `ftorch convert` translates an

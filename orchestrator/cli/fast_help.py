@@ -1,5 +1,5 @@
 """`ftorch --help` without typer: the command list, kept equal to typer's own by
-tests/orchestrator_tests/test_entry.py (which prints the tuples to paste when a command changes), rendered
+tests/orchestrator_tests/cli/test_entry.py (which prints the tuples to paste when a command changes), rendered
 as plain text. typer and rich take ~0.3 s to import; this module takes nothing."""
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def validate_cmd(
 
 # ---- init -----------------------------------------------------------------------------------------
 def starter_job(model: str, method: str, backend: str, data: str, fmt: str, name: str) -> str:
-    """A commented job file; every value is one that validates (see tests/orchestrator_tests/test_cli_jobfile.py)."""
+    """A commented job file; every value is one that validates (see tests/orchestrator_tests/cli/test_cli_jobfile.py)."""
     cloud = backend_for(backend).remote
     rows: list[tuple[str, str]] = [
         (f"name: {name}", "the job id is NAME-xxxxxx"),

@@ -2,7 +2,7 @@
 `orchestrator/jobfile/aliases.py`, values translated where they differ), every other key is listed with why.
 
 Pure data in, data out: `ftorch convert` (orchestrator/cli/convert.py) reads and writes the files.
-docs/convert.md documents an example that tests/orchestrator_tests/test_convert.py converts.
+docs/convert.md documents an example that tests/orchestrator_tests/jobfile/test_convert.py converts.
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ def test_the_load_phase_is_part_of_the_peak():
     assert qlora == pytest.approx({"weights": 0.516 * 800 + 400, "adapters": 20, "in_flight": 200})
     qlora = load_peak_bytes("qlora", "bf16", counts, 4)  # a shard of the packed data and the 16-bit rest,
     # the whole absmax, and the largest tensor in flight (the 16-bit embedding of 150 elements) with this
-    # rank's quarter of it (distribute_tensor's chunk, traced: tests/trainer_tests/memory/test_loadtrace.py)
+    # rank's quarter of it (distribute_tensor's chunk, traced: tests/trainer_tests/memtrace/test_loadtrace.py)
     assert qlora == pytest.approx(
         {"weights": (0.5 * 800 + 400) / 4 + 0.016 * 800, "adapters": 5, "in_flight": 300 * 1.25}
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO
 
 from orchestrator.errors import UserError
 from orchestrator.spot.policy import POLICY_NAMES, DeadlinePolicy, make_policy
@@ -16,9 +17,8 @@ from orchestrator.spot.simulator import JobNumbers, Result, simulate, start_tick
 from orchestrator.spot.traces import Zones, from_arrays, load_zones
 
 H = 3600.0
-SHARED = Path(__file__).resolve().parents[2] / "shared/data/spot-traces/availability/1-node/aws-02-15-2023"
-if not SHARED.exists():
-    SHARED = Path("/work/shared/data/spot-traces/availability/1-node/aws-02-15-2023")
+#: ../shared beside the checkout (as CI lays it out)
+SHARED = REPO.parent / "shared/data/spot-traces/availability/1-node/aws-02-15-2023"
 needs_shared = pytest.mark.skipif(not SHARED.exists(), reason="shared spot traces not present")
 
 

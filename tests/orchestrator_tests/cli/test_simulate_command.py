@@ -8,10 +8,13 @@ import types
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from orchestrator.cli import app as cli
 
-SHARED = Path("/work/shared/data/spot-traces/availability/1-node/aws-02-15-2023")
+SHARED = (
+    REPO.parent / "shared/data/spot-traces/availability/1-node/aws-02-15-2023"
+)  # ../shared, as CI lays it
 NUMBERS = [
     "--hours",
     "8",

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from helpers import ftorch, job_dict, write_data
+from helpers import REPO, ftorch, job_dict, write_data
 
 from orchestrator.errors import SpecError
 from orchestrator.jobfile.spec import load_job, validate_job
@@ -211,7 +211,7 @@ def test_threads_accepts_auto_and_refuses_other_words(tmp_path: Path, tiny_model
     with pytest.raises(SpecError) as caught:
         load_job(path)
     assert caught.value.field == "local.threads", str(caught.value)
-    quickstart = load_job(Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml")
+    quickstart = load_job(REPO / "examples" / "quickstart.yaml")
     assert quickstart.local.threads == "auto"
 
 
