@@ -54,7 +54,7 @@ def ftorch_side(spec: Any, device: torch.device) -> Any:
     from trainer.data.dataset import load_dataset
     from trainer.distributed import Parallel
     from trainer.layout import layout_for
-    from trainer.loop import lr_lambda_for, make_optimizer, total_steps
+    from trainer.loop import Optimization, lr_lambda_for, make_optimizer, total_steps
     from trainer.model.load import load_model, load_tokenizer
     from trainer.train_step.step import make_scaler
 
@@ -66,8 +66,8 @@ def ftorch_side(spec: Any, device: torch.device) -> Any:
     optimizer = make_optimizer(spec, model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_for(spec, steps))
     return SimpleNamespace(
-        spec=spec, device=device, model=model, optimizer=optimizer, scheduler=scheduler, dataset=dataset,
-        layout=layout_for(spec, 1), par=Parallel(), scaler=make_scaler(spec, device), steps=steps,
+        spec=spec, device=device, dataset=dataset, layout=layout_for(spec, 1), par=Parallel(), steps=steps,
+        opt=Optimization(model, optimizer, scheduler, make_scaler(spec, device)),
         state=TrainerState(step=0, micro_batches=0, tokens_seen=0), health=None, watchdog=None,
     )  # fmt: skip
 

@@ -195,6 +195,27 @@ def _record_output(
 
 
 @dataclass
+class Optimization:
+    """What an optimizer step changes: the model, the optimizer, the LR schedule, fp16's loss scaler."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: Any
+
+
+@dataclass
+class Recording:
+    """The recorders' own objects (trainer/recording/): what they write, never the training state."""
+
+    reporter: ProgressReporter  # progress.json, metrics rows, the log
+    trackers: Trackers  # TensorBoard, W&B
+    notifier: TrainerNotifier  # the notify: webhook
+    #: what this attempt measures (trainer/recording/measure.py): recorded at each checkpoint and at its end
+    measurer: Measurer = field(default_factory=Measurer)
+
+
+@dataclass(kw_only=True)
 class Attempt:
     """What one attempt trains with: made by `setup`, used by `fit` and `finish`."""
 
@@ -209,17 +230,10 @@ class Attempt:
     tokenizer: Any
     dataset: Dataset
     steps: int
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    scaler: Any
+    opt: Optimization
     checkpoints: Checkpointer
     state: TrainerState
-    reporter: ProgressReporter
-    trackers: Trackers
-    notifier: TrainerNotifier
-    #: what this attempt measures (trainer/recording/measure.py): recorded at each checkpoint and at its end
-    measurer: Measurer = field(default_factory=Measurer)
+    rec: Recording
     budget: budget.BudgetWatch | None = None  # rank 0's budget stop (trainer/stops/budget.py)
     #: the recorders called at the loop's named points, and what can end the attempt (trainer/observers.py)
     observers: Observers = field(default_factory=Observers)
@@ -296,8 +310,10 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     # budget: the trainer stops itself at resources.budget_usd (rank 0 holds the epoch and its price)
     watch = budget.start_watch(store, resolved, checkpoints.auto, log) if store.epoch else None
     return Attempt(
-        attempt, resolved, spec, store, flag, device, layout, par, tokenizer, dataset, steps,
-        model, optimizer, scheduler, scaler, checkpoints, state, reporter, trackers, notifier, measurer, watch,
+        number=attempt, resolved=resolved, spec=spec, store=store, flag=flag, device=device, layout=layout,
+        par=par, tokenizer=tokenizer, dataset=dataset, steps=steps, checkpoints=checkpoints, state=state,
+        opt=Optimization(model, optimizer, scheduler, scaler),
+        rec=Recording(reporter, trackers, notifier, measurer), budget=watch,
     )  # fmt: skip
 
 
@@ -481,7 +497,7 @@ def fit(a: Attempt) -> int | None:
     """Train to the last step, checkpointing when due; the exit code if a stop source or a notice
     ended it, else None. Recorders are `a.observers`, what can end the attempt `a.stop_sources`
     (trainer/observers.py)."""
-    a.model.train()
+    a.opt.model.train()
     log_every = a.spec.train.log_every or max(1, a.steps // 100)
     eval_every = a.spec.train.eval_every if a.dataset.held_out else None
     if a.spec.train.health.enabled:
@@ -490,7 +506,7 @@ def fit(a: Attempt) -> int | None:
     a.observers.extend(recorders.standard(a, log_every))
     a.stop_sources.extend(_stop_sources(a))
     a.watchdog = _start_watchdog(a)
-    heartbeat = recorders.WatchdogObserver(a.watchdog, a.reporter)
+    heartbeat = recorders.WatchdogObserver(a.watchdog, a.rec.reporter)
     a.observers.insert(0, heartbeat)
     if eval_every and a.state.evals.cut_short_at is not None:  # the mark is taken off here
         cut_short_at, a.state.evals.cut_short_at = a.state.evals.cut_short_at, None
@@ -511,7 +527,7 @@ def fit(a: Attempt) -> int | None:
                 raise
             out_of_memory = exc
         if a.par.any(out_of_memory is not None):
-            a.measurer.record(a.store, a.checkpoints.writer)
+            a.rec.measurer.record(a.store, a.checkpoints.writer)
             return oom.on_oom(a, out_of_memory, log)
         maybe_crash("crash", a.state.step)
         skipped = a.health is not None and a.health.verdict.action != STEP
@@ -533,7 +549,7 @@ def fit(a: Attempt) -> int | None:
         if a.state.step < a.steps and not saved and a.checkpoints.due(a.state.step, time.time()):
             a.observers.checkpoint_start(a.state.step)
             saving = time.time()
-            a.checkpoints.save(a.model, a.optimizer, a.scheduler, a.state)
+            a.checkpoints.save(a.opt.model, a.opt.optimizer, a.opt.scheduler, a.state)
             if a.budget is not None:  # the stop's own save is reserved at the slowest recent one
                 a.budget.observe_save(time.time() - saving)
             a.observers.checkpoint(a.state.step, time.time() - saving)
@@ -545,7 +561,7 @@ def _evaluate_now(a: Attempt, heartbeat: recorders.WatchdogObserver) -> None:
     kept waiting) is marked in that checkpoint, and the attempt resuming from it makes it up first."""
     heartbeat.enter("eval")
     stop = (lambda: a.par.any(a.flag.is_set())) if a.par.world > 1 else a.flag.is_set  # all ranks alike
-    result = _quiet_evaluate(a.model, a.dataset, a.device, a.spec, stop)
+    result = _quiet_evaluate(a.opt.model, a.dataset, a.device, a.spec, stop)
     if result:
         a.state.evals.cut_short_at = None
         a.observers.eval(a.state.step, result)
@@ -581,7 +597,7 @@ def _stop_sources(a: Attempt) -> list[StopSource]:
     # spot return (issue 19): records where this attempt landed; on demand, may probe back to spot
     probe = SpotProbe.open(a.store, a.spec, a.resolved, a.number, log) if a.par.is_main else None
     if probe is not None:
-        sources.append(SpotProbeStop(probe, a.steps, a.reporter))
+        sources.append(SpotProbeStop(probe, a.steps, a.rec.reporter))
     return sources
 
 
@@ -591,25 +607,25 @@ def _train_step(a: Attempt) -> tuple[float, float, float]:
     # the job's effective batch on this many ranks (trainer/layout.py): global micro-batches
     micro = a.layout.step_micro_batches(a.dataset, state.micro_batches)
     maybe_oom(a.layout.micro_batch)  # FTORCH_FAULTS=oom-above@K (tests)
-    maybe_poison(a.model, state.step + 1)  # FTORCH_FAULTS=nan@K (tests)
+    maybe_poison(a.opt.model, state.step + 1)  # FTORCH_FAULTS=nan@K (tests)
     maybe_hang(state.step + 1)  # FTORCH_FAULTS=hang@K (tests)
     step_loss, seen = accumulate(
-        a.model, micro, spec=a.spec, device=a.device, pad_id=a.dataset.pad_id, local=a.par.local,
-        world=a.par.world, scaler=a.scaler, tokens=a.par.tokens,
+        a.opt.model, micro, spec=a.spec, device=a.device, pad_id=a.dataset.pad_id, local=a.par.local,
+        world=a.par.world, scaler=a.opt.scaler, tokens=a.par.tokens,
     )  # fmt: skip
     state.tokens_seen += seen
     step_loss = a.par.mean(step_loss) * spike(state.step + 1)  # FTORCH_FAULTS=spike@K (tests)
-    maybe_nan_grad(a.model, state.step + 1)  # FTORCH_FAULTS=nan-grad-rank1@K (tests)
+    maybe_nan_grad(a.opt.model, state.step + 1)  # FTORCH_FAULTS=nan-grad-rank1@K (tests)
     # the health checks (trainer/health/guard.py) may skip the optimizer step (a non-finite loss or norm)
     go = a.health.go_for(state.step + 1, step_loss) if a.health is not None else None
-    grad_norm = update(a.model, a.optimizer, a.spec.train.max_grad_norm, a.scaler, go)
-    state.scaler = save_scaler(a.scaler, state.scaler)
-    a.scheduler.step()
-    a.optimizer.zero_grad(set_to_none=True)
+    grad_norm = update(a.opt.model, a.opt.optimizer, a.spec.train.max_grad_norm, a.opt.scaler, go)
+    state.scaler = save_scaler(a.opt.scaler, state.scaler)
+    a.opt.scheduler.step()
+    a.opt.optimizer.zero_grad(set_to_none=True)
     maybe_slow("slow-step")  # FTORCH_FAULTS=slow-step@MS (tests: a slow machine on demand)
     state.step += 1
     state.micro_batches += a.spec.train.grad_accum  # the data position, in the job's micro-batches
-    return step_loss, a.scheduler.get_last_lr()[0], grad_norm
+    return step_loss, a.opt.scheduler.get_last_lr()[0], grad_norm
 
 
 def _stop_on_notice(a: Attempt) -> int:
@@ -624,22 +640,22 @@ def _stop_on_notice(a: Attempt) -> int:
         log(f"preemption notice ({a.flag.reason}) at step {state.step}: saving before the machine goes")
     checkpoints.wait()  # the upload in flight first, then the final checkpoint
     if checkpoints.last_step != state.step:
-        a.reporter.set_state("checkpointing")
-        checkpoints.save(a.model, a.optimizer, a.scheduler, state, wait=True)
+        a.rec.reporter.set_state("checkpointing")
+        checkpoints.save(a.opt.model, a.opt.optimizer, a.opt.scheduler, state, wait=True)
         checkpoints.wait()
-    a.reporter.last_checkpoint(state.step)
+    a.rec.reporter.last_checkpoint(state.step)
     said = {}
     if ended.get("stop_reason") == budget.BUDGET and a.budget is not None and a.budget.reason:
         said["stop_detail"] = a.budget.reason + budget.kept_note(a.store)  # what the store holds now
     a.store.update_epoch_record(**ended, **said, step=state.step, ended_at=time.time())
-    a.measurer.record(a.store, checkpoints.writer)
+    a.rec.measurer.record(a.store, checkpoints.writer)
     if ended.get("stop_reason") == budget.BUDGET:  # exit 0: SkyPilot does not restart it
-        a.reporter.set_state("stopped", flush=True)
+        a.rec.reporter.set_state("stopped", flush=True)
         log(
             f"checkpoint at step {state.step} is safe; stopped at the budget (exit {exitcodes.BUDGET_STOPPED})"
         )
         return exitcodes.BUDGET_STOPPED
-    a.reporter.set_state("preempted", flush=True)
+    a.rec.reporter.set_state("preempted", flush=True)
     log(f"checkpoint at step {state.step} is safe; exiting with code {exitcodes.PREEMPTED} (preempted)")
     return exitcodes.PREEMPTED
 
@@ -650,26 +666,26 @@ def finish(a: Attempt) -> int:
     state, output_uri = a.state, a.resolved["output_uri"]
     if a.watchdog is not None:  # the last checkpoint, eval and output: no stall rule (not steps)
         a.watchdog.close()
-    a.reporter.set_state("finishing")  # a launcher watching the heartbeat leaves this state alone
+    a.rec.reporter.set_state("finishing")  # a launcher watching the heartbeat leaves this state alone
     if a.checkpoints.last_step != state.step:
-        a.checkpoints.save(a.model, a.optimizer, a.scheduler, state, wait=True)
+        a.checkpoints.save(a.opt.model, a.opt.optimizer, a.opt.scheduler, state, wait=True)
     a.checkpoints.wait()
-    a.reporter.last_checkpoint(state.step)
+    a.rec.reporter.last_checkpoint(state.step)
     if a.dataset.held_out:
-        state.evals.after = evaluate(a.model, a.dataset, a.device, a.spec)
+        state.evals.after = evaluate(a.opt.model, a.dataset, a.device, a.spec)
         log(f"held-out after training:  {_fmt_eval(state.evals.after)}")
-        a.reporter.eval_loss(state.step, state.evals.after["loss"])
-        a.trackers.scalar("eval/loss", state.evals.after["loss"], state.step)
-    a.trackers.close()
+        a.rec.reporter.eval_loss(state.step, state.evals.after["loss"])
+        a.rec.trackers.scalar("eval/loss", state.evals.after["loss"], state.step)
+    a.rec.trackers.close()
     a.store.check_intact()  # a run store deleted under this attempt: StoreGone (exit 2), never "done"
-    a.reporter.set_state("writing_output")
-    a.par.write_output(write_output, a.model, a.tokenizer, a.spec, output_uri, a.store.run_uri)
-    a.reporter.finish(eval_before=state.evals.before, eval_after=state.evals.after)
+    a.rec.reporter.set_state("writing_output")
+    a.par.write_output(write_output, a.opt.model, a.tokenizer, a.spec, output_uri, a.store.run_uri)
+    a.rec.reporter.finish(eval_before=state.evals.before, eval_after=state.evals.after)
     if a.par.is_main:
         _record_output(a.store, a.spec, a.resolved, a.steps, state, a.dataset, a.number, output_uri)
     health = {"health": a.health.rules.state.to_json()} if a.health is not None else {}
     a.store.update_epoch_record(ended="finished", step=state.step, **health)
-    a.measurer.record(a.store, a.checkpoints.writer)
+    a.rec.measurer.record(a.store, a.checkpoints.writer)
     log(f"done: {a.steps} steps; output at {output_uri}")
-    a.notifier.succeeded(state.step, getattr(a.reporter, "loss", None))
+    a.rec.notifier.succeeded(state.step, getattr(a.rec.reporter, "loss", None))
     return exitcodes.OK

@@ -26,13 +26,13 @@ class HealthGuard:
         self.rules = HealthRules(a.spec.train.health, copy.deepcopy(a.state.health))
         self.verdict: Verdict = Verdict(STEP)
         self._ended: str | None = None
-        self.scaled = a.scaler is not None  # fp16: a finite loss with an overflowed gradient is normal
+        self.scaled = a.opt.scaler is not None  # fp16: a finite loss with an overflowed gradient is normal
         a.checkpoints.before_save.append(self.record)
 
     def record(self) -> None:
         """Into the checkpointed state (and so the manifest's `healthy`: the newest loss finite and the
         trainable weights finite on every rank), before every save."""
-        weights_bad = self.a.par.any(not _weights_finite(self.a.model))
+        weights_bad = self.a.par.any(not _weights_finite(self.a.opt.model))
         self.a.state.health = HealthState.from_json(
             {**self.rules.state.to_json(), "healthy": self.rules.state.healthy and not weights_bad}
         )
@@ -62,14 +62,14 @@ class HealthGuard:
     def _roll_back(self, reason: str) -> None:
         a = self.a
         a.checkpoints.wait()
-        saved = a.scheduler.state_dict()  # this step's schedule stays: the data window is stepped over
+        saved = a.opt.scheduler.state_dict()  # this step's schedule stays: the data window is stepped over
         position = (a.state.step, a.state.micro_batches, a.state.tokens_seen)
-        loaded = a.checkpoints.load_newest_healthy(a.model, a.optimizer, a.scheduler)
+        loaded = a.checkpoints.load_newest_healthy(a.opt.model, a.opt.optimizer, a.opt.scheduler)
         if loaded is None:
             self.verdict = Verdict(UNHEALTHY, f"{reason}; no healthy checkpoint to roll back to")
             return
-        a.scheduler.load_state_dict(saved)
-        for group, lr in zip(a.optimizer.param_groups, a.scheduler.get_last_lr(), strict=True):
+        a.opt.scheduler.load_state_dict(saved)
+        for group, lr in zip(a.opt.optimizer.param_groups, a.opt.scheduler.get_last_lr(), strict=True):
             group["lr"] = lr
         a.state.step, a.state.micro_batches, a.state.tokens_seen = position
         self.rules.rolled_back(a.state.step, loaded.step, reason)
@@ -82,7 +82,7 @@ class HealthGuard:
         a.store.update_epoch_record(health=self.rules.state.to_json())
         a.observers.checkpoint_start(a.state.step)  # the rolled-back state, durable now: a resume goes on
         saving = time.time()
-        a.checkpoints.save(a.model, a.optimizer, a.scheduler, a.state, wait=True)
+        a.checkpoints.save(a.opt.model, a.opt.optimizer, a.opt.scheduler, a.state, wait=True)
         a.observers.checkpoint(a.state.step, time.time() - saving)
 
     # ---- the stop source -------------------------------------------------------------------------
@@ -99,15 +99,15 @@ class HealthGuard:
         a.store.update_epoch_record(
             ended="unhealthy", stop_reason="unhealthy", stop_detail=f"unhealthy: {reason}",
             step=a.state.step, healthy_step=healthy, health=self.rules.state.to_json(), ended_at=time.time(),
-            total_steps=a.reporter.total_steps,  # the ledger's projected cost of the steps left
+            total_steps=a.rec.reporter.total_steps,  # the ledger's projected cost of the steps left
         )  # fmt: skip
-        a.reporter.extra["unhealthy"] = reason
-        a.reporter.extra["healthy_step"] = healthy
-        a.reporter.set_state("unhealthy", flush=True)
-        a.measurer.record(a.store, a.checkpoints.writer)
+        a.rec.reporter.extra["unhealthy"] = reason
+        a.rec.reporter.extra["healthy_step"] = healthy
+        a.rec.reporter.set_state("unhealthy", flush=True)
+        a.rec.measurer.record(a.store, a.checkpoints.writer)
         kept = f"the newest healthy checkpoint is step {healthy}" if healthy else "no healthy checkpoint"
         log(f"unhealthy: {reason}; {kept}; exiting with code {exitcodes.UNHEALTHY} (not restarted)")
-        a.notifier.unhealthy(a.state.step, reason, healthy)
+        a.rec.notifier.unhealthy(a.state.step, reason, healthy)
         return exitcodes.UNHEALTHY
 
 

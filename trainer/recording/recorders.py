@@ -138,12 +138,12 @@ class WatchdogObserver(Observer):
 def standard(a: Any, log_every: int) -> list[Observer]:
     """Every attempt's recorders, in the order the loop called them before observers existed."""
     return [
-        NotifierObserver(a.notifier, a.flag),
-        MeasurerObserver(a.measurer, a.store, a.checkpoints),
-        ReporterObserver(a.reporter, a.checkpoints),
-        TrackersObserver(a.trackers, a.reporter),
+        NotifierObserver(a.rec.notifier, a.flag),
+        MeasurerObserver(a.rec.measurer, a.store, a.checkpoints),
+        ReporterObserver(a.rec.reporter, a.checkpoints),
+        TrackersObserver(a.rec.trackers, a.rec.reporter),
         KillPoint(),
-        StepLog(a.reporter, a.steps, log_every),
+        StepLog(a.rec.reporter, a.steps, log_every),
     ]
 
 
