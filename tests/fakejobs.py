@@ -29,11 +29,15 @@ def add_job(
     checkpoints: list[int] = (),
     steps_per_s: float = 0.05,
     supervisor_pid: int | None = None,
+    notify: dict[str, Any] | None = None,
 ) -> str:
-    """A job with attempts (each: start_step, end_step, reason, seconds) and a progress.json/metrics."""
+    """A job with attempts (each: start_step, end_step, reason, seconds) and a progress.json/metrics;
+    `notify` is the job file's notify: section."""
     now = time.time()
     run_uri = str(runs / job_id)
-    spec = {"checkpoint": {"uri": str(runs)}, "resources": {"budget_usd": budget_usd}}
+    spec: dict[str, Any] = {"checkpoint": {"uri": str(runs)}, "resources": {"budget_usd": budget_usd}}
+    if notify is not None:
+        spec["notify"] = notify
     registry.create_job(
         job_id, job_id.rsplit("-", 1)[0], "local", run_uri, f"{run_uri}/output", spec, hourly_usd
     )

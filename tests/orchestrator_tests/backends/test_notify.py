@@ -100,12 +100,8 @@ def test_notify_job_builds_the_payload_from_status_and_records_it(
         registry, tmp_path / "runs", "qwen-7b-sql-d4e5f6", "STOPPED", 140, total=400, budget_usd=2.0,
         reason="budget: $1.95 spent + $0.07 for the next checkpoint interval would pass budget_usd $2",
         attempts=[{"start": 0, "end": 140, "reason": "budget", "seconds": 2800}], checkpoints=[140],
+        notify={"webhook": hook.url, "on": ["budget"]},
     )  # fmt: skip
-    with registry._connect() as db:
-        db.execute(
-            "UPDATE jobs SET spec_json = json_set(spec_json, '$.notify', json(?)) WHERE job_id = ?",
-            (json.dumps({"webhook": hook.url, "on": ["budget"]}), "qwen-7b-sql-d4e5f6"),
-        )
     assert notify.notify_job(registry, "qwen-7b-sql-d4e5f6", "budget", print) == []
     body = hook.received[0]["body"]
     assert body["event"] == "budget" and body["state"] == "STOPPED" and body["stop_reason"] == "budget"

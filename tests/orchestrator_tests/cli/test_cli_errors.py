@@ -146,11 +146,10 @@ def test_cli_bad_input_exit_2_one_line_nothing_recorded(
         assert len(lines) == 1 and lines[0].startswith("error: "), (mistake, done.stderr)
         assert "Traceback" not in done.stderr + done.stdout
     assert not (tmp_path / "runs").exists()  # no run store written
-    registry = ftorch_home / "registry.db"
-    if registry.exists():  # no job recorded
-        import sqlite3
+    if (ftorch_home / "registry.db").exists():  # no job recorded
+        from orchestrator.registry import Registry
 
-        assert sqlite3.connect(registry).execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
+        assert Registry(ftorch_home).jobs() == []
 
 
 @pytest.mark.parametrize(
