@@ -143,10 +143,6 @@ class HealthRules:
         return None
 
 
-def no_healthy_checkpoint(reason: str) -> Verdict:
-    return Verdict(UNHEALTHY, f"{reason}; no healthy checkpoint to roll back to")
-
-
 def manifest_meta(health: HealthState | None) -> dict[str, Any]:
     """What a checkpoint's manifest says about its health (`healthy`; absent in older ones: healthy)."""
     return {"healthy": bool(health.healthy)} if health is not None else {}
