@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 from helpers import REPO
 
 MAX_FUNCTION_LINES = 80
@@ -105,3 +106,30 @@ def test_a_local_job_has_no_controller(ftorch_home: Path, tmp_path: Path) -> Non
     assert done.returncode == 2, done.stderr
     assert "runs on the local backend; only SkyPilot jobs have a controller" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+# ---- rooms: what a reader meets at the top of each package ----------------------------------------------
+MAX_ROOMS = {"orchestrator": 20, "trainer": 26}
+
+
+def rooms(package: Path) -> list[str]:
+    """The top-level modules and folders of a package (its __init__ counted; caches and data not)."""
+    return sorted(
+        p.name
+        for p in package.iterdir()
+        if (p.suffix == ".py") or (p.is_dir() and (p / "__init__.py").exists())
+    )
+
+
+@pytest.mark.parametrize("package", sorted(MAX_ROOMS))
+def test_each_package_has_few_top_level_rooms(package: str) -> None:
+    found = rooms(REPO / package)
+    assert len(found) <= MAX_ROOMS[package], f"{len(found)} rooms in {package}/: {found}"
+
+
+def test_the_room_count_sees_modules_and_folders(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "data").mkdir()  # no package: data files
+    assert rooms(tmp_path) == ["a.py", "pkg"]
