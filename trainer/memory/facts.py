@@ -3,7 +3,7 @@
 Precision -> bytes, the CUDA context, the cuBLAS workspace, FSDP's buffers and the optimizer's state per
 trainable parameter. The analytic estimate (orchestrator/sizing/memory.py, trainer/memory/load_memory.py), the traced
 step (trainer/memtrace/steptrace.py, orchestrator/sizing/tracing.py) and the planner's checkpoint size read them from
-here, so they cannot drift apart (tests/test_memory.py fails on a second copy).
+here, so they cannot drift apart (tests/orchestrator_tests/sizing/test_memory.py fails on a second copy).
 """
 
 from __future__ import annotations
