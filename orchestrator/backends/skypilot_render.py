@@ -173,38 +173,32 @@ def resource_entries(spec: JobSpec, plan: Any) -> list[dict[str, Any]]:
     return spot_entries + od_entries
 
 
-def rebid_loss(c: Any, region: str, spot: float | None) -> float:
-    """What an hour of progress costs in `region` per hour billed: 1 + the hazard model's spot rate
-    there (the candidate's `region_rates_per_hour`) x the hours an interruption loses (the restart and
-    half an interval of work). 1 on demand, or where the model gave no rate."""
-    rate = (getattr(c, "region_rates_per_hour", None) or {}).get(region, 0.0) if spot is not None else 0.0
-    lost_h = (float(c.restart_overhead_s) + float(c.checkpoint_interval_s) / 2.0) / 3600.0
-    return 1.0 + rate * lost_h
-
-
 def regions_of(plan: Any) -> dict[str, list[str]]:
     """The regions of each offer, keyed "cloud|GPU|count" as the task names them (region_order.entry_key):
     what a cloud-wide entry is spread over when the controller moves a lost region last. Cheapest
-    first by the bundled snapshot's per-region prices (spot, else on-demand) plus what moving the job's
-    checkpoints and data from there to the run store costs per hour (the plan's `data_usd_per_hour`,
-    per node), times the hours the hazard model's interruptions there lose (`rebid_loss`); regions
-    without a known price keep the plan's order, after the others."""
+    first by region_order.region_costs, the rule the planner priced the candidate's landing and data
+    movement over: the bundled snapshot's per-region price on the market the candidate runs on (spot,
+    else on-demand where no spot is quoted; on demand: on-demand) plus what moving the job's checkpoints
+    and data from there to the run store costs per hour (the plan's `data_usd_per_hour`, per node), times
+    the hours the hazard model's interruptions there lose on spot (`region_rates_per_hour`, the restart
+    and half an interval); regions without a known price keep the plan's order, after the others."""
     from orchestrator.sizing.catalog import bundled_catalog
+    from orchestrator.spot.region_order import launch_order, lost_hours, region_costs
 
     prices = {(o.cloud, o.instance_type): o.region_prices for o in bundled_catalog().offers}
     best: dict[str, dict[str, float]] = {}
     for c in plan.candidates:
         key = f"{SKY_INFRA.get(c.cloud, c.cloud)}|{check_sky_name(c.accelerator)}|{c.count}"
         known = best.setdefault(key, {})
-        by_region = prices.get((c.cloud, c.instance_type)) or {}
-        data = getattr(c, "data_usd_per_hour", None) or {}
-        for region in getattr(c, "regions", None) or []:
-            od, spot = by_region.get(region) or (None, None)
-            price = spot if spot is not None else od
-            if price is not None:
-                price = (price + data.get(region, 0.0) / max(1, c.nodes)) * rebid_loss(c, region, spot)
-            known[region] = min(known.get(region, math.inf), math.inf if price is None else price)
-    return {k: sorted(v, key=lambda r: v[r]) for k, v in best.items()}
+        costs = region_costs(
+            getattr(c, "regions", None) or [], prices.get((c.cloud, c.instance_type)) or {}, bool(c.spot),
+            nodes=c.nodes, data_usd_per_hour=getattr(c, "data_usd_per_hour", None),
+            rates_per_hour=getattr(c, "region_rates_per_hour", None),
+            lost_h=lost_hours(c.restart_overhead_s, c.checkpoint_interval_s),
+        )  # fmt: skip
+        for region, cost in costs.items():
+            known[region] = min(known.get(region, math.inf), cost)
+    return {k: launch_order(v, v) for k, v in best.items()}
 
 
 def interruption_envs(plan: Any) -> dict[str, str]:

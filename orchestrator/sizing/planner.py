@@ -19,7 +19,10 @@ Capacity (the hazard table's availability): at each (re)launch no allowed zone h
 with `fallback: on-demand` that share of the work runs on demand, else the job waits (unbilled hours).
 Data movement (orchestrator/spot/egress.py): checkpoint saves, restores and data pulls between the run
 store's region and where the job runs, plus storage of the kept checkpoints, are added to each market's
-cost; a save's dollars count in the checkpoint interval as seconds of the offer's time. Spot is never
+cost; a save's dollars count in the checkpoint interval as seconds of the offer's time. Where the job
+lands, for the hazard's shares and the data movement, is the launch's own region order
+(orchestrator/spot/region_order.py region_costs: the price on the market it runs on plus data $/h, times
+the re-bid loss), the order skypilot_render.regions_of gives the controller. Spot is never
 chosen over on-demand on the same offer when on-demand is expected cheaper and the job allows it.
 Among candidates within SINGLE_GPU_TIE of the cheapest, the one with the fewest GPUs wins.
 """
@@ -27,7 +30,7 @@ Among candidates within SINGLE_GPU_TIE of the cheapest, the one with the fewest 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.sizing.catalog import CONSUMER_TIER, Catalog, Offer, load_catalog
@@ -46,6 +49,7 @@ from orchestrator.sizing.tracing import TraceConfirmation
 from orchestrator.spot.egress import Movement, Store, store_of
 from orchestrator.spot.egress import price as price_movement
 from orchestrator.spot.hazards import Hazard, HazardTable, load_table
+from orchestrator.spot.region_order import launch_order, lost_hours, region_costs
 from trainer.layout import Layout, layout_for
 from trainer.stops.interruptions import mtbf_from_rate
 from trainer.stops.interval import (
@@ -139,12 +143,15 @@ class Candidate:
     fallback_share: float = 0.0  # share of the work expected on demand for want of spot capacity
     egress_usd: float | None = None  # data movement (None: not priced; see the notes)
     storage_usd: float | None = None  # the kept checkpoints over the run
-    #: data movement per wall hour had the job run in each allowed region (the re-bid order weighs it:
-    #: orchestrator/backends/skypilot_render.py regions_of); empty when egress is not priced
+    #: data movement per wall hour had the job run in each allowed region (the launch and re-bid order
+    #: weighs it: orchestrator/spot/region_order.py region_costs); empty when egress is not priced
     data_usd_per_hour: dict[str, float] = field(default_factory=dict)
     #: the hazard model's spot interruption rate (the job's nodes) had the job run in each allowed region:
-    #: the re-bid order weighs the hours an interruption there costs (skypilot_render.regions_of)
+    #: the launch and re-bid order weighs the hours an interruption there costs (region_costs)
     region_rates_per_hour: dict[str, float] = field(default_factory=dict)
+    #: where the job is expected to run on its market, in the launch order (region_order.launch_order):
+    #: share of the time per region (regions it is not expected to reach left out); egress is priced over it
+    region_share: dict[str, float] = field(default_factory=dict)
     #: a save's transfer dollars as seconds of the hourly price (the trainer's interval adds it to C)
     save_cost_s: float = 0.0
     #: why the interval is not the model's choice (stretched to what the uploads allow) or the market
@@ -226,22 +233,24 @@ class Plan:
 
 
 # ---- cost pieces -------------------------------------------------------------------------------------
-def ordered_regions(offer: Offer, regions: tuple[str, ...]) -> tuple[str, ...]:
-    """The regions in the order a launch tries them: cheapest spot first (SkyPilot's failover)."""
-
-    def key(region: str) -> float:
-        prices = offer.region_prices.get(region)
-        return (prices[1] or prices[0] or 0.0) if prices else 0.0
-
-    return tuple(sorted(regions, key=key))
+def ordered_regions(
+    offer: Offer, regions: tuple[str, ...], spot: bool = True, nodes: int = 1, **weighed: Any
+) -> tuple[str, ...]:
+    """`regions` in the order a launch tries them (orchestrator/spot/region_order.py): cheapest first on
+    the market, by price alone unless `weighed` gives region_costs the job's data movement and re-bid
+    loss (data_usd_per_hour, rates_per_hour, lost_h)."""
+    return tuple(
+        launch_order(regions, region_costs(regions, offer.region_prices, spot, nodes=nodes, **weighed))
+    )
 
 
 def hazard_of(
     offer: Offer, nodes: int = 1, regions: tuple[str, ...] | None = None, table: HazardTable | None = None
 ) -> Hazard:
-    """The hazard (orchestrator/spot/hazards.py) of a job on `nodes` instances of `offer` in `regions`."""
+    """The hazard (orchestrator/spot/hazards.py) of a job on `nodes` instances of `offer` in `regions`,
+    tried in that order (the plan's launch order); without `regions`, the offer's, cheapest spot first."""
     table = table or load_table()
-    where = ordered_regions(offer, regions if regions is not None else offer.regions)
+    where = regions if regions is not None else ordered_regions(offer, offer.regions)
     return table.for_offer(offer.cloud, offer.instance_type, offer.accelerator, offer.count, where, nodes)
 
 
@@ -456,7 +465,7 @@ def cost_notes(job: _Job, chosen: Candidate, catalog: Catalog) -> list[str]:
         )
     elif chosen.egress_usd:
         out.append(
-            f"egress: ${chosen.egress_usd:.2f} moving checkpoints and data between {chosen.regions[0]} and "
+            f"egress: ${chosen.egress_usd:.2f} moving checkpoints and data between {_where(chosen)} and "
             f"the run store ({job.store.cloud} {job.store.region}), storage ${chosen.storage_usd or 0:.2f}"
         )
     out += chosen.adjustments
@@ -468,6 +477,16 @@ def cost_notes(job: _Job, chosen: Candidate, catalog: Catalog) -> list[str]:
             "over the network); resources.nodes: 1 would be faster"
         )
     return out
+
+
+def _where(chosen: Candidate) -> str:
+    """The region the candidate's data movement was priced for (its largest share), with the others'
+    shares when it is expected to run in more than one."""
+    shares = sorted(chosen.region_share.items(), key=lambda rs: -rs[1])
+    if not shares:
+        return chosen.regions[0] if chosen.regions else "where it runs"
+    (top, share), rest = shares[0], [f"{r} {s:.0%}" for r, s in shares[1:] if s >= 0.005]
+    return f"{top} ({share:.0%} of the time; {', '.join(rest)})" if rest else top
 
 
 def _one_node(job: _Job, catalog: Catalog, chosen: Candidate) -> Candidate | None:
@@ -743,7 +762,8 @@ class _Costing:
     step_s: float  # one optimizer step
     save_gb: float  # one checkpoint
     pull_gb: float  # the data, pulled at each launch
-    shares: dict[str, float]  # where launches land, by region
+    shares: dict[str, float]  # where spot launches land, by region (the hazard's, over `order`)
+    order: tuple[str, ...] = ()  # the regions in the launch order the hazard and shares are for
     adjustments: list[str] = field(default_factory=list)
 
     @property
@@ -756,12 +776,24 @@ class _Costing:
         """Spot interruptions per hour of the job (its nodes)."""
         return self.hazard.rate_per_hour
 
-    def movement(self, wall: float, interval: float, interruptions: float) -> Movement:
-        """The data movement and storage of a run of `wall` hours with a save every `interval` s."""
+    def shares_on(self, spot: bool) -> dict[str, float]:
+        """Where the job runs on a market, by region: spot lands by the hazard's shares (capacity and
+        interruptions over the order), on demand in the order's first region."""
+        return self.shares if spot or not self.order else {self.order[0]: 1.0}
+
+    def in_order(self, order: tuple[str, ...]) -> _Costing:
+        """This costing with the hazard and landing shares of a launch trying the regions in `order`."""
+        hazard = hazard_of(self.offer, self.hazard.nodes, order, self.job.hazards)
+        return replace(self, hazard=hazard, shares=_shares(hazard, order), order=order, adjustments=[])
+
+    def movement(self, wall: float, interval: float, interruptions: float, spot: bool = True) -> Movement:
+        """The data movement and storage of a run of `wall` hours with a save every `interval` s, on spot
+        or on demand (where it lands: `shares_on`)."""
         saves = self.hours * 3600.0 / interval + 1.0  # the periodic saves and the final one
         return price_movement(
-            self.job.store, self.offer.cloud, self.shares, save_gb=self.save_gb, saves=saves, pull_gb=self.pull_gb,
-            launches=1.0 + interruptions, restores=interruptions, keep=self.job.spec.checkpoint.keep, hours=wall,
+            self.job.store, self.offer.cloud, self.shares_on(spot), save_gb=self.save_gb, saves=saves,
+            pull_gb=self.pull_gb, launches=1.0 + interruptions, restores=interruptions,
+            keep=self.job.spec.checkpoint.keep, hours=wall,
         )  # fmt: skip
 
     def cost_on(self, spot_price: bool, hourly: float | None) -> _Paid | None:
@@ -769,7 +801,7 @@ class _Costing:
         there, or on spot when interruptions come faster than progress."""
         if hourly is None:
             return None
-        per_save = self.movement(1.0, 1.0, 0.0).per_save_usd
+        per_save = self.movement(1.0, 1.0, 0.0, spot_price).per_save_usd
         interval, why = interval_and_why(self.job.spec, self.step_s, self.ckpt, self.rate if spot_price else 0.0,
                                          per_save * 3600.0 / hourly)  # fmt: skip
         if why and why not in self.adjustments:
@@ -778,7 +810,7 @@ class _Costing:
         rule = BILLING.get(self.offer.cloud, DEFAULT_BILLING)
         if not spot_price or self.rate <= 0:
             wall = self.hours + startup_h
-            moved = self.movement(wall, interval, 0.0)
+            moved = self.movement(wall, interval, 0.0, spot_price)
             extra = (moved.egress_usd or 0.0) + (moved.storage_usd or 0.0)
             return hourly * billed_hours(wall, 1, rule) + extra, wall, 0.0, interval, moved
         spot_wall = spot_hours(
@@ -814,17 +846,22 @@ class _Costing:
         return per_region
 
 
+def _shares(hazard: Hazard, order: tuple[str, ...]) -> dict[str, float]:
+    """The hazard's landing shares by region; all on the first region of `order` when it has none."""
+    return dict(hazard.region_share) or ({order[0]: 1.0} if order else {})
+
+
 def _costing(
     job: _Job,
     offer: Offer,
     layout: Layout,
     mem: MemoryEstimate,
     acc: Any,
-    regions: tuple[str, ...],
+    order: tuple[str, ...],
     scale: float,
 ) -> _Costing:
     """The offer's training time (the time model's, times `scale`), checkpoint, startup and restart costs
-    and interruption hazard in `regions`."""
+    and interruption hazard over its regions tried in `order`."""
     spec, shape, work = job.spec, job.shape, job.work
     ranks = layout.ranks
     settings = settings_from_spec(spec, ranks, mem.offload)
@@ -839,7 +876,7 @@ def _costing(
     model_bytes = shape.params * 2.0
     startup_s = PROVISION_S + model_bytes / (DOWNLOAD_GBPS * 1e9)  # billed once on any instance
     restart_s = startup_s + ckpt_bytes / (CHECKPOINT_GBPS * 1e9)
-    hazard = hazard_of(offer, layout.nodes, regions, job.hazards)
+    hazard = hazard_of(offer, layout.nodes, order, job.hazards)
     return _Costing(
         job=job,
         offer=offer,
@@ -851,7 +888,8 @@ def _costing(
         step_s=layout.accum * t.step_s_per_microbatch,
         save_gb=ckpt_bytes / 1e9,
         pull_gb=(work.tokens_per_epoch or 0) * DATA_BYTES_PER_TOKEN / 1e9,
-        shares=dict(hazard.region_share) or ({regions[0]: 1.0} if regions else {}),
+        shares=_shares(hazard, order),
+        order=order,
     )
 
 
@@ -913,14 +951,16 @@ def _candidate(
 ) -> Candidate | None:
     """The offer as a candidate on the market it runs on, with its expected cost; None when interruptions
     come faster than progress there."""
-    costs = _costing(job, offer, layout, mem, acc, regions, scale)
-    market = _market(job, costs, is_spot, price, od, spot)
-    if market is None:
+    region_rates = _region_rates(job, offer, layout, regions)
+    first = ordered_regions(offer, regions, is_spot, layout.nodes)  # by price: nothing is costed yet
+    costs = _costing(job, offer, layout, mem, acc, first, scale)
+    settled = _settled(job, costs, regions, region_rates, (is_spot, price, od, spot))
+    if settled is None:
         return None
+    costs, market = settled
     is_spot, price, hazard, rate = market.is_spot, market.price, costs.hazard, costs.rate
     cost, wall, interruptions, interval, moved = market.paid
     per_region = costs.data_usd_per_hour(regions, market.paid)
-    region_rates = _region_rates(job, offer, layout, regions)
     return Candidate(
         cloud=offer.cloud,
         instance_type=offer.instance_type,
@@ -962,8 +1002,50 @@ def _candidate(
         adjustments=costs.adjustments,
         data_usd_per_hour=per_region,
         region_rates_per_hour=region_rates,
+        region_share={r: round(v, 4) for r, v in costs.shares_on(is_spot).items() if round(v, 4) > 0},
         save_cost_s=moved.per_save_usd * 3600.0 / price if price else 0.0,
     )
+
+
+#: re-costings at most while the launch order a costing implies is not the one it was costed in (the order
+#: weighs the market, interval and data movement the costing gives; it settles at once in practice)
+ORDER_PASSES = 3
+
+
+def _settled(
+    job: _Job,
+    costs: _Costing,
+    regions: tuple[str, ...],
+    rates: dict[str, float],
+    prices: tuple[bool, float, float | None, float | None],
+) -> tuple[_Costing, _Market] | None:
+    """The costing in the launch order its own result implies, with its market: the market it runs on,
+    its interval and its data movement per region give the order (`_launch_order`); re-costed in that
+    order until it stays, at most ORDER_PASSES times. None when the market makes no progress."""
+    is_spot, price, od, spot = prices
+    market = _market(job, costs, is_spot, price, od, spot)
+    for _ in range(ORDER_PASSES):
+        if market is None:
+            return None
+        order = _launch_order(costs, market, regions, rates)
+        if order == costs.order:
+            break
+        costs = costs.in_order(order)
+        market = _market(job, costs, is_spot, price, od, spot)
+    return (costs, market) if market is not None else None
+
+
+def _launch_order(
+    costs: _Costing, market: _Market, regions: tuple[str, ...], rates: dict[str, float]
+) -> tuple[str, ...]:
+    """The order a launch of this candidate tries `regions` in (region_order.region_costs, with what
+    skypilot_render.regions_of reads off the candidate): its market's price there plus the data movement
+    per hour, times the re-bid loss of the hazard model's rate there (`rates`, as the candidate has them)."""
+    return ordered_regions(
+        costs.offer, regions, market.is_spot, costs.hazard.nodes,
+        data_usd_per_hour=costs.data_usd_per_hour(regions, market.paid), rates_per_hour=rates,
+        lost_h=lost_hours(costs.restart_s, market.paid[3]),
+    )  # fmt: skip
 
 
 def _region_rates(job: _Job, offer: Offer, layout: Layout, regions: tuple[str, ...]) -> dict[str, float]:

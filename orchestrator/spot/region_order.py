@@ -6,12 +6,61 @@ relaunches with this list instead: every entry in another region keeps its place
 entries go to the end, in their order. A cloud-wide entry (`infra: aws`) on the lost cloud is spread
 over its offer's regions (the plan's, cheapest first: skypilot_render.regions_of) so that the lost one
 can go last; with no regions known it stays as it is (SkyPilot then picks among all regions).
+
+The order itself (`region_costs`, `launch_order`) is one rule for the plan and the launch: the planner
+prices the hazard's landing shares and the data movement over it (orchestrator/sizing/planner.py) and
+skypilot_render.regions_of gives it to the controller, from the same inputs (the candidate's market,
+per-region data movement and interruption rates, restart and interval).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+#: (on-demand, spot) USD per hour of one instance, per region (the catalog's `region_prices`)
+RegionPrices = Mapping[str, tuple[float | None, float | None]]
+
+
+def lost_hours(restart_s: float, interval_s: float) -> float:
+    """Hours of progress an interruption loses: the restart and half a checkpoint interval of work."""
+    return (float(restart_s) + float(interval_s) / 2.0) / 3600.0
+
+
+def region_costs(
+    regions: Iterable[str],
+    prices: RegionPrices,
+    spot: bool,
+    *,
+    nodes: int = 1,
+    data_usd_per_hour: Mapping[str, float] | None = None,
+    rates_per_hour: Mapping[str, float] | None = None,
+    lost_h: float = 0.0,
+) -> dict[str, float]:
+    """What an hour of progress costs in each of `regions`, the key launches and re-bids are ordered by:
+    the instance's price there on the market the job runs on (spot: the spot price, the on-demand one
+    where no spot is quoted; on demand: the on-demand price) plus the job's data movement per hour there
+    (`data_usd_per_hour`, for all its `nodes`: per instance here), times the re-bid loss on spot, 1 + the
+    hazard model's rate there (`rates_per_hour`) x the hours an interruption loses (`lost_hours`). On
+    demand, or where no rate is given, the loss is 1; inf where the region has no price."""
+    data, rates = data_usd_per_hour or {}, rates_per_hour or {}
+    costs: dict[str, float] = {}
+    for region in regions:
+        od, spot_usd = prices.get(region) or (None, None)
+        on_spot = spot and spot_usd is not None
+        price = spot_usd if on_spot else od
+        if price is None:
+            costs[region] = math.inf
+            continue
+        loss = 1.0 + (rates.get(region, 0.0) if on_spot else 0.0) * lost_h
+        costs[region] = (price + data.get(region, 0.0) / max(1, nodes)) * loss
+    return costs
+
+
+def launch_order(regions: Iterable[str], costs: Mapping[str, float]) -> list[str]:
+    """`regions` cheapest first by `costs` (`region_costs`); equal ones keep their order, unpriced last."""
+    return sorted(regions, key=lambda r: costs.get(r, math.inf))
 
 
 def entry_key(entry: Mapping[str, Any]) -> str:

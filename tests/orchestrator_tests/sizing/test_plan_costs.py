@@ -324,3 +324,76 @@ def test_plan_json_gives_each_candidate_its_rate_source_egress_and_storage(ftorc
     assert any(c["egress_usd"] > 0 for c in candidates if c["cloud"] == "gcp")  # internet egress to S3
     spot = [c for c in candidates if c["spot"]]
     assert spot and all(c["interruption_rate_per_hour"] > 0 for c in spot)
+
+
+def launch_key(c) -> str:
+    """The "cloud|GPU|count" key regions_of gives the candidate's launch order under."""
+    from orchestrator.backends.skypilot_render import SKY_INFRA
+    from orchestrator.sizing.sky_names import check_sky_name
+
+    return f"{SKY_INFRA.get(c.cloud, c.cloud)}|{check_sky_name(c.accelerator)}|{c.count}"
+
+
+def test_data_movement_is_priced_where_the_launch_tries_first() -> None:
+    """Issue 29's 70B two-node plan, store in us-east-1: the plan prices the hazard's shares and the data
+    movement over the launch's own region order (regions_of), not over the cheapest spot region."""
+    from collections import Counter
+
+    from orchestrator.backends.skypilot_render import regions_of
+
+    plan = plan_of(
+        "llama3-8b-full-2nodes.yaml", "model=meta-llama/Llama-3.1-70B", "checkpoint.region=us-east-1"
+    )
+    orders, c = regions_of(plan), plan.chosen
+    assert (c.instance_type, c.nodes, c.spot) == ("p4de.24xlarge", 2, False)  # on demand
+    assert "us-east-1" in c.regions and c.regions[0] != "us-east-1"  # offered elsewhere too, listed first
+    assert orders[launch_key(c)][0] == "us-east-1"
+    elsewhere = [v for r, v in c.data_usd_per_hour.items() if r != "us-east-1"]
+    assert c.data_usd_per_hour["us-east-1"] == 0 < min(elsewhere)
+    assert c.egress_usd == 0 < c.storage_usd  # was $5,571 from eu-central-1, p4de's cheapest spot region
+    assert c.region_share == {"us-east-1": 1.0}
+    # every candidate: priced where its launch order puts it, moving data from there when that is not the
+    # store's region (p5en spot: eu-south-2's spot price outweighs moving its checkpoints to us-east-1)
+    shared = Counter(launch_key(x) for x in plan.candidates)
+    away = 0
+    for x in (x for x in plan.candidates if shared[launch_key(x)] == 1):
+        first = orders[launch_key(x)][0]
+        assert max(x.region_share, key=x.region_share.get) == first, x.instance_type
+        if x.region_share[first] == 1.0:
+            assert x.egress_usd == pytest.approx(x.data_usd_per_hour[first] * x.expected_hours, rel=1e-9)
+            away += x.egress_usd > 0
+    assert away
+
+
+def test_an_on_demand_candidate_is_ordered_by_on_demand_prices() -> None:
+    from orchestrator.backends.skypilot_render import regions_of
+    from orchestrator.sizing.catalog import bundled_catalog
+
+    (node,) = [o for o in bundled_catalog().offers if o.instance_type == "p4de.24xlarge"]
+    offers = Catalog((node,), "test")
+    od = {r: p[0] for r, p in node.region_prices.items()}
+    spot = {r: p[1] for r, p in node.region_prices.items()}
+    assert min(od, key=od.get) != min(spot, key=spot.get)  # us-east-1 on demand, eu-central-1 on spot
+    # a run store on the machine moves nothing: the order is the price (and the re-bid loss on spot)
+    demand = plan_of("llama3-8b-full.yaml", "checkpoint.uri=/tmp/ck", "resources.spot=false", catalog=offers)
+    c = demand.chosen
+    assert c is not None and not c.spot
+    order = regions_of(demand)["aws|A100-80GB|8"]
+    assert order == sorted(c.regions, key=od.get) and order[0] == min(od, key=od.get)
+    assert c.region_share == {order[0]: 1.0}  # on demand it runs where the order starts
+    on_spot = plan_of("llama3-8b-full.yaml", "checkpoint.uri=/tmp/ck", catalog=offers).chosen
+    assert on_spot.spot and max(on_spot.region_share, key=on_spot.region_share.get) == min(spot, key=spot.get)
+
+
+def test_the_egress_note_names_the_region_the_movement_was_priced_for() -> None:
+    from orchestrator.backends.skypilot_render import regions_of
+    from orchestrator.sizing.catalog import bundled_catalog
+
+    (node,) = [o for o in bundled_catalog().offers if o.instance_type == "p5en.48xlarge"]
+    plan = plan_of("llama3-8b-full.yaml", "checkpoint.region=us-east-1", catalog=Catalog((node,), "test"))
+    c = plan.chosen
+    first = regions_of(plan)["aws|H200|8"][0]
+    assert first != c.regions[0] and c.egress_usd > 0  # priced away from the store, not the catalog's first
+    (note,) = [n for n in plan.notes if n.startswith("egress: $")]
+    assert f"between {first} and the run store (aws us-east-1)" in note
+    assert max(c.region_share, key=c.region_share.get) == first  # the largest share: where it was priced
