@@ -122,30 +122,22 @@ def was_preempted(
     Only rank 0 writes progress, so only its recorded preemption counts. A worker node whose torchrun
     ended first (killed when rank 0 left) waits up to `wait_s` for rank 0's record of how the attempt
     ended, instead of judging a progress that still says "running" (the multi-node race)."""
-    deadline = clock() + wait_s
-    while True:
-        progress = store.read_progress() or {}
-        mine = progress.get("attempt") == attempt
-        if mine and progress.get("state") == "preempted":
-            return True
-        if (mine and progress.get("state") != "running") or clock() >= deadline:
-            return False
-        sleep(min(poll_s, max(0.0, deadline - clock())))
-
-
-def open_run_store(run_uri: str) -> RunStore:
-    """The run store as a run script reaches it: FTORCH_STORAGE_OPTIONS (e.g. an S3 endpoint) to read
-    spec.json in the first place, then the job's own checkpoint.storage_options."""
-    options = json.loads(os.environ.get("FTORCH_STORAGE_OPTIONS") or "{}")
-    spec = RunStore(run_uri, options).read_spec()
-    options = spec.get("job", {}).get("checkpoint", {}).get("storage_options") or options
-    return RunStore(run_uri, options)
+    return ending(store, attempt, wait_s, poll_s, sleep, clock) == "preempted"
 
 
 #: endings recorded in an attempt's epoch record that no relaunch may repeat: the run script exits 0 for
 #: them, so SkyPilot's max_restarts_on_errors never relaunches into the same divergence or hang (ftorch
 #: reads the ending from the run store: orchestrator/backends/skypilot_state.py)
 FINAL_ENDINGS = frozenset({"unhealthy"})
+
+
+def _ended_as(store: RunStore, attempt: int, progress: dict[str, Any]) -> str:
+    if progress.get("attempt") == attempt and progress.get("state") == "preempted":
+        return "preempted"
+    for record in store.epoch_records().values():
+        if record.get("attempt") == attempt and record.get("ended") in FINAL_ENDINGS:
+            return str(record["ended"])
+    return ""
 
 
 def ending(
@@ -158,18 +150,25 @@ def ending(
 ) -> str:
     """How `attempt` ended as the run store says: `preempted` (a notice, its checkpoint written),
     `unhealthy` (the health checks ended the run), or "" (a crash, or nothing recorded). A worker node waits
-    up to `wait_s` for rank 0's record, as `was_preempted` does."""
+    up to `wait_s` for rank 0's record while progress still says the attempt is running."""
     deadline = clock() + wait_s
     while True:
-        if was_preempted(store, attempt):
-            return "preempted"
-        for record in store.epoch_records().values():
-            if record.get("attempt") == attempt and record.get("ended") in FINAL_ENDINGS:
-                return str(record["ended"])
         progress = store.read_progress() or {}
+        found = _ended_as(store, attempt, progress)
+        if found:
+            return found
         if (progress.get("attempt") == attempt and progress.get("state") != "running") or clock() >= deadline:
             return ""
         sleep(min(poll_s, max(0.0, deadline - clock())))
+
+
+def open_run_store(run_uri: str) -> RunStore:
+    """The run store as a run script reaches it: FTORCH_STORAGE_OPTIONS (e.g. an S3 endpoint) to read
+    spec.json in the first place, then the job's own checkpoint.storage_options."""
+    options = json.loads(os.environ.get("FTORCH_STORAGE_OPTIONS") or "{}")
+    spec = RunStore(run_uri, options).read_spec()
+    options = spec.get("job", {}).get("checkpoint", {}).get("storage_options") or options
+    return RunStore(run_uri, options)
 
 
 USAGE = "usage: python -m trainer.runstore.attempts RUN_URI [--preempted N | --ending N] [--wait SECONDS]\n"
