@@ -102,6 +102,51 @@ def test_ctrl_c_while_a_frame_is_read_stops_the_watching_only(
     assert running.events("llama3-8b-support-a1b2c3") == before
 
 
+@pytest.mark.parametrize("on_read", [1, 3], ids=["during-the-first-read", "during-a-later-read"])
+def test_ctrl_c_that_a_store_files_finalizer_swallows_still_stops_the_watching(
+    running: Registry, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], on_read: int
+) -> None:
+    """A real SIGINT handled while a frame's run-store read drops its file: fsspec's LocalFileOpener is an
+    io.IOBase with a Python `closed` property, which IOBase's finalizer evaluates and whose error it clears
+    without a word, KeyboardInterrupt included. The view then drew on for ever (`status --watch` still
+    running 15 s after Ctrl-C); here the job ends two reads later, so the old view ends instead."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    from fsspec.implementations.local import LocalFileOpener
+
+    job_id = "llama3-8b-support-a1b2c3"
+    real_frame, real_closed = follow._frame, LocalFileOpener.closed.fget
+    reads: list[int] = []
+    fired: list[bool] = []
+
+    def reading(*args: object, **kwargs: object) -> object:
+        reads.append(1)
+        if len(reads) == on_read + 2:
+            running.set_state(job_id, "SUCCEEDED")  # where a lost Ctrl-C would leave the view drawing
+        return real_frame(*args, **kwargs)
+
+    def closed(self: LocalFileOpener) -> bool:
+        if len(reads) == on_read and not fired and real_closed(self):  # a read file, being finalized
+            fired.append(True)
+            signal.raise_signal(signal.SIGINT)  # the terminal's Ctrl-C, handled inside the finalizer
+        return bool(real_closed(self))
+
+    monkeypatch.setattr(follow, "_frame", reading)
+    monkeypatch.setattr(LocalFileOpener, "closed", property(closed))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in `ftorch`
+    try:
+        code = follow.watch("llama3", out=terminal(), poll_s=0.05)
+    except KeyboardInterrupt:
+        pytest.fail(f"the Ctrl-C during read {on_read} escaped the watch (ftorch would exit 130)")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert fired, "no run-store file was finalized during the read: the case is not exercised"
+    assert code == 0
+    assert "stopped watching; the job goes on" in capsys.readouterr().out, "the Ctrl-C was lost"
+    assert len(reads) == on_read  # stopped after that read, not later
+    assert running.get(job_id).state == "RUNNING"
+
+
 def _set_size(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
@@ -154,17 +199,35 @@ class Pty:
         os.killpg(self.proc.pid, signal.SIGINT)  # what the terminal does: the whole foreground group
 
 
-def test_ctrl_c_stops_watching_and_leaves_the_job_alone_after_a_resize(running: Registry) -> None:
+#: `ftorch` exec'd with SIGINT ignored, as a non-interactive shell starts a background job (`cmd &`, e.g. the
+#: suite run as `scripts/test.sh > log &`) and everything under it: Python then installs no SIGINT handler
+IGNORING_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
+@pytest.mark.parametrize("sigint", ["as-started", "ignored-by-the-launcher"])
+def test_ctrl_c_stops_watching_and_leaves_the_job_alone_after_a_resize(
+    running: Registry, sigint: str
+) -> None:
     before = running.events("llama3-8b-support-a1b2c3")
-    exe = Path(sys.executable).parent / "ftorch"
-    term = Pty([str(exe), "status", "--watch", "llama3"], cols=120)
-    term.wait_for("WHERE", timeout=30)  # the wide attempts table
-    mark = len(term.chunks)
-    term.resize(40, 50)  # a phone: the attempts become one line each
-    term.wait_for("#1 aws:g5.2xlarge", timeout=15, since=mark)
-    assert term.proc.poll() is None
-    term.ctrl_c()
-    assert term.proc.wait(timeout=15) == 0
+    argv = [str(Path(sys.executable).parent / "ftorch"), "status", "--watch", "llama3"]
+    if sigint == "ignored-by-the-launcher":
+        argv = [sys.executable, "-c", IGNORING_SIGINT, *argv]
+    term = Pty(argv, cols=120)
+    try:
+        term.wait_for("WHERE", timeout=30)  # the wide attempts table
+        mark = len(term.chunks)
+        term.resize(40, 50)  # a phone: the attempts become one line each
+        term.wait_for("#1 aws:g5.2xlarge", timeout=15, since=mark)
+        assert term.proc.poll() is None
+        term.ctrl_c()
+        assert term.proc.wait(timeout=15) == 0
+    finally:
+        if term.proc.poll() is None:  # a lost Ctrl-C: the view is still drawing
+            os.killpg(term.proc.pid, signal.SIGKILL)
+            term.proc.wait()
     assert "stopped watching; the job goes on" in term.text()
     job = running.get("llama3-8b-support-a1b2c3")
     assert job.state == "RUNNING" and not job.cancel_requested

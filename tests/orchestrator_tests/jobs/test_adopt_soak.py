@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from adopted import copy_store, make_runs, same_adapter
 from helpers import ftorch
+from support.adopted import copy_store, make_runs, same_adapter
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

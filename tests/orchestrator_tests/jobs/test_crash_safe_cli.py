@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from adopted import Runs, copy_store, make_runs, same_adapter
 from helpers import ftorch
+from support.adopted import Runs, copy_store, make_runs, same_adapter
 
 from orchestrator.registry import Registry
 from trainer.outputs.export import MARKER

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from adopted import Runs, copy_store, make_runs, same_adapter, wait_ended
 from helpers import ftorch
+from support.adopted import Runs, copy_store, make_runs, same_adapter, wait_ended
 
 from orchestrator.registry import Registry
 

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
-from adopted import Runs, copy_store, make_runs, same_adapter, wait_ended
 from helpers import ftorch, run_trainer
+from support.adopted import Runs, copy_store, make_runs, same_adapter, wait_ended
 
 from trainer.runstore.lease import LEASE_DIR, Lease
 from trainer.runstore.store import RunStore
