@@ -90,9 +90,14 @@ def _out_of_memory_quickstart_matches(job: str, clean: dict) -> None:
     assert adapted["effective_batch"] == 16 and adapted["step"] == 1
     outcomes = [a["outcome"] for a in status["attempt_timeline"]]
     assert outcomes == ["adapted", "preempted", "preempted", "succeeded"]
-    # the same examples per step, summed in two halves: the clean curve up to float rounding, which grows
-    # over 250 steps of training (measured: relative 2e-7 over the first 25 steps, 3.5e-5 at most)
+    # the same examples per step, summed in two halves: the clean curve up to float rounding, which training
+    # amplifies smoothly step by step (measured here: relative 6e-7 at most over the first 100 steps,
+    # 4e-5 by step 160, 3.4e-4 by step 200, 9e-4 at most; on another machine 3.5e-5 at most over all 250).
+    # A wrong split, example or data position differs by percents at once, so the first 100 steps are held
+    # tight and the rest to the drift
     clean_curve, curve = _curve(clean["run_uri"]), _curve(status["run_uri"])
     assert [s for s, _ in curve] == [s for s, _ in clean_curve] == list(range(1, 251))
-    assert [x for _, x in curve] == pytest.approx([x for _, x in clean_curve], rel=1e-4)
+    losses, clean_losses = [x for _, x in curve], [x for _, x in clean_curve]
+    assert losses[:100] == pytest.approx(clean_losses[:100], rel=1e-5)
+    assert losses == pytest.approx(clean_losses, rel=3e-3)
     assert status["eval_after"]["loss"] == pytest.approx(clean["eval_after"]["loss"], rel=1e-3)
