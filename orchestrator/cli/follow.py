@@ -9,9 +9,12 @@ held-out before/after, time lost per preemption, cost).
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from orchestrator.backends.base import backend_for, get_job, reconcile
@@ -78,20 +81,61 @@ def live(
     out = out or console()
     frame: Any = None
     outcome = "ended"
-    try:
-        # the first read is inside the try too: a Ctrl-C while it runs (the slowest read: imports, the
-        # store) is a stop of the watching like any other, not an escaped KeyboardInterrupt (exit 130)
-        frame, done = _frame(job_id, show_all, out.width, with_log)
-        with Live(frame, console=out, screen=out.is_terminal, auto_refresh=False, transient=False) as view:
-            while not done:
-                sleep(poll_s)
-                frame, done = _frame(job_id, show_all, out.width, with_log)
-                view.update(frame, refresh=True)
-    except KeyboardInterrupt:
+    with _ctrl_c_remembered() as ctrl_c:
+        try:
+            # the first read is inside the try too: a Ctrl-C while it runs (the slowest read: imports, the
+            # store) is a stop of the watching like any other, not an escaped KeyboardInterrupt (exit 130)
+            frame, done = _frame(job_id, show_all, out.width, with_log)
+            with Live(
+                frame, console=out, screen=out.is_terminal, auto_refresh=False, transient=False
+            ) as view:
+                # `pressed`: a Ctrl-C whose KeyboardInterrupt a finalizer swallowed (see _CtrlC) stops too
+                while not done and not ctrl_c.pressed:
+                    sleep(poll_s)
+                    frame, done = _frame(job_id, show_all, out.width, with_log)
+                    view.update(frame, refresh=True)
+        except KeyboardInterrupt:
+            outcome = "interrupted"
+    if ctrl_c.pressed:
         outcome = "interrupted"
     if out.is_terminal and frame is not None:  # the alternate screen is gone: the last frame stays
         out.print(frame)
     return outcome
+
+
+class _CtrlC:
+    """The live view's SIGINT handler: remembers the Ctrl-C, then raises KeyboardInterrupt as Python's own does.
+
+    Remembering is the point. The interpreter drops an exception raised inside a finalizer, and a frame's
+    read drops file objects whose finalizer runs Python code: fsspec's LocalFileOpener (every run-store
+    read) is an io.IOBase with a Python `closed` property, which IOBase's finalizer evaluates and whose
+    error it clears without a word. A Ctrl-C handled at that moment raised its KeyboardInterrupt there,
+    it vanished, and the view drew on for ever; the loop now also stops on `pressed`."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.pressed = True
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def _ctrl_c_remembered() -> Iterator[_CtrlC]:
+    """_CtrlC handles SIGINT while the live view runs (the previous handler afterwards), whatever this process
+    inherited: a SIGINT that whoever started ftorch ignores (a background job of a non-interactive shell,
+    and every process started under it) is ignored by Python too, and Ctrl-C, the view's one way out
+    besides the job's end, did nothing. Signal handlers belong to the main thread: elsewhere, Python's."""
+    ctrl_c = _CtrlC()
+    if threading.current_thread() is not threading.main_thread():
+        yield ctrl_c
+        return
+    previous = signal.signal(signal.SIGINT, ctrl_c)
+    try:
+        yield ctrl_c
+    finally:
+        # None: a handler not installed from Python (an embedding program's); Python's own then
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
 
 
 def watch(job_id: str | None, show_all: bool = False, out: Any = None, poll_s: float = POLL_S) -> int:
