@@ -71,8 +71,9 @@ def test_the_rule() -> None:
 def test_a_frozen_trainer_is_replaced_and_the_job_ends_equal_to_an_uninterrupted_run(
     tmp_path: Path, tiny_model: Path, ftorch_home: Path
 ) -> None:
-    job_id = _launch(tmp_path, _job(tmp_path, tiny_model, "frozen"))
-    _wait(job_id, lambda d: (d.get("step") or 0) >= 20)
+    # Steps slowed to 0.4 s: the freeze must land before step 30 ends the job, however loaded the machine is.
+    job_id = _launch(tmp_path, _job(tmp_path, tiny_model, "frozen"), env={"FTORCH_FAULTS": "slow-step@400"})
+    _wait(job_id, lambda d: (d.get("step") or 0) >= 8)
     pid = Registry().attempts(job_id)[-1].pid
     frozen_at = time.time()
     os.kill(pid, signal.SIGSTOP)  # never continued
