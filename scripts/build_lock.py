@@ -9,6 +9,8 @@ EXTRA_ROOTS as if installing on the target (`--platform`, `--python-version`, `-
 names each distribution pip picked and its wheel's sha256; the lock pins them all
 (`name==version --hash=sha256:...`). Limitation: pip evaluates environment markers with the running
 interpreter, so run this with the target's Python minor version (the script refuses another one).
+The tested set (scripts/constraints-tested.txt: the versions the test suite runs of the libraries a resume
+compares) is passed to pip as constraints, so the lock names what was tested; `--untested` leaves it out.
 A lock changes only when someone runs this and commits the result (docs/environment.md).
 """
 
@@ -38,6 +40,8 @@ PLATFORMS = tuple(f"manylinux_2_{minor}_x86_64" for minor in range(28, 16, -1)) 
     "manylinux1_x86_64",
 )
 DEFAULT_TARGET = "cu130-py311"
+#: the versions the suite runs of the compared libraries (scripts/setup.sh installs the suite with them)
+TESTED = REPO / "scripts" / "constraints-tested.txt"
 
 
 def roots(pyproject: Path = REPO / "pyproject.toml", extras: tuple[str, ...] = EXTRAS) -> list[str]:
@@ -81,8 +85,23 @@ def cuda_of(lines: list[str]) -> str:
     return "none"
 
 
+def tested_set(path: Path = TESTED) -> dict[str, str]:
+    """name -> version of the tested set (its `name==version` lines)."""
+    found = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        name, sep, version = line.split("#", 1)[0].strip().partition("==")
+        if sep:
+            found[name.strip().lower()] = version.strip()
+    return found
+
+
 def header(
-    target: str, python: str, platforms: tuple[str, ...], requirements: list[str], pins: list[str]
+    target: str,
+    python: str,
+    platforms: tuple[str, ...],
+    requirements: list[str],
+    pins: list[str],
+    tested: bool = True,
 ) -> list[str]:
     return [
         "# ftorch environment lock: the exact versions a cloud task installs, with no resolution",
@@ -93,11 +112,17 @@ def header(
         f"# cuda: {cuda_of(pins)}",
         f"# built_at: {time.strftime('%Y-%m-%d', time.gmtime())}",
         f"# roots: {' '.join(r.replace(' ', '') for r in requirements)}",
+        f"# tested_set: {TESTED.relative_to(REPO) if tested else 'none (--untested)'}",
     ]
 
 
 def build(
-    requirements: list[str], target: str, python: str, platforms: tuple[str, ...], pip_args: list[str]
+    requirements: list[str],
+    target: str,
+    python: str,
+    platforms: tuple[str, ...],
+    pip_args: list[str],
+    tested: bool = True,
 ) -> str:
     """The lock's text (header, then the sorted pins)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,7 +135,7 @@ def build(
                 f"pip could not resolve the lock: {(done.stderr or done.stdout).strip()[-2000:]}"
             )
         pins = lock_lines(json.loads(report.read_text(encoding="utf-8")))
-    return "\n".join([*header(target, python, platforms, requirements, pins), *pins]) + "\n"
+    return "\n".join([*header(target, python, platforms, requirements, pins, tested), *pins]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, help="where to write (default: orchestrator/data/locks/TARGET.txt)"
     )
+    parser.add_argument(
+        "--untested", action="store_true", help="resolve without the tested set's constraints"
+    )
     args, pip_args = parser.parse_known_args(argv)
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     if args.python != here:
@@ -134,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     platforms = tuple(args.platform or PLATFORMS)
     requirements = args.requirement or roots()
-    text = build(requirements, args.target, args.python, platforms, pip_args)
+    if not args.untested:
+        pip_args = ["--constraint", str(TESTED), *pip_args]
+    text = build(requirements, args.target, args.python, platforms, pip_args, tested=not args.untested)
     out = args.out or LOCKS / f"{args.target}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")

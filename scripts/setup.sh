@@ -2,11 +2,14 @@
 # Create (or reuse) a virtual environment and install ftorch into it, editable: the README's install route.
 #   scripts/setup.sh [EXTRAS]     EXTRAS defaults to "test" (what the test suite needs); e.g. s3,plot,skypilot
 # FTORCH_VENV chooses the environment's folder (default .venv in the repository).
-# torch is installed first, pinned (FTORCH_TORCH overrides, e.g. FTORCH_TORCH="torch==2.9.1"), unless the
-# venv already has one. On a machine without an NVIDIA GPU it comes from PyTorch's CPU index: PyPI's Linux
-# torch is the CUDA build, several GB of CUDA libraries a CPU machine cannot use.
-# With the skypilot extra, pip gets scripts/constraints-skypilot.txt (SkyPilot 0.14 pins click<8.2; without
-# the constraints pip backtracks for many minutes, see bench/install_time.py).
+# torch is installed first, pinned to the tested set's release (FTORCH_TORCH overrides, e.g.
+# FTORCH_TORCH="torch==2.9.1"), unless the venv already has one. On a machine without an NVIDIA GPU it
+# comes from PyTorch's CPU index: PyPI's Linux torch is the CUDA build, several GB of CUDA libraries a CPU
+# machine cannot use.
+# ftorch is installed with the tested set as pip constraints (scripts/constraints-tested.txt: the versions
+# of torch, transformers, peft, ... that the suite runs and the shipped GPU lock pins), so a local run uses
+# what was tested. With the skypilot extra, pip gets scripts/constraints-skypilot.txt instead (SkyPilot
+# 0.14 pins click<8.2; without those constraints pip backtracks for many minutes, see bench/install_time.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-test}"
@@ -21,9 +24,10 @@ if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
   if ! command -v nvidia-smi >/dev/null 2>&1; then
     torch_index=(--index-url "${FTORCH_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}")
   fi
-  "$venv/bin/python" -m pip install --quiet "${FTORCH_TORCH:-torch==2.13.0}" "${torch_index[@]}"
+  tested_torch=$(grep -m1 '^torch==' scripts/constraints-tested.txt)
+  "$venv/bin/python" -m pip install --quiet "${FTORCH_TORCH:-$tested_torch}" "${torch_index[@]}"
 fi
-constraints=()
+constraints=(-c scripts/constraints-tested.txt)
 case ",$extras," in
   *,skypilot,*) constraints=(-c scripts/constraints-skypilot.txt) ;;
 esac

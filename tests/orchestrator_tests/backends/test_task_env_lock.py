@@ -128,6 +128,19 @@ def test_the_shipped_lock_is_exact_hashed_and_satisfies_pyproject() -> None:
     assert any(n.startswith("nvidia-cuda-runtime") for n in pins)  # a CUDA build of torch, not the CPU one
 
 
+def test_the_shipped_lock_pins_the_tested_set_which_is_what_this_suite_runs() -> None:
+    """One source of truth for the versions: the tested set names every library a resume compares; the
+    shipped GPU lock pins exactly those versions; this suite's environment has them (the CPU build of the
+    same torch release): a lock that moves on its own, or a suite run on other releases, fails here."""
+    text = build_lock.LOCKS.joinpath(f"{build_lock.DEFAULT_TARGET}.txt").read_text()
+    pins, tested = envlock.parse(text), build_lock.tested_set()
+    assert envlock.header(text)["tested_set"] == "scripts/constraints-tested.txt"
+    assert sorted(tested) == sorted(envlock.COMPARED)
+    for name, version in tested.items():
+        installed = (envlock.version_of(name) or "not installed").split("+", 1)[0]  # 2.13.0+cpu: the CPU build
+        assert (pins[name].version, installed) == (version, version), name
+
+
 # ---- resolving for a target platform, offline ------------------------------------------------------
 def _wheel(folder: Path, name: str, version: str, tag: str, requires: tuple[str, ...] = ()) -> Path:
     """A minimal wheel: METADATA (with its requirements), WHEEL, RECORD."""
@@ -170,7 +183,9 @@ def _build(tmp_path: Path, links: Path, *args: str) -> subprocess.CompletedProce
 def test_the_lock_is_resolved_for_the_target_platform_offline(tmp_path: Path) -> None:
     links = tmp_path / "links"
     links.mkdir()
-    alpha = _wheel(links, "alpha", "1.0", "py3-none-any", ("beta>=1",))
+    alpha = _wheel(links, "alpha", "1.0", "py3-none-any", ("beta>=1", "numpy>=1"))
+    numpy_tested = _wheel(links, "numpy", build_lock.tested_set()["numpy"], "py3-none-any")
+    numpy_newer = _wheel(links, "numpy", "99.0", "py3-none-any")  # newer than the tested set's
     beta_linux = _wheel(links, "beta", "2.0", "cp311-cp311-manylinux_2_28_x86_64")
     beta_mac = _wheel(links, "beta", "3.0", "cp311-cp311-macosx_11_0_arm64")  # newer, another platform
     _wheel(links, "beta", "2.0", "cp311-cp311-macosx_11_0_arm64")
@@ -178,11 +193,18 @@ def test_the_lock_is_resolved_for_the_target_platform_offline(tmp_path: Path) ->
     done = _build(tmp_path, links)  # the default target: manylinux x86_64, whatever this machine is
     assert done.returncode == 0, done.stderr
     text = (tmp_path / "lock.txt").read_text()
+    tested = envlock.Pin("numpy", build_lock.tested_set()["numpy"], (_sha(numpy_tested),))
     assert envlock.parse(text) == {
         "alpha": envlock.Pin("alpha", "1.0", (_sha(alpha),)),
         "beta": envlock.Pin("beta", "2.0", (_sha(beta_linux),)),
+        "numpy": tested,  # the tested set's version, not the newest
     }
     assert envlock.header(text)["python"] == "3.11" and envlock.header(text)["target"] == "test-py311"
+    done = _build(tmp_path, links, "--untested")
+    assert done.returncode == 0, done.stderr
+    untested = (tmp_path / "lock.txt").read_text()
+    assert envlock.parse(untested)["numpy"] == envlock.Pin("numpy", "99.0", (_sha(numpy_newer),))
+    assert envlock.header(untested)["tested_set"] == "none (--untested)"
 
     done = _build(tmp_path, links, "--platform", "macosx_11_0_arm64")
     assert done.returncode == 0, done.stderr
