@@ -8,6 +8,8 @@ the checks that they agree (docs/environment.md).
   open range can reach pip through it.
 - `python -m trainer.envlock check LOCK`: the task's setup runs it after installing the lock; an
   installed version that differs from its pin exits ENV_MISMATCH with one line naming the package.
+  The task runs it as `python -m trainer.runstore.env_refusal LOCK RUN_URI`, which records the refusal
+  in the run store instead of exiting (trainer/runstore/env_refusal.py).
 - At the trainer's start a resume whose COMPARED versions differ from the newest checkpoint's is refused
   like a fingerprint change (trainer/checkpoints/versions.py: exit 2, one line, both versions), unless
   `ftorch resume --allow-change` recorded the change in spec.json.
@@ -115,21 +117,35 @@ def mismatches(pins: Mapping[str, Pin], lookup: Callable[[str], str | None] = ve
     return found
 
 
-def _check(path: str) -> int:
-    """`check LOCK`: every pin installed at its version, else one line and ENV_MISMATCH."""
+def refusal(path: str) -> str | None:
+    """`check LOCK`'s one line when this environment is not the lock (None when it is)."""
     try:
         with open(path, encoding="utf-8") as handle:
             pins = parse(handle.read(), path)
     except (OSError, LockError) as exc:
-        sys.stderr.write(f"ftorch: environment: {exc}\n")
-        return ENV_MISMATCH
+        return f"ftorch: environment: {exc}"
     found = mismatches(pins)
-    if found:
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        sys.stderr.write(f"ftorch: environment: {found[0]}{more}; refusing to start ({ADVICE_ENV})\n")
-        return ENV_MISMATCH
-    sys.stdout.write(f"ftorch: environment matches the run's lock ({len(pins)} packages)\n")
-    return 0
+    if not found:
+        return None
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return f"ftorch: environment: {found[0]}{more}; refusing to start ({ADVICE_ENV})"
+
+
+def matched(path: str) -> str:
+    """The line a check that passed prints."""
+    with open(path, encoding="utf-8") as handle:
+        count = len(parse(handle.read(), path))
+    return f"ftorch: environment matches the run's lock ({count} packages)"
+
+
+def _check(path: str) -> int:
+    """`check LOCK`: every pin installed at its version, else one line and ENV_MISMATCH."""
+    line = refusal(path)
+    if line is None:
+        sys.stdout.write(matched(path) + "\n")
+        return 0
+    sys.stderr.write(line + "\n")
+    return ENV_MISMATCH
 
 
 ADVICE_ENV = "the attempt would not run the run's versions; see docs/environment.md"

@@ -111,6 +111,7 @@ def start(registry: Registry, job: Job, launch: Launch | None = None) -> int:
         tasks = _controller_tasks(registry, job, spec, launch)
         first = tasks.get(Mode.SPOT, launch.task) if len(tasks) > 1 else launch.task
         _withdraw_stop(job)
+        sky_state.clear_refusal(job)
         sky_job_id = sdk.submit(job.job_id, first, render.secret_names(spec))
     except (UserError, SpecError) as exc:
         registry.set_state(job.job_id, JobState.FAILED, f"launch failed: {exc}")

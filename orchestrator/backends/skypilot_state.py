@@ -106,6 +106,9 @@ def apply_record(registry: Registry, job: Job, record: Mapping[str, Any] | None)
     if sick is not None:  # the health checks ended it: the run script exits 0 (never relaunched), an older
         # one 86; the run store says which
         new_state, reason = JobState.UNHEALTHY, sick
+    refused = env_refusal(job) if ended in (JobState.FAILED, JobState.SUCCEEDED) else None
+    if refused is not None:  # the setup refused the environment: it exits 0 too, never relaunched
+        new_state, reason = JobState.FAILED, refused
     if new_state != job.state or (reason and reason != job.reason):
         registry.set_state(job.job_id, new_state, reason)
     return registry.get(job.job_id)
@@ -197,6 +200,9 @@ def _sync_attempts(registry: Registry, job: Job, record: Mapping[str, Any], stat
             outcome = Outcome.BUDGET
         elif outcome in (Outcome.SUCCEEDED, Outcome.FAILED) and unhealthy_stop(job) is not None:
             outcome = Outcome.UNHEALTHY
+        refused = env_refusal(job)
+        if refused is not None:
+            outcome, status = Outcome.FAILED, refused
         end_open(outcome, status, float(record.get("end_at") or time.time()))
 
 
@@ -224,6 +230,32 @@ def unhealthy_stop(job: Job) -> str | None:
     from trainer.health.rules import unhealthy_reason
 
     return unhealthy_reason(job.run_store(), newest.get("attempt"))
+
+
+def env_refusal(job: Job) -> str | None:
+    """The setup's one line when it refused this launch's environment (trainer/envlock.py REFUSED; the run
+    store is data: only a printable string is shown, and at most 400 characters of it)."""
+    from trainer.runstore.env_refusal import REFUSED
+
+    try:
+        record = job.run_store().read_json_or_none(REFUSED)
+    except Exception:  # noqa: BLE001 - unreadable: the state stays what SkyPilot said
+        return None
+    line = record.get("line") if isinstance(record, dict) else None
+    if not isinstance(line, str) or not line.strip():
+        return None
+    shown = "".join(c if c.isprintable() else " " for c in line).strip()[:400]
+    return shown.removeprefix("ftorch: ")
+
+
+def clear_refusal(job: Job) -> None:
+    """A new launch starts without the last one's refusal (a fixed image or lock may pass now)."""
+    from trainer.runstore.env_refusal import REFUSED
+
+    try:
+        job.run_store().remove_file(REFUSED)
+    except Exception:  # noqa: BLE001 - best effort: a stale refusal shows only once SkyPilot ends the job
+        pass
 
 
 def _progress(job: Job) -> dict[str, Any]:

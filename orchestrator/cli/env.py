@@ -14,10 +14,10 @@ def env_cmd(
 ) -> None:
     """Show the exact library versions JOB's attempts install (and where that lock came from)."""
     from orchestrator.jobfile import envlock as runenv
-    from orchestrator.jobs import lifecycle as jobs
+    from orchestrator.registry import Registry
     from trainer.envlock import parse
 
-    record = jobs.get_job(job)
+    record = Registry().lookup(job)  # the lock is in the store: no backend is asked how the job runs
     text, info = runenv.read_lock(record.run_store())
     if as_json:
         pins = {p.name: p.version for p in parse(text).values()} if text is not None else None

@@ -388,6 +388,65 @@ def test_one_node_task_trains_to_completion(instance: Instance, kind: str, resou
     assert progress["state"] == "finished" and progress["step"] == STEPS, progress
     assert {"adapter_model.safetensors", "adapter_config.json"} <= set(store.listdir("output"))
     assert _attempts(store) == [1]
+    (record,) = [store.read_json(f"attempts/{n}") for n in store.listdir("attempts") if n.endswith(".json")]
+    assert record["versions"]["peft"] == metadata.version("peft")  # each attempt records its versions
+
+
+def _probe_wheel(links: Path, version: str) -> None:
+    """A tiny distribution `ftorch-probe` in the instance's find-links folder."""
+    from orchestrator.backends.ship import pack_wheel
+
+    info = f"ftorch_probe-{version}.dist-info"
+    pack_wheel(
+        "ftorch-probe",
+        version,
+        {
+            "ftorch_probe/__init__.py": b"",
+            f"{info}/METADATA": f"Metadata-Version: 2.1\nName: ftorch-probe\nVersion: {version}\n".encode(),
+            f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        },
+        links,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_a_setup_that_refuses_the_environment_ends_the_attempt_with_0_and_records_why(
+    instance: Instance, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exit 78 from the setup would be relaunched by SkyPilot's max_restarts_on_errors (a new machine, the
+    same refusal): the setup records the refusal in the run store and the run step ends with 0, training
+    nothing. The mismatch is made as a later install makes one: the lock pins ftorch-probe 1.0, and the
+    task's extra pip (outside the lock) installs 2.0 over it."""
+    from orchestrator.jobfile.envlock import LOCK_FILE_ENV
+    from trainer.runstore.env_refusal import REFUSED
+
+    links = Path(instance.env["PIP_FIND_LINKS"])
+    for version in ("1.0", "2.0"):
+        _probe_wheel(links, version)
+    lock = tmp_path / "lock-with-probe.txt"
+    lock.write_text(Path(os.environ[LOCK_FILE_ENV]).read_text() + "ftorch-probe==1.0\n")
+    monkeypatch.setenv(LOCK_FILE_ENV, str(lock))
+    task = instance.render("refused")
+    assert "ftorch-probe==1.0" in task["setup"]
+    own_lock = tmp_path / "env" / "lock.txt"  # this test's own: the marker beside it must not reach others
+    task["envs"].update(FTORCH_LOCK=str(own_lock), FTORCH_EXTRA_PIP="ftorch-probe==2.0")
+    done = subprocess.run(
+        ["bash", "-c", task["setup"]],
+        cwd=instance.workdir,
+        env={**instance.env, **task["envs"]},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    line = "ftorch: environment: ftorch-probe: the run's lock pins 1.0, 2.0 is installed; refusing to start"
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert line in done.stderr and "ftorch trainer ready" not in done.stdout
+    store = _store(instance, task)
+    assert store.read_json(REFUSED)["line"].startswith(line)
+    (node,) = instance.start(task)
+    assert node.wait(60) == 0, node.log()
+    assert line in node.log() and not store.exists("attempts")  # no attempt claimed, nothing trained
+    assert (store.read_progress() or {}).get("step") is None
 
 
 @pytest.mark.timeout(600)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO
+from helpers import REPO, ftorch
 
 from orchestrator.backends import skypilot_controller, skypilot_sdk
 from orchestrator.errors import UserError
@@ -95,3 +95,51 @@ def test_a_cloud_run_keeps_its_lock_and_moves_only_with_relock_and_allow_change(
             "checkpoint_step": 10,
         }
     ]
+
+
+def test_a_cloud_launch_writes_the_shipped_lock_and_the_ftorch_it_ships_and_env_shows_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3: Any
+) -> None:
+    """`ftorch launch` of a SkyPilot job (the real launch path; SkyPilot's API server a double at the SDK
+    boundary): the run store gets the lock ftorch ships (env/lock.txt, its source and sha256 in
+    env/lock.json) and the digest of the ftorch the task installs; the submitted task installs exactly
+    those pins; `ftorch env JOB --json` shows them."""
+    import hashlib
+    import json
+
+    import fsspec
+
+    monkeypatch.setenv("FTORCH_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv(runenv.LOCK_FILE_ENV, raising=False)
+    fs = fsspec.filesystem("s3", **s3.options)
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    fs.pipe_file(f"{s3.uri}/data/support.jsonl", (json.dumps(chat) + "\n").encode())
+    at = [
+        f"checkpoint.uri={s3.uri}/ftorch",
+        f"checkpoint.storage_options={{endpoint_url: '{s3.endpoint}'}}",
+        f"data.path={s3.uri}/data/support.jsonl",
+        "checkpoint.region=us-east-1",
+    ]
+    submitted: list[dict[str, Any]] = []
+    monkeypatch.setattr(skypilot_sdk, "enabled_clouds", lambda: ["gcp", "aws", "lambda", "runpod"])
+    monkeypatch.setattr(skypilot_sdk, "submit", lambda _j, task, _s: submitted.append(task) or 9)
+    monkeypatch.setattr(skypilot_sdk, "queue", lambda *_a, **_k: [{"job_id": 9, "status": "PENDING"}])
+    monkeypatch.setattr(skypilot_controller, "spawn", lambda _reg, _j: 1)
+    job_id = jobs.launch(str(REPO / "examples/llama3-8b-qlora.yaml"), at)["job_id"]
+
+    shipped = (REPO / "orchestrator/data/locks" / f"{runenv.DEFAULT_TARGET}.txt").read_text()
+    store = RunStore(Registry().get(job_id).run_uri, s3.options, retry_seconds=5)
+    text, info = runenv.read_lock(store)
+    assert text == shipped and info["source"] == f"shipped:{runenv.DEFAULT_TARGET}"
+    assert info["sha256"] == hashlib.sha256(shipped.encode()).hexdigest()
+    digest = info["ftorch"].get("wheel_sha256") or info["ftorch"].get("source_sha256")
+    assert digest is not None and len(digest) == 64 and int(digest, 16) >= 0  # what the task installs
+    (task,) = submitted
+    assert _pins_of(task) == envlock.parse(shipped)
+
+    shown = ftorch("env", job_id, "--json")  # FTORCH_HOME: this test's
+    assert shown.returncode == 0, shown.stderr
+    env = json.loads(shown.stdout)
+    assert env["source"] == f"shipped:{runenv.DEFAULT_TARGET}"
+    assert env["pins"]["torch"] == envlock.parse(shipped)["torch"].version

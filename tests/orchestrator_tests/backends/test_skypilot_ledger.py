@@ -141,3 +141,30 @@ def test_a_run_the_health_checks_ended_is_unhealthy_though_skypilot_says_succeed
     assert job.state == "UNHEALTHY", job.reason
     assert "loss NaN at step 61" in (job.reason or "") and "newest healthy checkpoint: step 60" in job.reason
     assert registry.attempts(job.job_id)[-1].outcome == "unhealthy"
+
+
+def test_a_launch_whose_setup_refused_the_environment_is_failed_with_its_line(
+    ftorch_home: Path, tmp_path: Path
+) -> None:
+    """The setup records a refused environment and the task exits 0 (else max_restarts_on_errors provisions
+    again, to refuse again): SkyPilot's SUCCEEDED, read with the run store's record, is FAILED in ftorch,
+    naming the package; the record is data (a control character is not shown); a new launch clears it."""
+    from trainer.runstore.env_refusal import REFUSED
+
+    sky = _skypilot_records(tmp_path)
+    registry = Registry()
+    run_uri = str(tmp_path / "run")
+    spec = {"checkpoint": {"uri": str(tmp_path), "storage_options": {}}, "resources": {"backend": "skypilot"}}
+    job = registry.create_job("sky-r", "x", "skypilot", run_uri, run_uri + "/output", spec)
+    skypilot_state.record_launch(registry, job, int(sky["records"][0]["job_id"]), "launched")
+    line = "ftorch: environment: transformers: the run's lock pins 5.24.0, 5.25.0 is installed\x1b[2J"
+    RunStore(run_uri).write_json(REFUSED, {"line": line, "at": 1.0})
+    for record in sky["records"]:
+        job = skypilot_state.apply_record(registry, job, record)
+    assert sky["records"][-1]["status"] == "SUCCEEDED"
+    assert job.state == "FAILED", job.reason
+    assert job.reason == "environment: transformers: the run's lock pins 5.24.0, 5.25.0 is installed [2J"
+    last = registry.attempts(job.job_id)[-1]
+    assert last.outcome == "failed" and last.end_reason == job.reason
+    skypilot_state.clear_refusal(job)
+    assert not RunStore(run_uri).exists(REFUSED) and skypilot_state.env_refusal(job) is None

@@ -78,7 +78,9 @@ def test_dry_run_json_names_every_pin_and_no_open_range_reaches_pip(ftorch_home:
     for name in ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "datasets", "safetensors"):
         assert f"\n{name}=={shipped[name].version} --hash=sha256:" in task["setup"]
     assert task["envs"]["FTORCH_LOCK_PYTHON"] == "3.11"
-    assert "python -m trainer.envlock check" in task["setup"]  # then the installed versions are checked
+    assert (
+        "python -m trainer.runstore.env_refusal" in task["setup"]
+    )  # then the installed versions are checked
     assert envlock.ENV_MISMATCH not in task["resources"]["job_recovery"]["recover_on_exit_codes"]
 
 
@@ -137,7 +139,9 @@ def test_the_shipped_lock_pins_the_tested_set_which_is_what_this_suite_runs() ->
     assert envlock.header(text)["tested_set"] == "scripts/constraints-tested.txt"
     assert sorted(tested) == sorted(envlock.COMPARED)
     for name, version in tested.items():
-        installed = (envlock.version_of(name) or "not installed").split("+", 1)[0]  # 2.13.0+cpu: the CPU build
+        installed = (envlock.version_of(name) or "not installed").split("+", 1)[
+            0
+        ]  # 2.13.0+cpu: the CPU build
         assert (pins[name].version, installed) == (version, version), name
 
 
