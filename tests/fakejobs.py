@@ -209,7 +209,7 @@ def bulk_registry(
             else:
                 db.execute(
                     "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, 'final_progress', ?)",
-                    (job_id, ended, json.dumps({"ended_at": ended, "progress": progress})),
+                    (job_id, ended, json.dumps({"ended_at": ended, "progress": progress, "checked": True})),
                 )
         db.execute("COMMIT")
     return registry

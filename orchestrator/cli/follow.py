@@ -47,12 +47,13 @@ def _frame(job_id: str | None, show_all: bool, width: int, with_log: bool) -> tu
     from rich.text import Text
 
     from orchestrator.views import status as job_status
+    from orchestrator.views.cells import WIDEST
     from orchestrator.views.job_detail import render_detail
     from orchestrator.views.jobs_table import render_jobs
 
     stamp = Text(f"ftorch status --watch · {time.strftime('%H:%M:%S')} · Ctrl-C stops watching", style="dim")
     if job_id is None:
-        rows = job_status.status_all()
+        rows = job_status.status_all(savings=width >= WIDEST)
         done = all(r["state"] in TERMINAL for r in rows)
         return Group(render_jobs(rows, width, show_all), stamp), done
     detail = job_status.status_one(job_id)

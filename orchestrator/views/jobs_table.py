@@ -30,15 +30,19 @@ from orchestrator.views.format import duration
 
 #: finished jobs that ended longer ago than this collapse into one line (`--all` shows them)
 RECENT_S = 24 * 3600.0
+#: and so do finished jobs beyond the newest RECENT_MAX: a table to take in at a glance, not a log
+RECENT_MAX = 25
 
 
 def _visible(rows: list[dict[str, Any]], show_all: bool, now: float) -> tuple[list[dict], list[dict]]:
     active = [r for r in rows if r["state"] not in TERMINAL]
     finished = [r for r in rows if r["state"] in TERMINAL]
-    recent = [r for r in finished if show_all or now - (r.get("ended_at") or 0) < RECENT_S]
-    hidden = [r for r in finished if r not in recent] if not show_all else []
+    if show_all:
+        return active + sorted(finished, key=lambda r: r.get("ended_at") or 0, reverse=True), []
+    recent = [r for r in finished if now - (r.get("ended_at") or 0) < RECENT_S]
     recent.sort(key=lambda r: r.get("ended_at") or 0, reverse=True)
-    return active + recent, hidden
+    shown = {id(r) for r in recent[:RECENT_MAX]}
+    return active + recent[:RECENT_MAX], [r for r in finished if id(r) not in shown]
 
 
 def _table(rows: list[dict[str, Any]], width: int, now: float) -> Table:

@@ -53,7 +53,9 @@ def _cached(details: dict[str, str]) -> dict[str, dict[str, Any]]:
             entry = json.loads(detail)
         except (TypeError, json.JSONDecodeError):
             continue
-        if isinstance(entry, dict) and checked_progress(entry.get("progress")) is not None:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("checked") is True or checked_progress(entry.get("progress")) is not None:
             parsed[job_id] = entry  # an entry cached before progress files were checked may not be
     return parsed
 
@@ -61,7 +63,9 @@ def _cached(details: dict[str, str]) -> dict[str, dict[str, Any]]:
 def cache_final_progress(registry: Registry, job: Job, progress: dict[str, Any]) -> None:
     """Remember a finished job's last progress, valid while the job stays ended at `job.ended_at`."""
     if job.state.terminal and progress:
-        registry.event(job.job_id, CACHE_KIND, json.dumps({"ended_at": job.ended_at, "progress": progress}))
+        # `checked`: read through read_progress, which drops a progress file that fails the check
+        entry = {"ended_at": job.ended_at, "progress": progress, "checked": True}
+        registry.event(job.job_id, CACHE_KIND, json.dumps(entry))
 
 
 def _progress_for(registry: Registry, job: Job, cached: dict[str, Any] | None) -> dict[str, Any]:
@@ -74,8 +78,9 @@ def _progress_for(registry: Registry, job: Job, cached: dict[str, Any] | None) -
     return progress
 
 
-def status_all(registry: Registry | None = None) -> list[dict[str, Any]]:
-    """Every job's status row, oldest first."""
+def status_all(registry: Registry | None = None, savings: bool = True) -> list[dict[str, Any]]:
+    """Every job's status row, oldest first. `savings`: the cost ledger's savings per job (the table
+    shows them only from WIDEST columns; --json always has them)."""
     registry = registry or Registry()
     jobs, attempts, details = registry.snapshot(CACHE_KIND)
     cached = _cached(details)
@@ -93,7 +98,7 @@ def status_all(registry: Registry | None = None) -> list[dict[str, Any]]:
         group = groups.get(job.job_id)
         if group:  # launched by `ftorch sweep`
             row.update(group=group["group_id"], point=group["point"], group_budget_usd=group["budget_usd"])
-        rows.append(with_savings(registry, job, job_attempts, row))  # the cost ledger's savings column
+        rows.append(with_savings(registry, job, job_attempts, row) if savings else row)
     return rows
 
 

@@ -74,6 +74,25 @@ def test_all_shows_old_finished_jobs(demo: Registry) -> None:
     assert "old-experiment-111111" in text and "FAILED" in text and "hidden" not in text
 
 
+def test_only_the_newest_finished_jobs_are_listed_and_the_rest_collapse(demo: Registry) -> None:
+    """A day of sweeps and retries leaves dozens of finished jobs: the table keeps the active ones and the
+    RECENT_MAX newest finished ones; the rest collapse into the one line `--all` expands."""
+    from orchestrator.views.jobs_table import RECENT_MAX
+
+    rows = job_status.status_all()
+    done = next(r for r in rows if r["state"] == "SUCCEEDED")
+    now = time.time()
+    many = [{**done, "job_id": f"run-{i:03d}", "ended_at": now - 60.0 * i} for i in range(RECENT_MAX + 15)]
+    text = render(render_jobs([*rows, *many], 160), 160)
+    assert "RUNNING" in text and "run-000" in text and f"run-{RECENT_MAX - 2:03d}" in text
+    assert f"run-{RECENT_MAX:03d}" not in text  # older than the newest RECENT_MAX finished ones
+    hidden = re.search(r"(\d+) older jobs hidden \((\d+) succeeded", text)
+    # the 15 beyond RECENT_MAX, the demo's own two recent ended ones (older than these) and its old failure
+    assert hidden and int(hidden.group(1)) == 18, text[-300:]
+    everything = render(render_jobs([*rows, *many], 160, show_all=True), 160)
+    assert f"run-{RECENT_MAX + 14:03d}" in everything and "hidden" not in everything
+
+
 def test_no_jobs_says_how_to_start_one(ftorch_home: Path) -> None:
     assert "ftorch launch" in render(render_jobs(job_status.status_all(), 80), 80)
 
