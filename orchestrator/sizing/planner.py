@@ -140,6 +140,8 @@ class Candidate:
     interruption_high_per_hour: float = 0.0
     spot_availability: float | None = None  # share of time some allowed zone has spot (None: not measured)
     spot_wait_s: float = 0.0  # expected wait for spot capacity at each (re)launch
+    #: "measured", or why the capacity was borrowed from measured regions (orchestrator/spot/hazards.py)
+    spot_capacity_source: str = ""
     fallback_share: float = 0.0  # share of the work expected on demand for want of spot capacity
     egress_usd: float | None = None  # data movement (None: not priced; see the notes)
     storage_usd: float | None = None  # the kept checkpoints over the run
@@ -458,6 +460,9 @@ def cost_notes(job: _Job, chosen: Candidate, catalog: Catalog) -> list[str]:
             out.append(
                 f"capacity: spot is obtainable only {avail:.0%} of the time in {where}{unlikely}; {then}"
             )
+        if chosen.spot_capacity_source not in ("", "measured"):
+            said = chosen.spot_capacity_source.removeprefix("capacity ")
+            out.append(f"capacity: {said} (priced as such; not this offer's own measurement)")
     if chosen.egress_usd is None and job.store.how == "unknown":
         out.append(
             f"egress: not priced: the run store's region is unknown offline ({job.spec.checkpoint.uri}); "
@@ -996,6 +1001,7 @@ def _candidate(
         interruption_high_per_hour=hazard.high_per_hour,
         spot_availability=hazard.availability,
         spot_wait_s=hazard.wait_s,
+        spot_capacity_source=hazard.capacity_source,
         fallback_share=market.fallback_share if is_spot else 0.0,
         egress_usd=moved.egress_usd,
         storage_usd=moved.storage_usd,

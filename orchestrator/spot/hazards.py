@@ -291,6 +291,8 @@ class Hazard:
     zones: tuple[str, ...] = ()
     #: share of the job's spot time in each region (where it lands, how long it stays)
     region_share: tuple[tuple[str, float], ...] = ()
+    #: where the capacity figures come from: measured for these regions, or borrowed (said in the plan)
+    capacity_source: str = ""
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -526,23 +528,7 @@ class HazardTable:
         shares: dict[str, float] = {}
         for z, stay in zip(zones, stays, strict=True):
             shares[z.region] = shares.get(z.region, 0.0) + stay / sum(stays)
-        # capacity: each region as a whole (measured jointly where the table has it), regions independent
-        known, none_up, exits, caps = False, 1.0, 0.0, {}
-        for region in regions or ("",):
-            cap = self._region_capacity(
-                cloud, instance_type, region, [z for z in zones if z.region == region]
-            )
-            if cap is not None:
-                known, caps[region] = True, cap
-                none_up *= 1.0 - cap[0]
-                exits += 1.0 / cap[1] if cap[1] else 0.0
-        # after an interruption in region r: r's own chance of none right then, the others' at random
-        after = sum(
-            share * caps[r][2] * math.prod(1.0 - c[0] for o, c in caps.items() if o != r)
-            for r, share in shares.items()
-            if r in caps
-        )
-        wait = none_up / exits if known and exits and none_up > 0 else 0.0
+        known, none_up, after, wait, said = self._capacity(cloud, instance_type, regions, zones, shares)
         top = max(zones, key=lambda z: (land[zones.index(z)], z.hours))
         level, source = top.level, top.source
         if measured_failover is not None:
@@ -564,7 +550,40 @@ class HazardTable:
             wait_s=wait,
             zones=tuple(z.name for z in zones),
             region_share=tuple(shares.items()),
+            capacity_source=said,
         )
+
+    def _capacity(
+        self,
+        cloud: str,
+        instance_type: str,
+        regions: Sequence[str],
+        zones: list[_Zone],
+        shares: dict[str, float],
+    ) -> tuple[bool, float, float, float, str]:
+        """(known, chance no allowed region has spot, the same right after an interruption, expected wait
+        at a launch, where the figures come from): each region as a whole (measured jointly where the
+        table has it, else its zones, else borrowed from measured regions), regions independent."""
+        known, none_up, exits, caps, said = False, 1.0, 0.0, {}, []
+        for region in regions or ("",):
+            cap = self._region_capacity(
+                cloud, instance_type, region, [z for z in zones if z.region == region]
+            )
+            if cap is None:
+                cap, why = self._borrowed_capacity(cloud, instance_type, region)
+                said.append(why)
+            if cap is not None:
+                known, caps[region] = True, cap
+                none_up *= 1.0 - cap[0]
+                exits += 1.0 / cap[1] if cap[1] else 0.0
+        # after an interruption in region r: r's own chance of none right then, the others' at random
+        after = sum(
+            share * caps[r][2] * math.prod(1.0 - c[0] for o, c in caps.items() if o != r)
+            for r, share in shares.items()
+            if r in caps
+        )
+        wait = none_up / exits if known and exits and none_up > 0 else 0.0
+        return known, none_up, after, wait, said[0] if said else ("measured" if known else "")
 
     def _failover(
         self, cloud: str, instance_type: str, accelerator: str, count: int, regions: Sequence[str]
@@ -604,6 +623,28 @@ class HazardTable:
         none_up = math.prod(1.0 - (z.availability or 0.0) for z in known)
         exits = sum(1.0 / z.mean_down_s for z in known if z.mean_down_s)
         return 1.0 - none_up, (1.0 / exits if exits else 0.0), none_up
+
+    def _borrowed_capacity(
+        self, cloud: str, instance_type: str, region: str
+    ) -> tuple[tuple[float, float, float] | None, str]:
+        """A region whose capacity was never measured for this instance: the mean of the regions measured
+        on the same cloud (else on any), and the words that say so; (None, ...) when nothing was measured.
+        Spot capacity is assumed neither always there nor never: as where it was measured."""
+        pool = [(k, v) for k, v in self.capacity.items() if k[0] == cloud and k[3] == 1]
+        where = cloud
+        if not pool:
+            pool, where = [(k, v) for k, v in self.capacity.items() if k[3] == 1], "other clouds"
+        if not pool:
+            return None, f"capacity not measured for {instance_type} in {region}: taken as always obtainable"
+        avail = sum(v[0] for _, v in pool) / len(pool)
+        down = sum(v[1] for _, v in pool) / len(pool)
+        after = sum(v[2] for _, v in pool) / len(pool)
+        types = ", ".join(sorted({k[1] for k, _ in pool}))
+        why = (
+            f"capacity not measured for {instance_type} in {region}: the mean of {len(pool)} measured "
+            f"region(s) on {where} ({types}): obtainable {avail:.0%} of the time"
+        )
+        return (avail, down, after), why
 
     def rows(self) -> list[dict[str, Any]]:
         """Every key the table knows, for `ftorch hazards`: one row per (cloud, instance, region, zone),

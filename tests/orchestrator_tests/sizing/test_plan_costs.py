@@ -160,6 +160,46 @@ def test_pinned_where_spot_is_scarce_the_plan_says_so_and_prices_the_fallback() 
     )
 
 
+def test_capacity_never_measured_for_the_offer_is_borrowed_priced_and_said(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An offer whose spot capacity was never measured is not taken as always obtainable: it gets the
+    measured regions' mean, in the hours (each launch waits, without a fallback) or in the on-demand
+    share (with one), and the plan says where the figure comes from."""
+    from orchestrator.jobfile.spec import validate_job
+
+    l40s = Offer("aws", "g6e.xlarge", "L40S", 1, 48.0, 1.86, 0.75, "n/a", ("us-east-1",), 4.0, 32.0,
+                 region_prices={"us-east-1": (1.86, 0.75)})  # fmt: skip
+    regions = [r for r in bundled()["regions"] if r["cloud"] == "aws" and int(r["nodes"]) == 1]
+    mean = sum(float(r["availability"]) for r in regions) / len(regions)
+
+    def plan(fallback: str):
+        spec = {"model": "llama-2-7b", "method": "qlora", "checkpoint": {"uri": "s3://b/ck", "region": "us-east-1"},
+                "data": {"path": "s3://b/d.jsonl", "max_seq_len": 512, "tokens": 2_000_000},
+                "train": {"precision": "bf16", "micro_batch_size": 1, "gradient_checkpointing": True},
+                "resources": {"backend": "skypilot", "regions": ["us-east-1"], "fallback": fallback}}  # fmt: skip
+        return make_plan(validate_job(spec), catalog=[l40s], history=History())
+
+    waits, falls = plan("none"), plan("on-demand")
+    for p in (waits, falls):
+        c = p.chosen
+        assert c is not None and c.spot and c.spot_availability == pytest.approx(mean)
+        assert c.spot_capacity_source.startswith("capacity not measured for g6e.xlarge in us-east-1")
+        assert any(
+            n.startswith("capacity: not measured for g6e.xlarge in us-east-1: the mean of") for n in p.notes
+        )
+    w = waits.chosen
+    assert w.spot_wait_s > 0 and w.fallback_share == 0.0
+    from orchestrator.spot.hazards import HazardTable
+
+    monkeypatch.setattr(HazardTable, "_borrowed_capacity", lambda *_a: (None, ""))  # as before: instant
+    instant = plan("none").chosen
+    assert instant.spot_availability is None and instant.spot_wait_s == 0
+    waited = (1 + w.expected_interruptions) * w.spot_wait_s / 3600.0  # each (re)launch waits
+    assert w.expected_hours - instant.expected_hours == pytest.approx(waited, rel=1e-6)
+    assert falls.chosen.fallback_share > 0  # some of the work expected on demand for want of spot
+
+
 def test_estimate_applies_offload_auto_and_names_the_next_gpu_count_that_fits() -> None:
     def estimate(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "estimate", str(EXAMPLES / "llama3-8b-full.yaml"),
@@ -359,7 +399,7 @@ def test_data_movement_is_priced_where_the_launch_tries_first() -> None:
     for x in (x for x in plan.candidates if shared[launch_key(x)] == 1):
         first = orders[launch_key(x)][0]
         assert max(x.region_share, key=x.region_share.get) == first, x.instance_type
-        if x.region_share[first] == 1.0:
+        if x.region_share[first] == 1.0 and not x.fallback_share:  # (a fallback runs on demand's order)
             assert x.egress_usd == pytest.approx(x.data_usd_per_hour[first] * x.expected_hours, rel=1e-9)
             away += x.egress_usd > 0
     assert away

@@ -147,7 +147,16 @@ def test_what_was_never_measured_borrows_with_wider_uncertainty_and_says_so() ->
         return (h.high_per_hour - h.low_per_hour) / h.rate_per_hour
 
     assert width(measured) < width(same_cloud) < width(other_cloud)
-    assert measured.availability is not None and same_cloud.availability is None
+    assert measured.capacity_source == "measured"
+    # capacity never measured for the offer: the mean of the cloud's measured regions, and said so; not
+    # "always obtainable" (which priced every real plan's spot as instant)
+    regions = [r for r in bundled()["regions"] if r["cloud"] == "aws" and int(r["nodes"]) == 1]
+    mean = sum(float(r["availability"]) for r in regions) / len(regions)
+    assert same_cloud.availability == pytest.approx(mean) and same_cloud.wait_s > 0
+    assert same_cloud.capacity_source.startswith("capacity not measured for p5.48xlarge in us-west-2")
+    assert f"obtainable {mean:.0%}" in same_cloud.capacity_source
+    assert other_cloud.availability == pytest.approx(mean)  # nothing on gcp: other clouds' regions
+    assert "on other clouds" in other_cloud.capacity_source
 
 
 def test_capacity_where_the_job_is_pinned() -> None:
