@@ -131,6 +131,7 @@ class Checkpointer:
         """Load the newest checkpoint this world can read into model, optimizer and scheduler; None if
         there is none. Damaged, incomplete and unloadable ones are skipped (logged)."""
         listing = healthy_listing(self.listing, log)  # train.health: an unhealthy one is never resumed
+        planned = _job_hyperparameters(optimizer, scheduler)  # the job's, before a checkpoint's replace them
         if isinstance(self.par, Sharded):  # sharded (DCP) or single-process ones, resharded onto these ranks
             args = (self.store, self.spec, self.par, model, optimizer, scheduler)
             loaded = load_newest_sharded(*args, on_skip=_skipped, listing=listing)
@@ -139,6 +140,7 @@ class Checkpointer:
             loaded = found and (found[0], restore(found[1], model, optimizer, scheduler))
         if not loaded:
             return None
+        _keep_job_hyperparameters(planned, optimizer, scheduler)
         self.resumed_from, state = loaded
         self.last_step = state.step
         self.writer.durable_step = state.step if state.step > 0 else None
@@ -273,3 +275,35 @@ def stop_for(exc: BaseException) -> None:
         log(f"error: {exc}")
         raise SystemExit(exitcodes.ERROR) from None
     raise exc
+
+
+#: the optimizer settings a job sets (trainer/optim/build.py) that a checkpoint's param groups also hold
+_GROUP_SETTINGS = ("weight_decay", "momentum", "betas", "eps")
+
+
+def _job_hyperparameters(optimizer: Any, scheduler: Any) -> tuple[list[float], list[dict[str, Any]]]:
+    """The freshly built optimizer's and schedule's settings: the job's as it is now."""
+    groups = [{k: g[k] for k in _GROUP_SETTINGS if k in g} for g in optimizer.param_groups]
+    return list(getattr(scheduler, "base_lrs", [])), groups
+
+
+def _keep_job_hyperparameters(
+    planned: tuple[list[float], list[dict[str, Any]]], optimizer: Any, scheduler: Any
+) -> None:
+    """A checkpoint restores its optimizer's param groups and its schedule's base learning rates with its
+    state, so a `ftorch resume --set train.lr=... --allow-change` (or train.weight_decay) would resume at
+    the old figures while saying it changed them: the job's own are put back, the schedule's position kept.
+    Unchanged settings (every resume but an allowed change) are left alone, so exact resume holds."""
+    base_lrs, groups = planned
+    for group, settings in zip(optimizer.param_groups, groups, strict=False):
+        for key, value in settings.items():
+            if group.get(key) != value:
+                group[key] = value
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if not base_lrs or list(scheduler.base_lrs) == base_lrs or lambdas is None:
+        return
+    scheduler.base_lrs = list(base_lrs)
+    lrs = [base * factor(scheduler.last_epoch) for factor, base in zip(lambdas, base_lrs, strict=True)]
+    for group, base, lr in zip(optimizer.param_groups, base_lrs, lrs, strict=False):
+        group["initial_lr"], group["lr"] = base, lr
+    scheduler._last_lr = lrs

@@ -4,8 +4,10 @@ The rule, shared by the trainer's watchdog thread and the launchers that watch i
 supervisor, the SkyPilot run script): `stall_timeout(step_times)` is max(300 s, 5x the p95 step after
 warm-up) (SageMaker HyperPod: a step line within 300 s; NVIDIA's resiliency extension: observed time x 5),
 or the job's `train.health.stall_timeout_s`. Eval and checkpoint phases get max(that, 5x their own last
-duration). The trainer writes the figure into progress.json (`stall_timeout_s`), so whoever watches the
-heartbeat (progress.json's `updated_at`, rewritten every step) uses the trainer's own.
+duration); the first step (loading, compiling, a resume's reads) and a phase not timed yet get max(that,
+3x the 300 s floor) unless the job gives its own. The trainer writes the figure into progress.json
+(`stall_timeout_s`), so whoever watches the heartbeat (progress.json's `updated_at`, rewritten every step)
+uses the trainer's own.
 
 Inside (`Watchdog`): a thread that ends the process with exitcodes.STALLED when the loop has not beaten
 in time; it records the stall in the epoch record first. Outside: a frozen process runs no thread, so

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -53,6 +54,19 @@ def _wait(job_id: str, predicate: Any, timeout: float = 240.0) -> dict[str, Any]
     raise AssertionError(json.dumps(job_status.status_one(job_id), default=str)[:2000])
 
 
+def _status_until(job_id: str, predicate: Any, timeout: float = 180.0) -> dict[str, Any]:
+    """`ftorch status JOB --json`, the real CLI, until `predicate` holds."""
+    deadline, shown = time.time() + timeout, {}
+    while time.time() < deadline:
+        done = ftorch("status", job_id, "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        shown = json.loads(done.stdout)
+        if predicate(shown):
+            return shown
+        time.sleep(0.5)
+    raise AssertionError(json.dumps(shown, default=str)[:2000])
+
+
 def _reference(tmp_path: Path, tiny_model: Path) -> dict[str, Any]:
     run_uri = prepare_run(_job(tmp_path, tiny_model, "reference"))
     done = run_trainer(run_uri)
@@ -74,15 +88,34 @@ def test_a_frozen_trainer_is_replaced_and_the_job_ends_equal_to_an_uninterrupted
     # Steps slowed to 0.4 s: the freeze must land before step 30 ends the job, however loaded the machine is.
     job_id = _launch(tmp_path, _job(tmp_path, tiny_model, "frozen"), env={"FTORCH_FAULTS": "slow-step@400"})
     _wait(job_id, lambda d: (d.get("step") or 0) >= 8)
-    pid = Registry().attempts(job_id)[-1].pid
+    registry = Registry()
+    pid, supervisor = registry.attempts(job_id)[-1].pid, registry.get(job_id).supervisor_pid
+    assert pid and supervisor
     frozen_at = time.time()
     os.kill(pid, signal.SIGSTOP)  # never continued
+    # The supervisor replaces the trainer on its first poll (every 50 ms) after the heartbeat passes the
+    # timeout, the moment `status` starts to call it STALLED: held too, it is a watcher that has not looked
+    # yet, and what the user sees meanwhile is checked however slow the machine.
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        shown = _status_until(job_id, lambda d: d.get("stalled_s") is not None)
+        age = shown["stalled_s"]
+        assert shown["state"] == "RUNNING" and outside(TIMEOUT_S) < age < time.time() - frozen_at + 60, shown
+        plain = ftorch("status", job_id)
+        assert plain.returncode == 0, plain.stdout + plain.stderr
+        assert re.search(r"STALLED \(heartbeat \d+\S* old\)", plain.stdout), plain.stdout
+        listed = ftorch("status")  # the jobs list too
+        assert re.search(rf"{job_id}.*STALLED \(heartbeat", listed.stdout), listed.stdout
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
     replaced = _wait(job_id, lambda d: d["attempts"] >= 2 or d["state"] in TERMINAL)
-    assert time.time() - frozen_at < outside(TIMEOUT_S) + 10  # within the timeout (and the supervisor's poll)
     detail = _wait(job_id, lambda d: d["state"] in TERMINAL)
     assert detail["state"] == "SUCCEEDED", detail
     reasons = [a["end_reason"] for a in detail["attempt_timeline"]]
     assert reasons[0].startswith("stalled: no heartbeat for") and reasons[-1] == "succeeded", reasons
+    # killed for a heartbeat older than the trainer's own timeout plus the margin (`outside`), not sooner
+    killed_at_age = float(re.match(r"stalled: no heartbeat for (\d+) s", reasons[0]).group(1))  # type: ignore[union-attr]
+    assert killed_at_age >= round(outside(TIMEOUT_S)) - 1, reasons[0]
     assert replaced["attempts"] == 2 and detail["attempts"] == 2
     assert_bitwise_equal(final_weights(detail["run_uri"]), _reference(tmp_path, tiny_model))
 
