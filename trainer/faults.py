@@ -15,7 +15,11 @@ A step of `*` arms a point at every
 step: `checkpoint-partial@*:1` kills attempt 1 inside its first checkpoint, whatever its step (the budget
 stop's, when no periodic checkpoint came before it). `slow-step@MS` makes every optimizer step take MS
 milliseconds longer and `slow-save@MS` every checkpoint save (a slow machine or store on demand: the
-budget stop must hold under both). Unset (always, outside tests), this costs one set lookup.
+budget stop must hold under both). The phases where a notice or the budget must be honoured between steps
+get the same kind of delay, so that a test can send its SIGTERM into them: `slow-eval@MS` after every
+batch of each mid-run evaluation, `slow-eval-before@MS` / `slow-eval-after@MS` of the evaluation before the
+first step / after the last, `slow-tokenize@MS` after every tokenisation chunk, `slow-load@MS` between
+loading the base model and adding its adapters. Unset (always, outside tests), this costs one set lookup.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ def _armed(point: str, step: int) -> bool:
 
 
 def delay_s(point: str) -> float:
-    """Seconds of `slow-step@MS` / `slow-save@MS` armed for this attempt (0.0 when none)."""
+    """Seconds of `slow-step@MS` / `slow-save@MS` (or another `slow-*` point) armed for this attempt
+    (0.0 when none)."""
     if not _POINTS:
         return 0.0
     return sum(ms for name, ms, attempt in _POINTS if name == point and attempt in (None, _ATTEMPT)) / 1000.0

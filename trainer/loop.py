@@ -1,5 +1,11 @@
 """The training loop: `setup` (resume from the newest good checkpoint) -> `fit` (train, checkpoint, stop on
-notice) -> `finish` (last checkpoint, evaluation, output)."""
+notice) -> `finish` (last checkpoint, evaluation, output).
+
+A notice (SIGTERM, a cloud notice, a stop request) is honoured in every phase, not only between steps:
+before the first step (tokenisation, model load, checkpoint read, the evaluation before training) the
+attempt leaves with nothing to save (`Interrupted`); between the batches of every evaluation (the budget
+too, in the mid-run ones); during the evaluation after the last step, once the final checkpoint is
+committed (a resume redoes only that evaluation and the output)."""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +61,7 @@ from trainer.stops import budget
 from trainer.stops.interruptions import SUPERVISOR_LOST, how_it_ended, process_started_at
 from trainer.stops.notices import start_watcher
 from trainer.stops.preemption import PreemptionFlag, install_signal_handlers
-from trainer.stops.sources import BudgetStop, SpotProbeStop
+from trainer.stops.sources import BudgetStop, Interrupted, SpotProbeStop, arm_setup, disarm_setup
 from trainer.stops.spot_probe import SpotProbe
 from trainer.stops.stop_request import start_stop_watcher
 from trainer.stops.watchdog import Watchdog, exit_now
@@ -96,10 +103,12 @@ def evaluate(
     device: torch.device,
     spec: JobSpec,
     stop: Any = None,
+    fault: str = "slow-eval",
 ) -> dict[str, float]:
     """Loss and exact match (every response token predicted) on the held-back examples. `stop()` true
-    (a preemption notice, the budget: the loop's flag) abandons a mid-run evaluation ({}), so the notice's
-    checkpoint is not kept waiting behind it."""
+    before a batch (a preemption notice, the budget: the loop's flag) abandons the evaluation ({}), so the
+    notice's checkpoint is not kept waiting behind it. `fault`: the FTORCH_FAULTS delay after each batch
+    (tests: `slow-eval`, `slow-eval-before`, `slow-eval-after`)."""
     if not dataset.held_out:
         return {}
     was_training = model.training
@@ -122,6 +131,7 @@ def evaluate(
         tokens += int(mask.sum())
         correct = (predicted == labels) | ~mask
         exact += int(correct.all(dim=1).sum())
+        maybe_slow(fault)  # FTORCH_FAULTS=slow-eval@MS (tests: a long evaluation)
     if was_training:
         model.train()
     return {
@@ -235,6 +245,7 @@ class Attempt:
     state: TrainerState
     rec: Recording
     budget: budget.BudgetWatch | None = None  # rank 0's budget stop (trainer/stops/budget.py)
+    budget_stop: BudgetStop | None = None  # its stop source: polled after each step and each eval batch
     #: the recorders called at the loop's named points, and what can end the attempt (trainer/observers.py)
     observers: Observers = field(default_factory=Observers)
     stop_sources: list[StopSource] = field(default_factory=list)
@@ -244,14 +255,19 @@ class Attempt:
 
 def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = None) -> int:
     """One attempt of the run: set up (resuming from the newest good checkpoint), train, finish."""
-    a = setup(run_uri, attempt, storage_options)
+    try:
+        a = setup(run_uri, attempt, storage_options)
+    except Interrupted as stop:  # a notice before the first step: recorded, nothing to save
+        return stop.code if stop.code is not None else exitcodes.PREEMPTED
     stopped = fit(a)
     return stopped if stopped is not None else finish(a)
 
 
 # ---- setup ---------------------------------------------------------------------------------------
 def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) -> Attempt:
-    """Claim the run, build data, model and optimizer, and resume from the newest good checkpoint."""
+    """Claim the run, build data, model and optimizer, and resume from the newest good checkpoint. A
+    notice before the first step (tokenisation, model load, checkpoint read, the evaluation before
+    training) ends it there: `Interrupted`, its exit code set once the stop is recorded."""
     # measured facts (trainer/recording/measure.py): phases count from the process's start
     measurer = Measurer()
     flag = PreemptionFlag()
@@ -259,6 +275,26 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     start_watcher(flag, log=log)  # cloud preemption notices (AWS/GCP/Azure metadata); ends off-cloud
     store, resolved, spec = _open_store(run_uri, attempt, storage_options, flag)
     check_output(resolved["output_uri"], run_uri, spec.checkpoint.storage_options)  # a linked output/: exit 2
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:  # the data and model loaders' own checks (one process)
+        arm_setup(flag)
+    try:
+        return _prepare(attempt, store, resolved, spec, flag, measurer)
+    except Interrupted as stop:
+        stop.code = _leave_before_training(store, flag, stop.where)
+        raise
+    finally:
+        disarm_setup()
+
+
+def _prepare(
+    attempt: int,
+    store: RunStore,
+    resolved: dict[str, Any],
+    spec: JobSpec,
+    flag: PreemptionFlag,
+    measurer: Measurer,
+) -> Attempt:
+    """`setup` once the run store is open: data, model, optimizer, the resumed state, the recorders."""
     set_threads(spec.local.threads)  # local.threads: a count, 0 (torch's default) or auto
     device = pick_device(spec.local.device)
     # the same rules as the planner's: refuse a layout the job cannot run on before any work (exit 2)
@@ -278,14 +314,23 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     )
     log(f"attempt {attempt} of run {resolved['run_id']} on {device} (torch {torch.__version__})")
     log(f"layout: {layout.describe()}")
+    noticed = _agreed(par, flag)  # the flag, as every rank sees it: all leave at the same point
     tokenizer, dataset = _load_data(spec, store, identity)
+    if noticed():
+        raise Interrupted("tokenising the data")
     steps = total_steps(spec, dataset)
     loading = time.time()
     model, optimizer, scheduler, scaler = _build_model(spec, par, device, dataset, steps)
     measurer.phase("model_load_s", time.time() - loading)
+    if noticed():
+        raise Interrupted("loading the model")
     checkpoints = Checkpointer(par, store, spec, attempt, listing, start_meta=checked)
+    # budget: the trainer stops itself at resources.budget_usd (rank 0 holds the epoch and its price)
+    watch = budget.start_watch(store, resolved, checkpoints.auto, log) if store.epoch else None
+    stopper = BudgetStop(watch, store, flag, checkpoints, steps, log) if watch is not None else None
     reading = time.time()
-    state = _resume(checkpoints, model, optimizer, scheduler, dataset, device, steps)
+    stop = _eval_stop(par, flag, stopper, 0)
+    state = _resume(checkpoints, model, optimizer, scheduler, dataset, device, steps, stop)
     measurer.phase(
         "checkpoint_read_s", time.time() - reading if checkpoints.resumed_from is not None else 0.0
     )
@@ -307,14 +352,63 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     if checkpoints.resumed_from is not None:
         _check_resumed(spec, steps, state, scheduler, start_check, notifier)
     measurer.ready(device, layout.ranks, layout.micro_batch, layout.accum, spec.train.gradient_checkpointing)
-    # budget: the trainer stops itself at resources.budget_usd (rank 0 holds the epoch and its price)
-    watch = budget.start_watch(store, resolved, checkpoints.auto, log) if store.epoch else None
     return Attempt(
         number=attempt, resolved=resolved, spec=spec, store=store, flag=flag, device=device, layout=layout,
         par=par, tokenizer=tokenizer, dataset=dataset, steps=steps, checkpoints=checkpoints, state=state,
         opt=Optimization(model, optimizer, scheduler, scaler),
-        rec=Recording(reporter, trackers, notifier, measurer), budget=watch,
+        rec=Recording(reporter, trackers, notifier, measurer), budget=watch, budget_stop=stopper,
     )  # fmt: skip
+
+
+def _agreed(par: Parallel, flag: PreemptionFlag) -> Callable[[], bool]:
+    """The flag as every rank sees it (set on any: one all-reduce), so that all ranks act at one point."""
+    return (lambda: par.any(flag.is_set())) if par.world > 1 else flag.is_set
+
+
+def _eval_stop(
+    par: Parallel, flag: PreemptionFlag, stopper: BudgetStop | None, step: int
+) -> Callable[[], bool]:
+    """Asked before each evaluation batch: a notice, or the budget (rank 0's rule raises the flag first,
+    never after the last step), agreed by every rank."""
+    noticed = _agreed(par, flag)
+    if stopper is None:
+        return noticed
+
+    def stop() -> bool:
+        stopper.in_eval(step)
+        return noticed()
+
+    return stop
+
+
+def _leave_before_training(store: RunStore, flag: PreemptionFlag, where: str) -> int:
+    """A notice (a stop request, the budget) before the first step: nothing to save (a resumed attempt's
+    checkpoint stays as it is), nothing half-written. Recorded as `_stop_on_notice` records it; exit
+    PREEMPTED (BUDGET_STOPPED for the budget)."""
+    ended = how_it_ended(store)
+    newest = _newest_step(store)
+    said: dict[str, Any] = {}
+    if ended.get("stop_reason") == budget.BUDGET:
+        own = (store.epoch_records() or {}).get(store.epoch) or {}
+        said["stop_detail"] = str(own.get("stop_detail") or budget.BUDGET) + budget.kept_note(store)
+    code = exitcodes.BUDGET_STOPPED if ended.get("stop_reason") == budget.BUDGET else exitcodes.PREEMPTED
+    stopped = ended["ended"] == "stopped"
+    why = f"stop requested ({ended['stop_reason']})" if stopped else f"preemption notice ({flag.reason})"
+    kept = f"the checkpoint at step {newest} is kept" if newest else "nothing to save before the first step"
+    log(f"{why} while {where}: {kept}; exiting with code {code}")
+    store.update_epoch_record(**ended, **said, step=newest or 0, ended_at=time.time())
+    return code
+
+
+def _newest_step(store: RunStore) -> int | None:
+    """The newest complete checkpoint's step (rank 0: the one that holds the epoch), or None."""
+    if not store.epoch:
+        return None
+    try:
+        newest = store.list_checkpoints().newest
+    except Exception:  # noqa: BLE001 - advisory: the record's step only
+        return None
+    return newest.step if newest is not None else None
 
 
 def _check_unchanged(
@@ -446,16 +540,24 @@ def _resume(
     dataset: Dataset,
     device: torch.device,
     steps: int,
+    stop: Callable[[], bool],
 ) -> TrainerState:
-    """The state of the newest good checkpoint, loaded; or a fresh start (evaluated before training)."""
+    """The state of the newest good checkpoint, loaded; or a fresh start (evaluated before training).
+    `stop()` (the flag, agreed by every rank) after the read and between the evaluation's batches raises
+    `Interrupted`: before the first step there is nothing to save, and a resume evaluates again."""
     state = checkpoints.load_newest(model, optimizer, scheduler)
+    if stop():
+        raise Interrupted("reading the checkpoint" if state is not None else "setting up")
     if state is not None:
         assert checkpoints.resumed_from is not None
         log(f"resumed from {checkpoints.resumed_from.path} (step {state.step}/{steps})")
         return state
     state = TrainerState(step=0, micro_batches=0, tokens_seen=0)
     if dataset.held_out:
-        state.evals.before = evaluate(model, dataset, device, checkpoints.spec)
+        log(f"evaluating {len(dataset.held_out)} held-out examples before training")
+        state.evals.before = evaluate(model, dataset, device, checkpoints.spec, stop, "slow-eval-before")
+        if not state.evals.before:
+            raise Interrupted("evaluating before training")
         log(f"held-out before training: {_fmt_eval(state.evals.before)}")
     return state
 
@@ -557,15 +659,16 @@ def fit(a: Attempt) -> int | None:
 
 
 def _evaluate_now(a: Attempt, heartbeat: recorders.WatchdogObserver) -> None:
-    """The held-out evaluation at this step. One a notice cuts short (so that the notice's checkpoint is not
-    kept waiting) is marked in that checkpoint, and the attempt resuming from it makes it up first."""
+    """The held-out evaluation at this step. One a notice or the budget cuts short (so that the stop's
+    checkpoint is not kept waiting) is marked in that checkpoint, and the attempt resuming from it makes it
+    up first."""
     heartbeat.enter("eval")
-    stop = (lambda: a.par.any(a.flag.is_set())) if a.par.world > 1 else a.flag.is_set  # all ranks alike
+    stop = _eval_stop(a.par, a.flag, a.budget_stop, a.state.step)  # a notice or the budget, all ranks alike
     result = _quiet_evaluate(a.opt.model, a.dataset, a.device, a.spec, stop)
     if result:
         a.state.evals.cut_short_at = None
         a.observers.eval(a.state.step, result)
-    else:  # {}: a notice came during it; the loop saves at once
+    else:  # {}: a notice (or the budget) came during it; the loop saves at once
         a.state.evals.cut_short_at = a.state.step
         heartbeat.enter("step")
 
@@ -592,8 +695,10 @@ def _start_watchdog(a: Attempt) -> Watchdog:
 def _stop_sources(a: Attempt) -> list[StopSource]:
     """What can end this attempt besides the flag's own threads: the budget, the spot probe (rank 0)."""
     sources: list[StopSource] = []
-    if a.budget is not None:  # the budget stop (trainer/stops/budget.py)
-        sources.append(BudgetStop(a.budget, a.store, a.flag, a.checkpoints, a.steps, log))
+    if a.budget_stop is None and a.budget is not None:
+        a.budget_stop = BudgetStop(a.budget, a.store, a.flag, a.checkpoints, a.steps, log)
+    if a.budget_stop is not None:  # the budget stop (trainer/stops/budget.py), made by `setup`
+        sources.append(a.budget_stop)
     # spot return (issue 19): records where this attempt landed; on demand, may probe back to spot
     probe = SpotProbe.open(a.store, a.spec, a.resolved, a.number, log) if a.par.is_main else None
     if probe is not None:
@@ -662,7 +767,9 @@ def _stop_on_notice(a: Attempt) -> int:
 
 # ---- finish --------------------------------------------------------------------------------------
 def finish(a: Attempt) -> int:
-    """The last checkpoint, the held-out evaluation, the output and its records."""
+    """The last checkpoint, the held-out evaluation, the output and its records. A notice during the
+    evaluation abandons it after the last checkpoint is committed: exit PREEMPTED, and the attempt that
+    resumes from that checkpoint trains nothing, evaluates and writes the output."""
     state, output_uri = a.state, a.resolved["output_uri"]
     if a.watchdog is not None:  # the last checkpoint, eval and output: no stall rule (not steps)
         a.watchdog.close()
@@ -672,7 +779,11 @@ def finish(a: Attempt) -> int:
     a.checkpoints.wait()
     a.rec.reporter.last_checkpoint(state.step)
     if a.dataset.held_out:
-        state.evals.after = evaluate(a.opt.model, a.dataset, a.device, a.spec)
+        log(f"evaluating {len(a.dataset.held_out)} held-out examples after training")
+        stop = _eval_stop(a.par, a.flag, a.budget_stop, state.step)  # the budget: never after the last step
+        state.evals.after = evaluate(a.opt.model, a.dataset, a.device, a.spec, stop, "slow-eval-after")
+        if not state.evals.after:  # a notice: the final checkpoint is committed, a resume redoes the rest
+            return _stop_after_last_step(a)
         log(f"held-out after training:  {_fmt_eval(state.evals.after)}")
         a.rec.reporter.eval_loss(state.step, state.evals.after["loss"])
         a.rec.trackers.scalar("eval/loss", state.evals.after["loss"], state.step)
@@ -689,3 +800,17 @@ def finish(a: Attempt) -> int:
     log(f"done: {a.steps} steps; output at {output_uri}")
     a.rec.notifier.succeeded(state.step, getattr(a.rec.reporter, "loss", None))
     return exitcodes.OK
+
+
+def _stop_after_last_step(a: Attempt) -> int:
+    """A notice during the evaluation after the last step: the last checkpoint is committed already
+    (`finish` saved and waited before evaluating), so nothing is lost; leave as on any notice."""
+    state = a.state
+    log(
+        f"the evaluation after training was cut short ({a.flag.reason}); the checkpoint of the last step "
+        f"({state.step}) is committed: a resume evaluates and writes the output, nothing is trained again"
+    )
+    state.evals.after = None
+    code = _stop_on_notice(a)
+    a.observers.stop(state.step, a.flag.reason)
+    return code

@@ -21,7 +21,9 @@ from trainer.config import DataSpec
 from trainer.data.check import DataError, check_row, read_jsonl, text_field
 from trainer.data.packing import Packed, pack
 from trainer.data.packing import collate as _collate_packed
+from trainer.faults import maybe_slow
 from trainer.labels import IGNORE, Example
+from trainer.stops.sources import check_setup
 
 __all__ = ["DataError", "Dataset", "Example", "collate", "encode_row", "load_dataset", "read_jsonl"]
 
@@ -253,7 +255,7 @@ def _tokenise(
     return encoded, held, skipped
 
 
-#: rows per `datasets.map` call: the log shows the share done between calls
+#: rows per `datasets.map` call: the log shows the share done between calls, and a notice is acted on there
 CHUNK_ROWS = 50_000
 #: fewer rows than this per process are tokenised by fewer processes (starting one costs more)
 ROWS_PER_PROC = 500
@@ -272,7 +274,9 @@ def encode_dataset(
     enough for one process is encoded here by the same function, without importing `datasets`.
 
     The result does not depend on the number of processes (map keeps the order), so a cached copy and a
-    fresh tokenisation are the same token for token."""
+    fresh tokenisation are the same token for token. A notice (the armed stop flag: trainer/stops/sources.py
+    `check_setup`) raises `Interrupted` between chunks of CHUNK_ROWS rows: nothing is returned, so nothing
+    half-tokenised is cached."""
     from trainer.data.source import Rows
     from trainer.runstore.progress import PhaseProgress
 
@@ -291,6 +295,7 @@ def encode_dataset(
         rows = rows.to_dataset()
     out: list[Example | None] = []
     truncated = 0
+    check_setup(what)  # a notice while the rows were read: nothing tokenised, nothing cached
     with _no_progress_bars(not in_process):  # the phase's log lines instead of a bar in the log file
         for start in range(0, total, CHUNK_ROWS):
             part = rows.select(range(start, min(total, start + CHUNK_ROWS)))
@@ -318,6 +323,8 @@ def encode_dataset(
                 for ids, labels in zip(mapped["input_ids"], mapped["labels"], strict=True)
             ]
             phase.update(start + len(part))
+            maybe_slow("slow-tokenize")  # FTORCH_FAULTS=slow-tokenize@MS (tests: a long tokenisation)
+            check_setup(what)  # a notice ends the attempt between chunks (trainer/stops/sources.py)
     kept = [e for e in out if e is not None]
     phase.done(f"{sum(len(e.input_ids) for e in kept):,} tokens in {len(kept):,} examples")
     return out, truncated

@@ -9,7 +9,9 @@ from typing import Any
 import torch
 
 from trainer.config import JobSpec
+from trainer.faults import maybe_slow
 from trainer.memory.load_memory import base_dtype_name
+from trainer.stops.sources import check_setup
 
 #: the dtype the forward computes in, per train.precision
 COMPUTE_DTYPES = {
@@ -77,7 +79,8 @@ def hide_bitsandbytes() -> None:
 
 
 def load_model(spec: JobSpec, device: torch.device) -> torch.nn.Module:
-    """The base model, then LoRA adapters (seeded, so every attempt builds the same model)."""
+    """The base model, then LoRA adapters (seeded, so every attempt builds the same model). A notice
+    between the two (the armed stop flag: trainer/stops/sources.py `check_setup`) raises `Interrupted`."""
     if not needs_bitsandbytes(spec):
         hide_bitsandbytes()
     from transformers import AutoModelForCausalLM
@@ -96,6 +99,8 @@ def load_model(spec: JobSpec, device: torch.device) -> torch.nn.Module:
             dtype=base_dtype(spec),
             attn_implementation=resolve(spec.train.attn_implementation, device.type),
         )
+    maybe_slow("slow-load")  # FTORCH_FAULTS=slow-load@MS (tests: a long model load)
+    check_setup("loading the model")  # a notice between the base and its adapters ends the attempt here
     return prepare_model(model, spec, device)
 
 

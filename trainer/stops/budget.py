@@ -10,8 +10,9 @@ checkpoint lands inside the budget. What must still fit (`reserve_s`):
   records flushed before it), never less than the interval model's measured cost; and for `every`
   seconds or `auto` a periodic save too, which may come between two checks (for `every` N steps the
   observed step rate already counts the periodic saves);
-- the reaction: the trainer looks once a second, between steps, so up to a second and then a step at
-  the slowest recent pace pass before it stops; never less than `margin_s`;
+- the reaction: the trainer looks once a second, between steps and between evaluation batches, so up to
+  a second and then a step at the slowest recent pace pass before it stops (an evaluation batch, a
+  forward pass only, takes less than a step); never less than `margin_s`;
 - for a restart (`restart_reason`: the local supervisor before it starts an attempt, the trainer before
   any work, the cloud controller before a relaunch): the load time earlier attempts measured (process
   start, model load, checkpoint read, first step), and never less than the reserve the run's last budget
@@ -282,8 +283,9 @@ def budget_stop_of(store: Any, attempt: int) -> dict[str, Any] | None:
 
 # ---- in the trainer --------------------------------------------------------------------------------
 class BudgetWatch:
-    """The trainer's budget stop (rank 0): `over(step, now, last_checkpoint_at)` once a step; a reason
-    when the job must stop now. Keeps the epoch record's `alive_at` fresh."""
+    """The trainer's budget stop (rank 0): `over(step, last_checkpoint_at)` once a step, and between
+    evaluation batches (`over(None, ...)`); a reason when the job must stop now. Keeps the epoch record's
+    `alive_at` fresh (through a long evaluation too)."""
 
     def __init__(
         self,
@@ -311,11 +313,14 @@ class BudgetWatch:
     def spent(self, now: float) -> float:
         return self.past_usd + max(0.0, now - self.started) * self.hourly / 3600.0
 
-    def over(self, step: int, last_checkpoint_at: float | None) -> str | None:
+    def over(self, step: int | None, last_checkpoint_at: float | None) -> str | None:
+        """`step`: the step just made (its time observed); None between evaluation batches (no step: the
+        evaluation's time goes into the next step's, as before)."""
         if not self.active or self.reason:
             return None
         now = self.clock()
-        self.guard.observe_step(step, now)
+        if step is not None:
+            self.guard.observe_step(step, now)
         self.guard.observe_checkpoint(last_checkpoint_at)
         if now - self._alive >= ALIVE_EVERY_S:
             self._alive = now
