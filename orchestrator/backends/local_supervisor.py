@@ -92,6 +92,7 @@ class Supervisor:
         self.mode = Mode.NONE
         self.pending_mode: Mode | None = None
         self.preemptions = 0
+        self.pinned: dict | None = None  # the spec.json every attempt starts with (pin_spec)
 
     def log(self, message: str) -> None:
         sys.stdout.write(f"{time.strftime('%H:%M:%S')} [supervisor] {message}\n")
@@ -146,6 +147,7 @@ class Supervisor:
             self.end(JobState.CANCELLED, "cancelled by the user while queued; checkpoints kept")
             return 0
         self.share_group_budget()
+        self.pinned = self.launched_spec()
         first = not self.registry.attempts(self.job_id)
         self.registry.set_state(self.job_id, JobState.PROVISIONING if first else JobState.RECOVERING)
         while True:
@@ -249,6 +251,56 @@ class Supervisor:
             self.job_id, "group", f"group {group['group_id']}: ${left:.2f} of ${group['budget_usd']:.2f} left"
         )
 
+    def launched_spec(self) -> dict:
+        """The spec.json this job's attempts start with: the run store's as launch or resume wrote it, its
+        job, run id and output as the registry has them (a run store is data: whoever can write the bucket
+        does not set this machine's job; docs/storage.md)."""
+        job = self.registry.get(self.job_id)
+        try:
+            resolved = self.store.read_spec()
+        except Exception:  # noqa: BLE001 - unreadable: rebuilt from the registry
+            resolved = {"created_at": job.created_at}
+        if not isinstance(resolved, dict):
+            resolved = {"created_at": job.created_at}
+        return {**resolved, "job": job.spec, "run_id": self.job_id, "output_uri": job.output_uri}
+
+    def pin_spec(self) -> None:
+        """Before an attempt: the run store's spec.json is the launched one (launched_spec, with the
+        trainer's own out-of-memory records): one changed in the store between attempts is rewritten, and
+        the change named in the log and the job's events."""
+        if self.pinned is None:
+            self.pinned = self.launched_spec()
+        try:
+            found = self.store.read_json_or_none("spec.json")
+        except Exception:  # noqa: BLE001 - unreadable: written again below
+            found = None
+        if found == self.pinned:
+            return
+        changed = spec_changes(found, self.pinned)
+        try:
+            self.store.write_spec(self.pinned)
+        except Exception as exc:  # noqa: BLE001 - the trainer reports an unreachable store
+            self.log(f"cannot rewrite spec.json in the run store: {exc.__class__.__name__}: {exc}")
+            return
+        said = f"spec.json in the run store was changed outside this job ({changed}); rewritten from the registry's copy"
+        self.log(said)
+        self.registry.event(self.job_id, "spec", said)
+
+    def take_adaptation(self, resolved: dict, attempt: int | None) -> None:
+        """The trainer's out-of-memory record of `attempt` (trainer/train_step/oom.py) joins the pinned
+        spec.json, so the next attempt runs the smaller layout."""
+        from trainer.train_step import oom
+
+        if self.pinned is None:
+            return
+        mine = [e for e in oom.adaptations(resolved) if e.get("attempt") == attempt]
+        known = oom.adaptations(self.pinned)
+        self.pinned[oom.ADAPTATIONS_KEY] = known + [e for e in mine if e not in known]
+        if any((e.get("to") or {}).get("gradient_checkpointing") for e in mine):
+            job = json.loads(json.dumps(self.pinned["job"]))
+            job.setdefault("train", {})["gradient_checkpointing"] = True
+            self.pinned["job"] = job
+
     def run_attempt(self) -> AttemptEnd:
         """One attempt: start the trainer from the newest checkpoint, watch it until it exits or is
         stopped, and record how it ended."""
@@ -261,6 +313,7 @@ class Supervisor:
     def _start_trainer(self) -> tuple[int, Path, Path]:
         """Record a new attempt and start its trainer (log to the attempt's file); the attempt number,
         the log and the progress mirror the trainer writes."""
+        self.pin_spec()  # the settings this job was launched with, whatever the store says now
         start_step = newest_checkpoint_step(self.store)  # progress.json can lag the newest checkpoint
         self.start_step = start_step
         spot = None if self.driver is None else self.mode is Mode.SPOT
@@ -466,6 +519,7 @@ class Supervisor:
         entries = oom.adaptations(resolved)
         if entries and (code == exitcodes.OOM_ADAPT or entries[-1].get("attempt") == attempt):
             line = oom.describe(entries[-1])
+            self.take_adaptation(resolved, attempt)
             self.registry.event(self.job_id, "adapt", line)
             return AttemptEnd(Outcome.ADAPTED, f"adapted: {line}")
         replan = oom.replan_line(resolved)
@@ -548,6 +602,21 @@ class Supervisor:
     def stop_trainer(self, notice: bool, grace: float) -> None:
         assert self.proc is not None
         stop_trainer(self.proc, notice, grace, self.log)
+
+
+def spec_changes(found: object, pinned: dict) -> str:
+    """The top-level keys (job's: by section) in which `found` differs from `pinned`, for one log line."""
+    if not isinstance(found, dict):
+        return "missing or not a JSON object"
+    keys = sorted(set(found) | set(pinned), key=str)
+    names = []
+    for key in keys:
+        if key == "job" and isinstance(found.get(key), dict) and isinstance(pinned.get(key), dict):
+            job, mine = found[key], pinned[key]
+            names += [f"job.{k}" for k in sorted(set(job) | set(mine), key=str) if job.get(k) != mine.get(k)]
+        elif found.get(key) != pinned.get(key):
+            names.append(str(key))
+    return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
 
 
 def main() -> int:

@@ -179,8 +179,9 @@ def resume(
     from orchestrator.jobs import lifecycle as jobs
 
     if adopt.looks_like_run_uri(job):  # `resume RUN_URI`: attach (when not yet known), then resume
-        said, job = adopt.attach_for_resume(job)
+        said, job = adopt.attach_for_resume(job, list(set_ or []))
         typer.echo(said)
+    adopt.check_resume(job, list(set_ or []))  # a path not taken from the store at attach is given again
     seen = follow_mod.mark(job) if follow else None  # --follow prints only what this resume adds
     typer.echo(jobs.resume(job, list(set_ or []), allow_change=allow_change, relock=relock))
     if follow:
@@ -218,11 +219,16 @@ def attach(
             help="an fsspec option to reach the store (e.g. endpoint_url=http://...); repeatable",
         ),
     ] = None,
+    set_: Sets = None,
 ) -> None:
-    """Register a run found in its store (another machine's, or after the registry was lost)."""
+    """Register a run found in its store (another machine's, or after the registry was lost).
+
+    What would point this machine at its files, servers or secrets is not taken from the store (one line
+    each); --set gives it here (docs/storage.md)."""
     from orchestrator.jobs import adopt
 
-    typer.echo(adopt.attach(run_uri, name, adopt.parse_options(storage_option or [])))
+    options = adopt.parse_options(storage_option or [])
+    typer.echo(adopt.attach(run_uri, name, options, list(set_ or [])))
 
 
 def _register_optional_commands() -> None:

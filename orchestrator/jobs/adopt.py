@@ -123,12 +123,46 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def local_settings(spec: dict[str, Any], run_uri: str) -> tuple[dict[str, Any], list[str]]:
+#: what a setting this machine did not take from a run store holds until its user gives it (`--set`): no
+#: path, no hub id, so nothing reads it; `ftorch resume` refuses it (refuse_not_taken)
+NOT_TAKEN = "<not taken from the run store>"
+#: the settings that name a file or folder on the machine that reads them (a path chosen by whoever wrote
+#: the bucket would have this machine read its own files into the run, whose records the writer reads)
+PATH_FIELDS = ("model", "data.path", "data.eval_path", "data.chat_template", "local.chaos.trace")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def own_store(run_uri: str) -> bool:
+    """Whether the run store is a folder on this machine that only this user can write (the run folder
+    and its spec.json owned by this user, not links, not writable by group or others: as the trainer
+    writes them). Its spec.json is then this user's own file, as trusted as a job file; a bucket, or a
+    folder others can write, is not."""
+    import os
+    import stat
+
+    if "://" in run_uri and not run_uri.startswith("file://"):
+        return False
+    folder = run_uri.removeprefix("file://")
+    try:
+        infos = [os.lstat(folder), os.lstat(os.path.join(folder, "spec.json"))]
+    except OSError:
+        return False
+    return all(
+        not stat.S_ISLNK(i.st_mode) and i.st_uid == os.getuid() and not i.st_mode & 0o022 for i in infos
+    )
+
+
+def local_settings(
+    spec: dict[str, Any], run_uri: str, own: bool | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """The job spec as this machine takes it from a store, and a line per setting it did not take.
 
-    A store is data: whatever runs or is contacted from this machine (notify.command, notify.webhook)
-    comes only from this machine's user (`ftorch resume JOB --set ...`), and the run's records and output
-    stay in the store it was attached from (checkpoint.uri its parent, output.uri unset)."""
+    A store is data: whatever runs or is contacted from this machine (notify.command, notify.webhook),
+    how it reaches storage (checkpoint.storage_options) and the image and secrets of a cloud job come
+    only from this machine's user (`--set`); so do the files it reads (PATH_FIELDS), unless the store is
+    this user's own folder (`own`, default own_store). The run's records and output stay in the store it
+    was attached from (checkpoint.uri its parent, output.uri unset)."""
     from trainer.runstore.storage import join_uri
     from trainer.runstore.store import OUTPUT
 
@@ -150,13 +184,138 @@ def local_settings(spec: dict[str, Any], run_uri: str) -> tuple[dict[str, Any], 
             f"{join_uri(run_uri, OUTPUT)}; `ftorch resume JOB --set output.uri=...` sends it elsewhere)"
         )
         output["uri"] = None
-    spec.setdefault("checkpoint", {})["uri"] = run_uri.rsplit("/", 1)[0] if "/" in run_uri else run_uri
+    checkpoint = spec.setdefault("checkpoint", {})
+    for key in sorted(checkpoint.get("storage_options") or {}):
+        left.append(
+            f"not taken from the store: checkpoint.storage_options.{key} (this machine reaches the store with"
+            f" its own options: `ftorch attach RUN_URI --storage-option {key}=...`, the environment, or"
+            f" `ftorch resume JOB --set checkpoint.storage_options.{key}=...`)"
+        )
+    checkpoint["storage_options"] = {}
+    checkpoint["uri"] = run_uri.rsplit("/", 1)[0] if "/" in run_uri else run_uri
+    if not (own_store(run_uri) if own is None else own):
+        left += _drop_local_paths(spec)
+    left += _drop_cloud_image(spec)
     return spec, left
 
 
-def attach(run_uri: str, name: str | None = None, storage_options: dict[str, Any] | None = None) -> str:
-    """Register the run in `run_uri`; the message for the user. Nothing is written when it is no run, and
-    the registration is one transaction: a kill leaves the job registered in full or not at all."""
+def is_local_path(field: str, value: str) -> bool:
+    """Whether `value` of `field` names a file or folder on the machine that reads it (not a URL, a Hub id
+    or an inline chat template)."""
+    if field == "data.chat_template":
+        return "{{" not in value and "{%" not in value
+    if field == "local.chaos.trace" or value.startswith("file://"):
+        return True
+    if "://" in value:
+        return False
+    import os
+
+    local = value.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(value))
+    return local or value.lower().endswith(DATA_SUFFIXES) or not HUB_ID.match(value)
+
+
+def _drop_local_paths(spec: dict[str, Any]) -> list[str]:
+    """PATH_FIELDS that name a path on this machine, set to NOT_TAKEN: a line each."""
+    left = []
+    for field in PATH_FIELDS:
+        *parents, key = field.split(".")
+        node: Any = spec
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        value = node.get(key) if isinstance(node, dict) else None
+        values = value if isinstance(value, list) else [value]
+        if not any(isinstance(v, str) and is_local_path(field, v) for v in values):
+            continue
+        assert isinstance(node, dict)
+        node[key] = [NOT_TAKEN] if isinstance(value, list) else NOT_TAKEN
+        left.append(
+            f"not taken from the store: {field} {quoted(str(value))} (a path on this machine: give it here,"
+            f" `ftorch resume JOB --set {field}=...` or `ftorch attach RUN_URI --set {field}=...`; resume"
+            " refuses the job until then)"
+        )
+    return left
+
+
+def _drop_cloud_image(spec: dict[str, Any]) -> list[str]:
+    """resources.image_id and resources.secrets (a cloud job's image, and the variables of this machine
+    sent to it) unset: a line each."""
+    resources = spec.get("resources") or {}
+    left = []
+    for key in ("image_id", "secrets"):
+        if resources.get(key) is not None:
+            left.append(
+                f"not taken from the store: resources.{key} {quoted(_shown(resources[key]))} (set it"
+                f" here: `ftorch resume JOB --set resources.{key}=...`; unset, the job runs on ftorch's"
+                " image with its default secrets)"
+            )
+            resources[key] = None
+    return left
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def not_taken(spec: dict[str, Any]) -> list[str]:
+    """The PATH_FIELDS of `spec` still holding NOT_TAKEN."""
+    found = []
+    for field in PATH_FIELDS:
+        node: Any = spec
+        for part in field.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node == NOT_TAKEN or (isinstance(node, list) and NOT_TAKEN in node):
+            found.append(field)
+    return found
+
+
+def refuse_not_taken(spec: dict[str, Any], overrides: list[str], job: str) -> None:
+    """A one-line UserError naming the first setting not taken from the store that `overrides` (applied to
+    a copy of `spec`) leave unset; nothing is written before it."""
+    from orchestrator.jobfile.spec import apply_overrides
+
+    missing = not_taken(apply_overrides(json.loads(json.dumps(spec)), overrides))
+    if missing:
+        field = missing[0]
+        raise UserError(
+            f"{field}: not taken from the run store when {job} was attached (a path on this machine); give"
+            f" it: `ftorch resume {job} --set {field}=...`"
+        )
+
+
+def _restated(spec: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`spec` with attach's --set items applied and validated (a one-line UserError naming the field)."""
+    if not overrides:
+        return spec
+    from orchestrator.errors import SpecErrors
+    from orchestrator.jobfile.spec import apply_overrides, validate_job
+
+    try:
+        spec = apply_overrides(spec, overrides)
+        validate_job(spec, check_support=False)
+    except SpecError as exc:
+        raise UserError(str(exc.errors[0] if isinstance(exc, SpecErrors) else exc)) from None
+    return spec
+
+
+def check_resume(job_ref: str, overrides: list[str]) -> None:
+    """`ftorch resume JOB`: refused, nothing written, while a setting not taken from the run store at
+    attach is not given again (refuse_not_taken); a job not found is left to resume to report."""
+    try:
+        job = Registry().lookup(job_ref)
+    except Exception:  # noqa: BLE001 - unknown or ambiguous: resume says so
+        return
+    refuse_not_taken(job.spec, overrides, job.job_id)
+
+
+def attach(
+    run_uri: str,
+    name: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    overrides: list[str] | None = None,
+) -> str:
+    """Register the run in `run_uri`; the message for the user. Nothing is written when it is no run (or
+    an item of `overrides`, `--set` as at resume, does not validate), and the registration is one
+    transaction: a kill leaves the job registered in full or not at all."""
     from trainer.runstore.storage import join_uri
     from trainer.runstore.store import OUTPUT
 
@@ -173,8 +332,9 @@ def attach(run_uri: str, name: str | None = None, storage_options: dict[str, Any
             f"RUN_URI: a job {job_id} is already registered with another run store ({known[0].run_uri})"
         )
     spec, left = local_settings(spec, run_uri)
-    if options:
-        spec["checkpoint"]["storage_options"] = {**spec["checkpoint"].get("storage_options", {}), **options}
+    spec["checkpoint"]["storage_options"] = options  # those that reached the store here, none of its own
+    left = [line for line in left if not _given(line, options, overrides or [])]
+    spec = _restated(spec, list(overrides or []))
     state, reason = derive_state(store, resolved)
     backend = spec.get("resources", {}).get("backend", "local")
     created = resolved.get("created_at")
@@ -236,7 +396,21 @@ def looks_like_run_uri(ref: str) -> bool:
     return "://" in ref or os.path.isfile(os.path.join(os.path.expanduser(ref), "spec.json"))
 
 
-def attach_for_resume(run_uri: str) -> tuple[str, str]:
-    """(what attach said, the job id) for `resume RUN_URI`."""
-    _store, resolved, _spec = read_run(normalize(run_uri), {})
-    return attach(run_uri), resolved["run_id"]
+def _given(line: str, options: dict[str, Any], overrides: list[str]) -> bool:
+    """Whether a 'not taken' line's setting was given on this machine (an option, or a --set of it)."""
+    field = line.removeprefix("not taken from the store: ").split(" ", 1)[0]
+    if field.startswith("checkpoint.storage_options.") and field.rsplit(".", 1)[1] in options:
+        return True
+    return any(item.partition("=")[0].strip() == field for item in overrides)
+
+
+def attach_for_resume(run_uri: str, overrides: list[str] | None = None) -> tuple[str, str]:
+    """(what attach said, the job id) for `resume RUN_URI`: refused (nothing registered) when a setting
+    not taken from the store is not given again in `overrides`."""
+    run_uri = normalize(run_uri)
+    _store, resolved, spec = read_run(run_uri, {})
+    job_id = check_run_id(resolved["run_id"])
+    known = Registry().find(job_id)
+    if not (known and known[0].job_id == job_id):
+        refuse_not_taken(local_settings(spec, run_uri)[0], list(overrides or []), job_id)
+    return attach(run_uri), job_id

@@ -119,8 +119,10 @@ def test_an_s3_run_is_adopted(tmp_path: Path, tiny_model: Path, s3: object, ftor
     store = prepare_s3_run(job, "s3run-abc123", s3.endpoint)  # type: ignore[attr-defined]
     first = run(store, s3.endpoint, 1, FTORCH_FAULTS="crash@12", FTORCH_ASYNC_CHECKPOINT="0")  # type: ignore[attr-defined]
     assert first.returncode != 0
+    # a bucket is data: the local paths in its spec.json are not taken (docs/storage.md); stated again here
+    here = ("--set", f"model={tiny_model}", "--set", f"data.path={data}")
     _adopt_and_finish(
-        "s3run-abc123", store.run_uri, tmp_path, "--storage-option", f"endpoint_url={s3.endpoint}"
+        "s3run-abc123", store.run_uri, tmp_path, "--storage-option", f"endpoint_url={s3.endpoint}", *here
     )  # type: ignore[attr-defined]
 
 

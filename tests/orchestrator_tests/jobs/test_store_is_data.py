@@ -1,6 +1,8 @@
-"""A run store is data, never code (issue 30, S1 S2 R1 R2): the real CLI attaches and resumes a tampered copy
-of a real run store. Nothing the store says runs here, no id read from it leaves $FTORCH_HOME, and the
-adopted run's output goes to the store it was attached from (or where `resume --set output.uri` says)."""
+"""A run store is data, never code (issue 30, S1 S2 R1 R2, point 1): the real CLI attaches and resumes a
+tampered copy of a real run store. Nothing the store says runs here, no id read from it leaves
+$FTORCH_HOME, the adopted run's output goes to the store it was attached from (or where `resume --set
+output.uri` says), no storage option, local path, image or secret list is taken from it, and a running job's
+settings do not change when its store's spec.json does."""
 
 from __future__ import annotations
 
@@ -19,6 +21,13 @@ from orchestrator.registry import Registry
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Runs:
     return make_runs(tmp_path_factory.mktemp("adopt-runs"), tiny_model)
+
+
+def restate(runs: Runs) -> list[str]:
+    """The --set items that give an adopted run's local paths again (not taken from a store others can
+    write)."""
+    job = json.loads((runs.crashed / "spec.json").read_text())["job"]
+    return ["--set", f"model={job['model']}", "--set", f"data.path={job['data']['path']}"]
 
 
 def test_a_notify_command_in_a_store_never_runs_here(runs: Runs, tmp_path: Path, ftorch_home: Path) -> None:
@@ -82,6 +91,9 @@ def test_an_adopted_store_writes_its_output_in_itself(
     detail = wait_ended(runs.run_id)
     assert detail["state"] == "SUCCEEDED", detail
     assert detail["output_uri"] == str(adopted / "output"), detail
+    assert not [e for e in Registry().events(runs.run_id) if e["kind"] == "spec"], (
+        "an untouched spec.json rewritten"
+    )
     assert same_adapter(adopted / "output", runs.clean / "output")
     if how == "copied":
         after = {p.relative_to(original): p.read_bytes() for p in original.rglob("*") if p.is_file()}
@@ -111,3 +123,167 @@ def test_resume_set_output_uri_is_honoured(runs: Runs, tmp_path: Path, ftorch_ho
     while not mine.exists() and time.time() < deadline:
         time.sleep(0.2)
     assert mine.exists(), "notify.command set on this machine did not run"
+
+
+def _spec_of(store: Path) -> dict:
+    return json.loads((store / "spec.json").read_text())
+
+
+def test_storage_options_in_a_store_are_not_taken(runs: Runs, tmp_path: Path, ftorch_home: Path) -> None:
+    """Point 1: spec.json's checkpoint.storage_options (an endpoint_url would send the checkpoints and the
+    output, with this machine's credentials, to a server the bucket's writer picks) are not taken; attach
+    names each and how to give it here; the resumed run uses none of them."""
+    checkpoint = {**_spec_of(runs.crashed)["job"]["checkpoint"]}
+    checkpoint["storage_options"] = {"endpoint_url": "http://127.0.0.1:9/evil", "use_ssl": False}
+    store = copy_store(runs.crashed, tmp_path / "bucket" / runs.run_id, job_checkpoint=checkpoint)
+    attached = ftorch("attach", str(store))
+    assert attached.returncode == 0, attached.stderr
+    said = attached.stdout
+    for key in ("endpoint_url", "use_ssl"):
+        assert f"not taken from the store: checkpoint.storage_options.{key} " in said, said
+        assert f"--storage-option {key}=" in said and f"--set checkpoint.storage_options.{key}=" in said, said
+    assert "http://127.0.0.1:9/evil" not in json.dumps(Registry().get(runs.run_id).spec)
+    assert ftorch("resume", runs.run_id).returncode == 0
+    assert wait_ended(runs.run_id)["state"] == "SUCCEEDED"
+    assert same_adapter(store / "output", runs.clean / "output")
+    assert _spec_of(store)["job"]["checkpoint"]["storage_options"] == {}
+
+
+def test_a_local_path_in_a_store_is_not_taken_until_given_here(
+    runs: Runs, tmp_path: Path, ftorch_home: Path
+) -> None:
+    """Point 1: spec.json's local paths (model, data.path, data.eval_path, a chat template file, chaos
+    traces) would have this machine read its own files into a run whose records the bucket's writer
+    reads; from a store others can write, attach does not take them, and resume refuses (exit 2, one line
+    naming the field, nothing written) until --set gives each again. `resume RUN_URI` refuses before
+    registering anything."""
+    secret = tmp_path / "home" / "private.jsonl"
+    secret.parent.mkdir()
+    secret.write_text(json.dumps({"instruction": "my password", "output": "hunter2"}) + "\n")
+    data = {**_spec_of(runs.crashed)["job"]["data"], "path": str(secret)}
+    store = copy_store(runs.crashed, tmp_path / "bucket" / runs.run_id, job_data=data)
+    (store / "spec.json").chmod(0o666)  # a folder others can write: a shared mount, a synced bucket
+    bare = copy_store(store, tmp_path / "other" / runs.run_id)
+    refused = ftorch("resume", str(bare))  # `resume RUN_URI` of a store with local paths: nothing registered
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    assert refused.stderr.strip().splitlines() == [refused.stderr.strip()] and "model:" in refused.stderr
+    assert Registry().jobs() == []
+    attached = ftorch("attach", str(store))
+    assert attached.returncode == 0, attached.stderr
+    for field in ("model", "data.path"):
+        line = next(
+            x for x in attached.stdout.splitlines() if x.startswith(f"not taken from the store: {field} ")
+        )
+        assert f"--set {field}=" in line, line
+    assert str(secret) not in json.dumps(Registry().get(runs.run_id).spec)
+    before = (store / "spec.json").read_bytes()
+    model_only = restate(runs)[:2]
+    refused = ftorch("resume", runs.run_id, *model_only)
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].removeprefix("error: ").startswith(
+        "data.path: not taken from the run"
+    ), lines
+    assert "--set data.path=" in lines[0]
+    assert Registry().get(runs.run_id).state == "FAILED" and len(Registry().attempts(runs.run_id)) == 1
+    assert (store / "spec.json").read_bytes() == before
+    assert ftorch("resume", runs.run_id, *restate(runs)).returncode == 0
+    assert wait_ended(runs.run_id)["state"] == "SUCCEEDED"
+    assert same_adapter(store / "output", runs.clean / "output")
+    assert str(secret) not in (store / "spec.json").read_text()
+
+
+def test_a_cloud_image_and_secret_list_in_a_store_are_not_taken(tmp_path: Path, ftorch_home: Path) -> None:
+    """Point 1, SkyPilot: resources.image_id (an image the bucket's writer chose) and resources.secrets
+    (this machine's variables sent to it) are dropped at attach, one line each. Tested on the pure
+    function: attaching a SkyPilot run asks its API server (test_attach.py fakes it in-process)."""
+    from orchestrator.jobs import adopt
+
+    spec = {
+        "model": "org/model", "data": {"path": "org/data"},
+        "checkpoint": {"uri": "s3://b/runs", "storage_options": {}},
+        "resources": {"backend": "skypilot", "image_id": "docker:evil/x@sha256:" + "0" * 64,
+                      "secrets": ["GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY"]},
+    }  # fmt: skip
+    taken, left = adopt.local_settings(spec, "s3://b/runs/r1")
+    assert taken["resources"]["image_id"] is None and taken["resources"]["secrets"] is None
+    assert taken["model"] == "org/model" and taken["data"]["path"] == "org/data"  # hub ids are no paths
+    assert [x.split(" (")[0] for x in left] == [
+        f"not taken from the store: resources.image_id 'docker:evil/x@sha256:{'0' * 64}'",
+        'not taken from the store: resources.secrets \'["GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY"]\'',
+    ]
+    assert all("--set resources." in x for x in left)
+
+
+def test_a_running_jobs_settings_do_not_change_when_its_store_does(
+    runs: Runs, tmp_path: Path, ftorch_home: Path
+) -> None:
+    """Point 2: the trainer reads spec.json at every attempt; the supervisor writes the launched one back
+    before each. Attempt 2 crashes at step 13 (after a tamper of train.lr, notify.command and output_uri
+    while it runs); attempt 3 runs the registry's settings: the weights are the untampered run's."""
+    store = copy_store(runs.crashed, tmp_path / "bucket" / runs.run_id)
+    planted = tmp_path / "planted-by-the-bucket"
+    elsewhere = tmp_path / "elsewhere"
+    assert ftorch("attach", str(store)).returncode == 0
+    faults = {"FTORCH_FAULTS": "crash@13:2,slow-step@1000:2"}
+    assert ftorch("resume", runs.run_id, env=faults).returncode == 0
+    deadline = time.time() + 120
+    while not (store / "fence" / "epoch-00000002.json").exists():  # attempt 2 has read spec.json
+        assert time.time() < deadline, "attempt 2 did not start"
+        time.sleep(0.05)
+    tampered = _spec_of(store)
+    tampered["job"]["train"]["lr"] = 0.5
+    tampered["job"]["notify"] = {"command": f"touch {planted}", "on": ["succeeded", "failed", "budget"]}
+    tampered["output_uri"] = str(elsewhere)
+    (store / "spec.json").write_text(json.dumps(tampered))
+    detail = wait_ended(runs.run_id)
+    assert detail["state"] == "SUCCEEDED", detail
+    assert detail["attempts"] >= 3, detail
+    assert same_adapter(store / "output", runs.clean / "output")
+    assert not elsewhere.exists() and not planted.exists()
+    final = _spec_of(store)
+    assert final["job"]["train"]["lr"] == _spec_of(runs.crashed)["job"]["train"]["lr"]
+    assert final["output_uri"] == str(store / "output") and not final["job"].get("notify")
+    events = [e["detail"] for e in Registry().events(runs.run_id) if e["kind"] == "spec"]
+    assert len(events) == 1 and "job.train" in events[0] and "output_uri" in events[0], events
+
+
+def test_attach_set_gives_the_paths_here_and_a_bad_one_registers_nothing(
+    runs: Runs, tmp_path: Path, ftorch_home: Path
+) -> None:
+    """Point 1: `attach --set` gives what the store's spec.json does not (no line for it then); a --set
+    that does not validate is refused in one line naming the field, nothing registered."""
+    store = copy_store(runs.crashed, tmp_path / "bucket" / runs.run_id)
+    (store / "spec.json").chmod(0o664)  # a group can write it: not this user's own
+    bad = ftorch("attach", str(store), *restate(runs), "--set", "train.lr=-1")
+    assert bad.returncode == 2, (bad.stdout, bad.stderr)
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].removeprefix("error: ").startswith("train.lr:"), lines
+    assert Registry().jobs() == []
+    attached = ftorch("attach", str(store), *restate(runs)[:2])
+    assert attached.returncode == 0, attached.stderr
+    said = attached.stdout
+    assert "not taken from the store: model " not in said and "not taken from the store: data.path " in said
+    spec = Registry().get(runs.run_id).spec
+    assert spec["model"] == _spec_of(runs.crashed)["job"]["model"]
+
+
+def test_only_a_folder_only_this_user_can_write_is_its_own(tmp_path: Path) -> None:
+    """own_store: a local run folder and spec.json owned by this user, no links, no group/other write."""
+    from orchestrator.jobs.adopt import own_store
+
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    (run / "spec.json").write_text("{}")
+    (run / "spec.json").chmod(0o600)
+    assert own_store(str(run)) and own_store(f"file://{run}")
+    assert not own_store("s3://bucket/run") and not own_store(str(tmp_path / "missing"))
+    (run / "spec.json").chmod(0o620)
+    assert not own_store(str(run))
+    (run / "spec.json").chmod(0o600)
+    run.chmod(0o777)
+    assert not own_store(str(run))
+    run.chmod(0o700)
+    linked = tmp_path / "linked"
+    linked.symlink_to(run)
+    assert not own_store(str(linked))
