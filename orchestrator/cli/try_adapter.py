@@ -22,13 +22,17 @@ def _session(job: str, step: int | None) -> Any:
 
     record = jobs.get_job(job)
     options = record.spec.get("checkpoint", {}).get("storage_options") or {}
-    from trainer.outputs.export import ExportError  # torch: only for these commands
-    from trainer.outputs.generate import open_session
+    from orchestrator.views.progress import quiet_libraries, spinner
 
-    try:
-        return open_session(record.run_uri, step, options)
-    except ExportError as exc:
-        raise UserError(str(exc)) from None
+    # the spinner (a terminal's stderr only) from the torch import on: a few seconds of silence otherwise
+    with spinner(f"loading {record.job_id}'s model and checkpoint"), quiet_libraries():
+        from trainer.outputs.export import ExportError  # torch: only for these commands
+        from trainer.outputs.generate import open_session
+
+        try:
+            return open_session(record.run_uri, step, options)
+        except ExportError as exc:
+            raise UserError(str(exc)) from None
 
 
 def generate_cmd(
@@ -41,8 +45,12 @@ def generate_cmd(
     temperature: Temperature = 0.0,
 ) -> None:
     """Answer one prompt with JOB's trained model (a checkpoint: the adapter merged into its base)."""
+    from orchestrator.views.progress import quiet_libraries
+
     session = _session(job, step)
-    typer.echo(session.reply(prompt, max_new_tokens, temperature))
+    with quiet_libraries():
+        answer = session.reply(prompt, max_new_tokens, temperature)
+    typer.echo(answer)
 
 
 def chat_cmd(
@@ -53,6 +61,8 @@ def chat_cmd(
 ) -> None:
     """Talk to JOB's trained model: one line per turn; an empty line or Ctrl-D ends. Chat data keeps the
     conversation; instruction and text data answer each line on its own."""
+    from orchestrator.views.progress import quiet_libraries
+
     session = _session(job, step)
     interactive = sys.stdin.isatty()
     if interactive:
@@ -64,7 +74,9 @@ def chat_cmd(
         line = sys.stdin.readline()
         if not line or not line.strip():
             return
-        typer.echo(session.reply(line.rstrip("\n"), max_new_tokens, temperature))
+        with quiet_libraries():
+            answer = session.reply(line.rstrip("\n"), max_new_tokens, temperature)
+        typer.echo(answer)
 
 
 def register(app: typer.Typer) -> None:

@@ -17,6 +17,7 @@ import sys
 import sysconfig
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import REPO
@@ -70,6 +71,24 @@ def _venv_with(wheel: Path, tmp: Path) -> Path:
 def _files(wheel: Path) -> dict[str, bytes]:
     with zipfile.ZipFile(wheel) as zf:
         return {n: zf.read(n) for n in zf.namelist() if not n.endswith("/RECORD")}
+
+
+def _plots_from_the_wheel(wheel: Path, run: Any, ftorch: str, job_id: str, user: Path) -> None:
+    """The quickstart's environment can plot: the wheel declares the `plot` extra (matplotlib, which
+    `scripts/setup.sh s3,plot` installs; here it comes with the test venv's dependencies, pip being
+    offline), and `ftorch status JOB --plot` from the wheel writes a PNG of the finished run."""
+    metadata = next(v.decode() for n, v in _files(wheel).items() if n.endswith(".dist-info/METADATA"))
+    assert "Provides-Extra: plot" in metadata.splitlines(), metadata[:2000]
+    assert any(
+        line.startswith("Requires-Dist: matplotlib") and 'extra == "plot"' in line
+        for line in metadata.splitlines()
+    ), metadata[:2000]
+    plotted = run(ftorch, "status", job_id, "--plot", "loss.png")
+    assert plotted.returncode == 0, plotted.stderr[-2000:]
+    png = (user / "loss.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR", png[:32]
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert width >= 400 and height >= 200 and len(png) > 10_000, (width, height, len(png))
 
 
 @pytest.mark.timeout(240)
@@ -129,6 +148,7 @@ def test_built_wheel_installs_runs_the_quickstart_and_ships_itself(
     status = json.loads(run(ftorch, "status", job_id, "--json").stdout)
     assert status["state"] == "SUCCEEDED" and status["attempts"] == 1
     assert (Path(status["output_uri"]) / "adapter_model.safetensors").exists()
+    _plots_from_the_wheel(wheel, run, ftorch, job_id, user)
 
     # a SkyPilot dry run: the task installs this ftorch from the wheel it carries, not from an index
     example = str(REPO / "examples/mistral-7b-lora.yaml")

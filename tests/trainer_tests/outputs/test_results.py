@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,75 @@ def test_every_export_carries_the_card_and_summary(run: dict[str, Any], tmp_path
     merged_card = ModelCard.load(merged / model_card.CARD)
     assert merged_card.data.library_name == "transformers" and "merged" in merged_card.data.tags
     assert "PeftModel" not in merged_card.text
+
+
+#: what a library's own noise looks like on stderr: tqdm's progress bars and Python's warnings
+NOISE = re.compile(r"it/s|s/it|%\||FutureWarning|UserWarning|DeprecationWarning")
+
+
+def _users_env(run: dict[str, Any]) -> dict[str, str]:
+    """The environment as a user's shell has it: the libraries at their default verbosity (the suite sets
+    TRANSFORMERS_VERBOSITY=error), their bars and warnings not switched off."""
+    quieted = ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE", "PYTHONWARNINGS")
+    return {**{k: v for k, v in os.environ.items() if k not in quieted}, **run["env"]}
+
+
+def _ftorch_as_a_user(run: dict[str, Any], *args: str, **kwargs: Any) -> subprocess.CompletedProcess:
+    exe = str(Path(sys.executable).parent / "ftorch")
+    kwargs.setdefault("capture_output", True)
+    return subprocess.run([exe, *args], cwd=REPO, env=_users_env(run), timeout=300, **kwargs)
+
+
+def test_export_is_quiet(run: dict[str, Any], tmp_path: Path) -> None:
+    """`ftorch export` prints its one line, not the libraries' progress bars ("Loading checkpoint shards",
+    "Writing model shards") or FutureWarnings/UserWarnings: an adapter and a merged model."""
+    for args in ((), ("--merge",)):
+        target = str(tmp_path / f"out{len(args)}")
+        done = _ftorch_as_a_user(run, "export", run["job_id"], "--to", target, *args, text=True)
+        assert done.returncode == 0, done.stderr
+        assert not NOISE.search(done.stderr), done.stderr[-3000:]
+        assert done.stderr.strip() == "", done.stderr[-3000:]  # off a terminal: no spinner either
+        assert len(done.stdout.splitlines()) == 1 and " from step 20 of " in done.stdout, done.stdout
+
+
+def _read_terminal(leader: int, chunks: list[bytes]) -> None:
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the terminal's other end is closed and read out
+            return
+        if not chunk:
+            return
+        chunks.append(chunk)
+
+
+def test_generate_prints_only_the_answer_with_or_without_a_terminal(run: dict[str, Any]) -> None:
+    """The loading spinner of `generate`/`chat` goes to a terminal's stderr only: piped, stdout is the
+    answer and nothing else, stderr empty; with stderr on a terminal the spinner shows there and stdout
+    is unchanged."""
+    import pty
+
+    args = ("generate", run["job_id"], "-p", "first")
+    piped = _ftorch_as_a_user(run, *args, text=True)
+    assert piped.returncode == 0, piped.stderr
+    assert len(piped.stdout.splitlines()) == 1 and piped.stderr == "", (piped.stdout, piped.stderr)
+
+    leader, follower = pty.openpty()
+    exe = str(Path(sys.executable).parent / "ftorch")
+    env = {**_users_env(run), "TERM": "xterm-256color"}
+    with subprocess.Popen([exe, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=follower) as on_tty:
+        os.close(follower)  # the child holds the terminal now: reading ends (EIO) when it exits
+        chunks: list[bytes] = []
+        reader = threading.Thread(target=_read_terminal, args=(leader, chunks), daemon=True)
+        reader.start()  # read while it runs: a full terminal buffer would block the spinner
+        out, _ = on_tty.communicate(timeout=300)
+        reader.join(timeout=30)
+    os.close(leader)
+    seen = b"".join(chunks)
+    assert on_tty.returncode == 0, seen.decode(errors="replace")
+    assert out.decode() == piped.stdout  # the spinner never touches stdout
+    assert f"loading {run['job_id']}'s model" in seen.decode(errors="replace"), seen[-2000:]
+    assert not NOISE.search(seen.decode(errors="replace")), seen[-2000:]
 
 
 def _hub_env(run: dict[str, Any], hub: HubServer, token: str | None = None) -> dict[str, str]:
