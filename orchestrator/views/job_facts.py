@@ -135,7 +135,7 @@ def summarize(job: Job, attempts: list[Attempt], progress: dict[str, Any], now: 
         "reason": job.reason,
         "stop_reason": stop_reason(job),
         # the trainer's heartbeat (progress.json) is older than its stall timeout (trainer/stops/watchdog.py)
-        "stalled_s": stale(progress, now) if state is JobState.RUNNING else None,
+        "stalled_s": stale(progress, now, grace=False) if state is JobState.RUNNING else None,
         "step": step,
         "total_steps": total,
         "fraction_done": (step / total) if total else None,

@@ -45,13 +45,15 @@ def outside(timeout: float) -> float:
     return 1.25 * timeout + 5.0
 
 
-def stale(progress: dict[str, Any], now: float) -> float | None:
-    """The heartbeat's age when it is older than `outside(the progress's own stall timeout)`, else None."""
+def stale(progress: dict[str, Any], now: float, grace: bool = True) -> float | None:
+    """The heartbeat's age when it is older than `outside(the progress's own stall timeout)`, else None.
+    `grace=False` (what `status` shows): older than the timeout itself, so a user sees STALLED before a
+    launcher's kill, not only in the instant before it."""
     timeout = progress.get(KEY)
     if timeout is None or progress.get("state") not in ("running", "checkpointing", "evaluating"):
         return None
     age = now - float(progress.get("updated_at") or now)
-    return age if age > outside(float(timeout)) else None
+    return age if age > (outside(float(timeout)) if grace else float(timeout)) else None
 
 
 class Watchdog:
