@@ -331,6 +331,17 @@ class Registry:
                 (job_id, at or time.time(), kind, detail),
             )
 
+    def add_events(self, kind: str, details: dict[str, str]) -> None:
+        """One `kind` event per job (job id -> detail), in one transaction."""
+        if not details:
+            return
+        now = time.time()
+        with self._connect() as db:
+            db.executemany(
+                "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+                [(job_id, now, kind, detail) for job_id, detail in details.items()],
+            )
+
     def events(self, job_id: str) -> list[dict[str, Any]]:
         with self._connect() as db:
             rows = db.execute(

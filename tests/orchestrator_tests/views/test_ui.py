@@ -181,6 +181,23 @@ def test_status_with_1000_jobs_is_fast_and_loads_nothing_heavy(tmp_path: Path, f
     assert re.search(r"\n9\d\d older jobs hidden \(", done.stdout), done.stdout
 
 
+def test_an_ended_jobs_savings_are_computed_once_and_kept_with_its_progress(
+    tmp_path: Path, ftorch_home: Path
+) -> None:
+    from orchestrator.views.status import CACHE_KIND
+
+    registry = bulk_registry(ftorch_home, tmp_path / "runs", n=40, active=0)
+    first = {r["job_id"]: (r["savings_usd"], r["savings_pct"]) for r in job_status.status_all()}
+    _jobs, _attempts, details = registry.snapshot(CACHE_KIND)
+    kept = {job_id: json.loads(d).get("savings") for job_id, d in details.items()}
+    assert len(kept) == 40 and all(isinstance(v, list) for v in kept.values())  # one write, every ended job
+    assert {k: tuple(v) for k, v in kept.items()} == first
+    again = {r["job_id"]: (r["savings_usd"], r["savings_pct"]) for r in job_status.status_all()}
+    assert again == first
+    table_only = job_status.status_all(savings=False)  # the narrow table does not ask for them
+    assert all("savings_usd" not in r for r in table_only)
+
+
 def _timed(fn: object) -> float:
     start = time.perf_counter()
     fn()  # type: ignore[operator]
