@@ -62,6 +62,13 @@ def survivors(token: str) -> list[object]:
     for proc in psutil.process_iter():
         if proc.pid not in (me, own_tracker) and proc.pid not in found and _carries(proc.pid, needle):
             found[proc.pid] = proc
+    for proc in list(found.values()):  # and what they started (SkyPilot's API server's executors keep no
+        try:  # marker: their environment is not the server's), before killing a parent orphans them
+            for child in proc.children(recursive=True):
+                if child.pid not in (me, own_tracker):
+                    found.setdefault(child.pid, child)
+        except psutil.Error:
+            continue
     alive = []
     for proc in found.values():
         try:
