@@ -53,6 +53,8 @@ USER_FILE = "hazards.json"  # under $FTORCH_HOME
 #: a pool borrowed from other clouds keeps its mean but half its shape (twice its squared coefficient
 #: of variation): nothing was measured on this cloud, and the model should say it knows less
 CROSS_CLOUD_SHAPE = 0.5
+#: the bundled correlation counts as this many hours of multi-node evidence against the user's own
+RHO_PRIOR_HOURS = 500.0
 
 
 @dataclass(frozen=True)
@@ -343,6 +345,14 @@ class HazardTable:
 
     @classmethod
     def from_json(cls, payload: dict[str, Any], user: Iterable[Evidence] = ()) -> HazardTable:
+        table = cls._from_json(payload, list(user))
+        table.rho, table.correlation_source = correlation_with(
+            table.measured + table.user, table.user, table.rho, table.correlation_source
+        )
+        return table
+
+    @classmethod
+    def _from_json(cls, payload: dict[str, Any], user: list[Evidence]) -> HazardTable:
         corr = payload.get("correlation") or {}
         return cls(
             measured=[Evidence.from_json(r) for r in payload.get("measured", [])],
@@ -683,6 +693,36 @@ class HazardTable:
                 "mean_down_s": down, "level": "failover", "expected_wait_s": (1 - avail) * down, "source": source,
             })  # fmt: skip
         return out
+
+
+def correlation_with(
+    rows: list[Evidence], user: list[Evidence], rho: float, source: str
+) -> tuple[float, str]:
+    """rho moved by the user's multi-node evidence (imported traces `--nodes N`, recorded N-node attempts)
+    that shares a zone with one-node evidence of the same instance: each pair says rate_N / rate_1 =
+    1 + (N - 1)(1 - rho); the estimates, weighted by their hours, are pooled with the bundled rho counted
+    as RHO_PRIOR_HOURS hours. Without such a pair, the bundled rho and its source as they are."""
+    single: dict[tuple[str, str, str], list[float]] = {}
+    for e in rows:
+        if e.nodes == 1 and e.zone and e.hours > 0:
+            acc = single.setdefault((e.cloud, e.instance_type, e.zone), [0.0, 0.0])
+            acc[0] += e.hours
+            acc[1] += e.interruptions
+    pairs = []
+    for e in user:
+        one = single.get((e.cloud, e.instance_type, e.zone or ""))
+        if e.nodes > 1 and e.hours > 0 and one is not None and one[1] > 0:
+            factor = (e.interruptions / e.hours) / (one[1] / one[0])
+            pairs.append((min(1.0, max(0.0, 1.0 - (factor - 1.0) / (e.nodes - 1))), e.hours))
+    if not pairs:
+        return rho, source
+    hours = sum(h for _, h in pairs)
+    moved = (rho * RHO_PRIOR_HOURS + sum(r * h for r, h in pairs)) / (RHO_PRIOR_HOURS + hours)
+    said = (
+        f"{len(pairs)} multi-node record(s) of yours ({hours:,.0f} h) beside one-node evidence of the same "
+        f"zone, pooled with {rho:.2f} counted as {RHO_PRIOR_HOURS:.0f} h ({source})"
+    )
+    return moved, said
 
 
 def _what(rows: list[Evidence]) -> str:

@@ -221,3 +221,33 @@ def test_multi_node_traces_measure_the_correlation(tmp_path: Path) -> None:
     assert payload["correlation"]["source"].startswith("measured: 1 multi-node")
     assert payload["correlation"]["rho"] == pytest.approx(1 - (factor - 1), abs=1e-4)
     assert 0 < payload["correlation"]["rho"] < 1
+
+
+def test_imported_multi_node_evidence_moves_the_correlation_by_its_hours(tmp_path: Path) -> None:
+    """rho is the published figure until the user brings N-node evidence beside one-node evidence of the
+    same zone: a 4-node trace in us-east-1a (where the bundled one-node traces are) whose losses come
+    as if the nodes were independent pulls rho toward 0 by its hours against RHO_PRIOR_HOURS."""
+    from orchestrator.spot.hazards import RHO_PRIOR_HOURS
+
+    home = tmp_path / "home"
+    before = load_table(home)
+    assert before.rho == pytest.approx(float(bundled()["correlation"]["rho"]))
+    counts = ([4] * 10 + [3]) * 600  # a node lost every 10 minutes held: ~6/h for the job
+    out = ftorch(home, "hazards", "import", str(trace(tmp_path / "four.json", counts, gap=60.0)),
+                 "--cloud", "aws", "--instance-type", "p3.2xlarge", "--zone", "us-east-1a", "--nodes", "4",
+                 "--json")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)["imported"]
+    ones = [e for e in before.measured if e.zone == "us-east-1a" and e.nodes == 1]
+    rate_1 = sum(e.interruptions for e in ones) / sum(e.hours for e in ones)
+    factor = (row["interruptions"] / row["hours"]) / rate_1
+    estimate = min(1.0, max(0.0, 1 - (factor - 1) / 3))
+    after = load_table(home)
+    expected = (before.rho * RHO_PRIOR_HOURS + estimate * row["hours"]) / (RHO_PRIOR_HOURS + row["hours"])
+    assert after.rho == pytest.approx(expected) and after.rho < before.rho
+    assert after.correlation_source.startswith("1 multi-node record(s) of yours")
+    four = after.for_offer("aws", "p3.2xlarge", "V100", 1, ["us-east-1"], nodes=4)
+    assert (
+        four.rate_per_hour
+        > before.for_offer("aws", "p3.2xlarge", "V100", 1, ["us-east-1"], nodes=4).rate_per_hour
+    )
