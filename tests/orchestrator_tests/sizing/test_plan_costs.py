@@ -219,16 +219,30 @@ def test_estimate_applies_offload_auto_and_names_the_next_gpu_count_that_fits() 
 @pytest.mark.skipif(
     not (REPO.parent / "shared/data/spot-traces").is_dir(), reason="the shared traces are not here"
 )
-def test_the_plans_cost_matches_the_simulators_on_the_traces() -> None:
+@pytest.mark.parametrize("job_file", ["llama3-8b-lora.yaml", "llama3-8b-full.yaml", "llama3-70b-qlora.yaml"])
+def test_the_plans_cost_matches_the_simulators_on_the_traces(job_file: str) -> None:
+    """bench/planner_vs_simulator.py's three jobs, 200 starts: in-sample every region set within
+    0.8-1.25 of the simulated cost; held out (fitted on days 1-22, replayed on 23-45) the plan the
+    planner makes by default, all three regions open, within 0.8-1.25 too. A job pinned to one region
+    is overpriced held out (up to 1.5x: the first half of the traces was stormier everywhere, and the
+    model carries what it saw forward): docs/benchmarks.md states it; here it is held under 1.6."""
     sys.path.insert(0, str(REPO / "bench"))
     from planner_vs_simulator import TRACES, compare
 
     from orchestrator.spot.traces import load_zones
 
     zones = load_zones([str(TRACES)])
-    rows = compare("llama3-70b-qlora.yaml", zones, (0, zones.n_ticks), (0, zones.n_ticks), 40)
-    ratios = [float(row.rstrip(" |").rsplit("|", 1)[1]) for row in rows]
-    assert len(ratios) == 4 and all(0.8 <= r <= 1.25 for r in ratios), rows
+    n, mid = zones.n_ticks, zones.n_ticks // 2
+
+    def ratios(fit: tuple[int, int], test: tuple[int, int]) -> dict[str, float]:
+        rows = compare(job_file, zones, fit, test, 200)
+        return {row.split("|")[3].strip(): float(row.rstrip(" |").rsplit("|", 1)[1]) for row in rows}
+
+    inside = ratios((0, n), (0, n))
+    assert len(inside) == 4 and all(0.8 <= r <= 1.25 for r in inside.values()), inside
+    held = ratios((0, mid), (mid, n))
+    assert 0.8 <= held["all 3 regions"] <= 1.25, held
+    assert all(0.8 <= r <= 1.6 for r in held.values()), held
 
 
 def test_the_rebid_order_weighs_moving_the_checkpoints() -> None:
