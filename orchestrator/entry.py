@@ -15,6 +15,9 @@ from orchestrator.cli.status_command import fast_status
 
 
 def main() -> None:
+    from orchestrator.home import owner_only_umask
+
+    owner_only_umask()
     argv = sys.argv[1:]
     if "_FTORCH_COMPLETE" in os.environ:  # shell completion (click's protocol): typer answers it
         from orchestrator.cli import app as cli

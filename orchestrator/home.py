@@ -11,6 +11,13 @@ def ftorch_home() -> Path:
     return Path(os.environ.get("FTORCH_HOME") or Path.home() / ".ftorch").expanduser()
 
 
+def owner_only_umask() -> None:
+    """What the CLI process (and the supervisor and controller it starts) creates is owner-only whatever
+    the user's umask: a run store holds weights and the resolved job, $FTORCH_HOME its registry and logs
+    (issue 30, S5; the trainer does the same in trainer/__main__.py)."""
+    os.umask(0o077)
+
+
 def private_dir(*parts: str) -> Path:
     """$FTORCH_HOME/parts..., made (with $FTORCH_HOME itself) owner-only (0700)."""
     home = ftorch_home()

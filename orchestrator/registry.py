@@ -138,7 +138,9 @@ class Registry:
 
     def job_dir(self, job_id: str) -> Path:
         path = self.home / "jobs" / job_id
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)  # `mode` is not given to the parents
+        for folder in (path.parent, path):  # owner-only whatever the umask (or an older ftorch) made them
+            os.chmod(folder, 0o700)
         return path
 
     # ---- jobs ----------------------------------------------------------------------------------

@@ -450,7 +450,9 @@ def render_task(
         **spot_return_env(spec.resources, getattr(getattr(plan, "chosen", None), "restart_overhead_s", None)),
     )
     callback = event_callback(spec, job_id, run_uri, _output_uri(spec, run_uri))
-    if callback:  # the webhook is in the job file already; a SkyPilot secret would not reach the callback
+    # an env, not a secret: SkyPilot 0.14.1 gives the callback `task.envs` only (sky/jobs/utils.py:1102);
+    # hidden in --dry-run, shown by `sky jobs queue` (docs/clouds.md, "Why not a SkyPilot secret")
+    if callback:
         envs[NOTIFY_ENV] = spec.notify.webhook if spec.notify else ""
     if "wandb" in spec.train.report_to:  # where the run goes (not secrets; the key is one, above)
         source = os.environ if environ is None else environ

@@ -24,6 +24,7 @@ from orchestrator.cli.common import (
 from orchestrator.cli.common import print_json as _print_json
 from orchestrator.cli.status_command import fast_status as _fast_status  # plain `status`, without typer
 from orchestrator.errors import SpecError, UserError
+from orchestrator.home import owner_only_umask
 
 app = typer.Typer(
     name="ftorch",
@@ -260,6 +261,7 @@ _register_optional_commands()
 
 
 def main() -> None:
+    owner_only_umask()  # also for `python -m orchestrator.cli.app`, which skips orchestrator/entry.py
     try:
         fast = _fast_status(sys.argv[1:])
         if fast is not None:

@@ -95,6 +95,7 @@ def _export(
         return export(
             record.run_uri, to, step=step, merge=merge, storage_options=options, force=force,
             push_to=repo, private=not public,
+            job=record.spec, output_uri=record.output_uri,  # the registry's, never the store's spec.json
         )  # fmt: skip
     except ExportError as exc:
         raise UserError(str(exc)) from None

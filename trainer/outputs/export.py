@@ -231,15 +231,22 @@ def export(
     force: bool = False,
     push_to: str | None = None,
     private: bool = True,
+    job: dict[str, Any] | None = None,
+    output_uri: str | None = None,
 ) -> dict[str, Any]:
     """Write the export into `to` (a local folder or a bucket URL); returns what was written. Every
     export carries ftorch's model card (README.md) and training_summary.json. `push_to` (a Hub repo id)
     also uploads the folder to the Hugging Face Hub (HF_ENDPOINT, HF_TOKEN; trainer/outputs/hub_push.py).
 
     `to` must be new, empty or an earlier export (`check_target`; `force` writes beside other files);
-    inside the run store a link out of it is never followed."""
+    inside the run store a link out of it is never followed.
+
+    `job`, `output_uri`: the job spec to export with and where its run's output is (the CLI passes the
+    registry's, the user's own); without them the run store's spec.json is used. A store is data: whoever
+    can write its bucket must not choose the `model` (what is downloaded and loaded) that an export of a
+    registered job uses, nor where its summary is read from."""
     store = RunStore(run_uri, storage_options)
-    spec = JobSpec.model_validate(store.read_spec()["job"])
+    spec = JobSpec.model_validate(job if job is not None else store.read_spec()["job"])
     earlier = check_target(to, spec.checkpoint.storage_options, force)
     if merge and spec.method == "full":
         raise ExportError("--merge: a full fine-tune has no adapter to merge; export it without --merge")
@@ -258,7 +265,7 @@ def export(
     refused: list[PushError] = []
 
     def records(tmp: str) -> None:  # over PEFT's empty README template
-        _write_record(store, spec, info.step, merge, tmp, run_uri)
+        _write_record(store, spec, info.step, merge, tmp, run_uri, output_uri)
 
     def push(tmp: str) -> None:  # from this folder: the export itself may go to a bucket
         if not push_to:
@@ -289,13 +296,17 @@ def export(
     return result
 
 
-def _write_record(store: RunStore, spec: JobSpec, step: int, merge: bool, folder: str, run_uri: str) -> None:
-    """training_summary.json and the model card of this export into `folder`."""
+def _write_record(
+    store: RunStore, spec: JobSpec, step: int, merge: bool, folder: str, run_uri: str, output_uri: str | None
+) -> None:
+    """training_summary.json and the model card of this export into `folder`; the run's output is read
+    from `output_uri`, else from where the store's spec.json says."""
     from trainer.outputs import model_card
 
-    resolved = store.read_spec()
+    if output_uri is None:
+        output_uri = store.read_spec().get("output_uri") or ""
     try:
-        output: Any = output_store(resolved.get("output_uri") or "", run_uri, spec.checkpoint.storage_options)
+        output: Any = output_store(output_uri, run_uri, spec.checkpoint.storage_options)
     except (OSError, StoreError, ValueError):
         output = None
     summary = model_card.export_summary(store, output, spec, step, merge)

@@ -22,9 +22,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 LEASE_DIR = "control/lease"
-#: the furthest ahead a live lease's expiry can be: a holder renews `ttl_s` (minutes) ahead, so an expiry
-#: further away than this (a tampered or broken record) is treated as expired
-MAX_LEASE_S = 24 * 3600.0
+#: the longest ttl a lease record may claim: holders write `expires_at = acquired_at + ttl_s` at every
+#: acquire and renewal, with `ttl_s` a few controller ticks (3 min by default); a record claiming more
+#: (tampered or broken) is treated as expired
+MAX_LEASE_TTL_S = 3600.0
 
 
 def _time(value: Any) -> float:
@@ -63,7 +64,13 @@ class LeaseRecord:
     released: bool = False
 
     def live(self, now: float) -> bool:
-        return not self.released and now < self.expires_at <= now + MAX_LEASE_S
+        """Not released, not expired, and bounded by its own ttl (`expires_at - acquired_at`, as `_write`
+        wrote it): that ttl is at most MAX_LEASE_TTL_S, and `acquired_at` is at most one ttl ahead of
+        `now` (clock skew): a record is held at most twice its own ttl (6 min for a controller's default
+        3 min), never a day."""
+        ttl = self.expires_at - self.acquired_at
+        fresh = 0 < ttl <= MAX_LEASE_TTL_S and self.acquired_at <= now + ttl
+        return not self.released and fresh and now < self.expires_at
 
     @classmethod
     def from_json(cls, data: Any, generation: int) -> LeaseRecord:

@@ -165,6 +165,24 @@ def test_skypilots_callback_posts_once_per_status_it_cannot_leave_to_the_trainer
     assert set(PAYLOAD_KEYS) | {"event", "at", "source", "text", "sky_job_id"} == set(body)
 
 
+def test_skypilots_callback_gets_the_tasks_envs_never_its_secrets(sky: Any, hook: Hook) -> None:
+    """Issue 30: why the webhook stays an env of the task (docs/clouds.md): SkyPilot 0.14.1's callback
+    runner (sky/jobs/utils.py event_callback_func) hands the callback `task.envs` and its own variables,
+    not `task.secrets`, so a webhook moved to `secrets` is never posted to. The URL is not in the
+    callback's text either (SkyPilot logs that). If this fails, SkyPilot passes secrets now: move it."""
+    _plan, task = render(DEADLINE, f"notify.webhook={hook.url}", ALL_ON)
+    assert hook.url not in task["event_callback"]
+    as_secret = copy.deepcopy(task)
+    as_secret["secrets"] = {
+        **(as_secret.get("secrets") or {}),
+        sr.NOTIFY_ENV: as_secret["envs"].pop(sr.NOTIFY_ENV),
+    }
+    run_callback(sky, as_secret, "FAILED")
+    assert hook.received == []
+    run_callback(sky, task, "FAILED")
+    assert [r["body"]["event"] for r in hook.received] == ["failed"]
+
+
 def test_a_receiver_that_hangs_holds_skypilot_no_longer_than_the_bound(sky: Any) -> None:
     hang = Hang()
     try:

@@ -142,3 +142,58 @@ def test_a_lease_with_an_unreadable_or_absurd_expiry_counts_as_expired(
     assert lease_holder(store) is None
     assert Lease(store, "me", 60.0).acquire() == 2
     assert lease_holder(store) == "me"
+
+
+@pytest.mark.parametrize(
+    ("acquired_in", "expires_in"),
+    [(0.0, 23 * 3600.0), (0.0, 3 * 3600.0), (-3600.0, 3600.0), (7200.0, 7380.0)],
+)
+def test_a_lease_is_held_at_most_a_few_times_its_own_ttl(
+    tmp_path: Path, acquired_in: float, expires_in: float
+) -> None:
+    """Issue 30: a lease whose expiry is far ahead (hours, not minutes), whose claimed ttl is over the
+    bound, or that was 'acquired' well in the future counts as expired: no 24 h hold on a controller."""
+    from orchestrator.backends.skypilot_controller import lease_holder
+
+    now = 1_000_000.0
+    store = RunStore(str(tmp_path / "bucket" / "run"))
+    record = {"holder": "someone", "acquired_at": now + acquired_in, "expires_at": now + expires_in}
+    store.write_bytes(f"{LEASE_DIR}/00000001.json", json.dumps(record).encode())
+    assert lease_holder(store, now) is None
+    assert Lease(store, "me", 180.0, clock=lambda: now).acquire() == 2
+    assert lease_holder(store, now) == "me"
+    assert lease_holder(store, now + 179.0) == "me"  # its own ttl
+    assert lease_holder(store, now + 181.0) is None
+
+
+def test_an_honest_lease_of_another_holder_still_blocks(tmp_path: Path) -> None:
+    """The bound does not weaken the lease: a renewed, in-ttl lease (a little clock skew included) holds."""
+    from trainer.runstore.lease import LeaseHeld
+
+    now = 1_000_000.0
+    store = RunStore(str(tmp_path / "bucket" / "run"))
+    Lease(store, "other", 180.0, clock=lambda: now + 30.0).acquire()  # its clock 30 s ahead
+    with pytest.raises(LeaseHeld):
+        Lease(store, "me", 180.0, clock=lambda: now).acquire()
+
+
+def test_export_of_an_attached_run_uses_the_registered_model_not_the_stores(
+    runs: Runs, tmp_path: Path, ftorch_home: Path
+) -> None:
+    """Issue 30: spec.json's `model` changed after registration (by whoever can write the bucket) is not
+    what `ftorch export` loads: the registry's spec (the one the user attached) is; nor is the summary
+    read from an `output_uri` planted there."""
+    store = _attached(runs, tmp_path)
+    registered = json.loads((store / "spec.json").read_text())["job"]["model"]
+    planted = str(tmp_path / "planted-model")  # would fail to load (nothing there) if it were used
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "training_summary.json").write_text(json.dumps({"steps": 10, "planted": True}))
+    _edit(store / "spec.json", {"job.model": planted, "output_uri": str(elsewhere)})
+    exported = ftorch("export", runs.run_id, "--to", str(tmp_path / "exported"))
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    assert "from step 10" in exported.stdout, exported.stdout
+    config = json.loads((tmp_path / "exported" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == registered != planted
+    assert planted not in (tmp_path / "exported" / "README.md").read_text()
+    assert "planted" not in json.loads((tmp_path / "exported" / "training_summary.json").read_text())
