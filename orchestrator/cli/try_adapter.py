@@ -30,7 +30,7 @@ def _session(job: str, step: int | None) -> Any:
         from trainer.outputs.generate import open_session
 
         try:
-            return open_session(record.run_uri, step, options)
+            return open_session(record.run_uri, step, options, job=record.spec)  # the registry's job
         except ExportError as exc:
             raise UserError(str(exc)) from None
 

@@ -57,14 +57,19 @@ class Session:
 
 
 def open_session(
-    run_uri: str, step: int | None = None, storage_options: dict[str, Any] | None = None
+    run_uri: str,
+    step: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    job: dict[str, Any] | None = None,
 ) -> Session:
-    """The job's model at a complete checkpoint (default: the newest), ready to answer."""
+    """The job's model at a complete checkpoint (default: the newest), ready to answer. `job`: the job as
+    the caller has it (the CLI: the registry's), in place of the store's spec.json, which is data anyone
+    who can write the bucket could have pointed at another model."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     store = RunStore(run_uri, storage_options)
-    spec = JobSpec.model_validate(store.read_spec()["job"])
+    spec = JobSpec.model_validate(job if job is not None else store.read_spec()["job"])
     info = pick_checkpoint(store, step)
     model = build(spec, _weights(store, info), merge=True).eval()  # a full fine-tune: its weights
     torch.manual_seed(spec.train.seed)

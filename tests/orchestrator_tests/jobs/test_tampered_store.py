@@ -197,3 +197,6 @@ def test_export_of_an_attached_run_uses_the_registered_model_not_the_stores(
     assert config["base_model_name_or_path"] == registered != planted
     assert planted not in (tmp_path / "exported" / "README.md").read_text()
     assert "planted" not in json.loads((tmp_path / "exported" / "training_summary.json").read_text())
+    # generate (and chat) load the registered model too: the planted path would fail to load
+    answered = ftorch("generate", runs.run_id, "--prompt", "Hello", "--max-new-tokens", "2")
+    assert answered.returncode == 0, answered.stdout + answered.stderr
