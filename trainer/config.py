@@ -139,8 +139,10 @@ class DataSpec(_Strict):
     #: the held-out set (one of eval_examples, eval_fraction, eval_path/eval_split): measured before and
     #: after training, and every train.eval_every steps. eval_examples: the last N examples of data.path
     eval_examples: int = Field(0, ge=0)
-    #: pack examples into sequences of max_seq_len tokens, each example attending only to itself
-    packing: bool = False
+    #: pack examples into sequences of max_seq_len tokens, each example attending only to itself; auto:
+    #: on where it is exact and faster (flash_attention_2 and a model that passes the packing check),
+    #: resolved per attempt by the trainer (trainer/data/packing.py `resolve_packing`)
+    packing: Literal["auto"] | bool = "auto"
     #: hold back this share of data.path's examples (a fixed random choice: the same for the same data)
     eval_fraction: float | None = Field(None, gt=0.0, lt=1.0)
     #: a separate held-out set: any source data.path takes, in the same format
@@ -156,6 +158,19 @@ class DataSpec(_Strict):
     num_proc: int | None = Field(None, ge=1, le=256)
 
     _path_shorthand = model_validator(mode="before")(classmethod(lambda cls, data: _shorthand("path", data)))
+
+    @field_validator("packing", mode="before")
+    @classmethod
+    def _packing(cls, value: Any) -> Any:
+        """auto, true or false (YAML's booleans; --set's strings): one line naming the valid values."""
+        if isinstance(value, bool) or value == "auto":
+            return value
+        text = str(value).strip().lower() if isinstance(value, (str, int)) else None
+        if text in ("true", "yes", "on", "1"):  # pydantic's lax booleans, as before auto
+            return True
+        if text in ("false", "no", "off", "0"):
+            return False
+        raise ValueError("must be auto, true or false")
 
     @model_validator(mode="after")
     def _one_held_out_set(self) -> DataSpec:

@@ -76,6 +76,9 @@ class Parallel:
         """Rank 0's `value` on every rank (e.g. the one listing of the run's checkpoints)."""
         return value
 
+    def follow_stall_timeout(self, watchdog: Any, given: float | None) -> None:
+        """The process group's timeout follows the stall watchdog's (`Sharded`); one process has none."""
+
     def reporter(self, reporter: Any) -> Any:
         return reporter
 
@@ -93,8 +96,12 @@ class Sharded(Parallel):
 
         import torch.distributed as dist
 
-        # a hung collective raises after this instead of hanging for 10-30 minutes (trainer/stops/watchdog.py)
+        # a hung collective raises after this instead of hanging for 10-30 minutes (trainer/stops/watchdog.py);
+        # tightened after warm-up (`follow_stall_timeout`)
         timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else None
+        #: the group's timeout now, and the one it started with (put back for `finish`: no stall rule there)
+        self.timeout_s = self.initial_timeout_s = timeout_s
+        self._phases: dict[str, float] = {}
 
         backend = "nccl" if device.type == "cuda" else "gloo"
         if offload and device.type == "cuda":
@@ -207,6 +214,42 @@ class Sharded(Parallel):
         self.dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def follow_stall_timeout(self, watchdog: Any, given: float | None) -> None:
+        """After warm-up the process group's timeout is the stall watchdog's (`collective_timeout`), so a
+        hung collective raises (and the loop ends the attempt as stalled) instead of waiting the first
+        step's bound: recomputed when warm-up ends, every 20 steps after and when an eval or checkpoint was
+        timed (the loop calls this after each step). `watchdog` None (the last checkpoint, eval and output:
+        no stall rule) puts back the timeout the group started with."""
+        from trainer.stops.watchdog import WARMUP_STEPS
+
+        if watchdog is None:
+            seconds = getattr(self, "initial_timeout_s", None)
+        else:
+            n = len(watchdog.step_times)
+            if n != WARMUP_STEPS + 1 and n % 20 and watchdog.phase_s == getattr(self, "_phases", None):
+                return
+            self._phases = dict(watchdog.phase_s)
+            seconds = collective_timeout(given, watchdog)
+        if seconds and seconds != getattr(self, "timeout_s", None):
+            self._set_timeout(seconds)
+
+    def _set_timeout(self, seconds: float) -> None:
+        """The timeout of the collectives issued from now on, on the live default group (the FSDP mesh's):
+        torch's `_set_pg_timeout` (gloo and nccl; checked with torch 2.13 on gloo). The checkpoint I/O
+        group keeps its own. Without that API the group keeps the timeout it started with."""
+        import datetime
+
+        try:
+            from torch.distributed.distributed_c10d import _set_pg_timeout
+        except ImportError:
+            return
+        timeout = datetime.timedelta(seconds=seconds)
+        _set_pg_timeout(timeout, None)
+        group = self.mesh.get_group()
+        if group is not self.dist.group.WORLD:
+            _set_pg_timeout(timeout, group)
+        self.timeout_s = seconds
+
     @property
     def _comm_device(self) -> torch.device:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
@@ -245,12 +288,34 @@ def _is_trainable_key(key: str) -> bool:
     return "lora_" in key
 
 
-def collective_timeout(stall_timeout_s: float | None) -> float:
-    """The process group's timeout: the job's stall timeout, or the watchdog's first-step bound (3x its
-    300 s floor: rank 0 may load a large model while the others wait in a collective)."""
-    from trainer.stops.watchdog import FLOOR_S
+def collective_timeout(stall_timeout_s: float | None, watchdog: Any = None) -> float:
+    """The process group's timeout. Until warm-up ends (no `watchdog`, or it timed no step after its
+    warm-up steps): the job's stall timeout, or the watchdog's first-step bound (3x its 300 s floor: rank 0
+    may load a large model while the others wait in a collective). After: the watchdog's own timeout
+    (trainer/stops/watchdog.py: the job's, or max(300 s, 5x the p95 step)), and no less than its timeout
+    of a phase it has timed (eval, checkpoint: 5x their last duration), so a collective never gives up
+    before the watchdog would."""
+    from trainer.stops.watchdog import FLOOR_S, WARMUP_STEPS
 
-    return float(stall_timeout_s) if stall_timeout_s else 3 * FLOOR_S
+    given = float(stall_timeout_s) if stall_timeout_s else None
+    if watchdog is None or (given is None and len(watchdog.step_times) <= WARMUP_STEPS):
+        return given or 3 * FLOOR_S
+    return max(watchdog.timeout(phase) for phase in ("step", *watchdog.phase_s))
+
+
+#: what a gloo collective that timed out raises (its transport's wait, then the pair it closed after that)
+_GLOO_TIMED_OUT = ("Timed out waiting", "Application timeout caused pair closure")
+
+
+def collective_timed_out(exc: BaseException) -> bool:
+    """Whether `exc` is a collective that gave up at the process group's timeout (gloo's RuntimeError, or
+    a DistBackendError that says so, e.g. nccl's blocking wait): the loop ends the attempt as stalled."""
+    import torch.distributed as dist
+
+    text = str(exc)
+    if isinstance(exc, getattr(dist, "DistBackendError", ())):
+        return "timed out" in text.lower() or "timeout" in text.lower()
+    return isinstance(exc, RuntimeError) and any(mark in text for mark in _GLOO_TIMED_OUT)
 
 
 def setup(spec: JobSpec, device: torch.device, store: Any, resume_sharded: bool = False) -> Parallel:

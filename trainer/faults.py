@@ -10,7 +10,9 @@ way to cause one on a CPU; `:A` limits it to attempt A as usual). The health fau
 `nan@K` turns a trainable weight to NaN before step K (so every loss is NaN from step K until a rollback
 restores the weights: a fault that happens once and stays), `spike@K` multiplies step K's loss by 1000
 (a bad batch), `nan-grad-rank1@K` makes one gradient non-finite on rank 1 only at step K, `hang@K`
-blocks step K (a hung collective or a dead mount).
+blocks step K (a hung collective or a dead mount), `hang-rank1@K` freezes rank 1 only at step K, holding
+the GIL (a process stuck in a C call: not even its own watchdog thread runs; the other ranks wait in their
+next collective until the process group's timeout or their own watchdog ends them).
 A step of `*` arms a point at every
 step: `checkpoint-partial@*:1` kills attempt 1 inside its first checkpoint, whatever its step (the budget
 stop's, when no periodic checkpoint came before it). `slow-step@MS` makes every optimizer step take MS
@@ -144,9 +146,25 @@ def maybe_nan_grad(model: Any, step: int) -> None:
 
 
 def maybe_hang(step: int) -> None:
-    """`hang@K`: step K blocks (a hung collective, a dead mount) until the process is killed."""
+    """`hang@K`: step K blocks (a hung collective, a dead mount) until the process is killed;
+    `hang-rank<R>@K`: rank R only, frozen (`_freeze`)."""
     if _POINTS and _armed("hang", step):
         import time
 
         while True:
             time.sleep(3600)
+    rank = os.environ.get("RANK", "0")
+    if _POINTS and _armed(f"hang-rank{rank}", step):
+        _freeze(f"hang-rank{rank}@{step}")
+
+
+def _freeze(point: str) -> None:
+    """Sleep in C with the GIL held (ctypes.PyDLL does not release it), for good; says when on stderr."""
+    import ctypes
+    import sys
+    import time
+
+    print(f"injected fault {point}: frozen at {time.time():.3f}", file=sys.stderr, flush=True)
+    libc = ctypes.PyDLL(None)
+    while True:  # a signal ends one sleep (its Python handler runs in between), not the freeze
+        libc.sleep(3600)

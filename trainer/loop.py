@@ -30,7 +30,7 @@ from trainer.config import JobSpec
 from trainer.data.cache import data_identity
 from trainer.data.dataset import IGNORE, Dataset, collate, load_dataset
 from trainer.data.packing import example_count, uses_flat_batches
-from trainer.distributed import Parallel
+from trainer.distributed import Parallel, collective_timed_out
 from trainer.distributed import setup as setup_parallel
 from trainer.faults import (
     maybe_crash,
@@ -68,6 +68,7 @@ from trainer.stops.watchdog import Watchdog, exit_now
 from trainer.threads import set_threads
 from trainer.train_step import oom
 from trainer.train_step.loss import evaluate_batch, shifted_labels
+from trainer.train_step.packing_check import resolve_for_attempt as resolve_packing
 from trainer.train_step.packing_check import verify as verify_packing
 from trainer.train_step.step import accumulate, make_scaler, restore_scaler, save_scaler, update
 
@@ -259,7 +260,12 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         a = setup(run_uri, attempt, storage_options)
     except Interrupted as stop:  # a notice before the first step: recorded, nothing to save
         return stop.code if stop.code is not None else exitcodes.PREEMPTED
-    stopped = fit(a)
+    try:
+        stopped = fit(a)
+    except RuntimeError as exc:  # a collective timed out (trainer/distributed.py): the stall ending, exit 87
+        if a.watchdog is None or not collective_timed_out(exc):
+            raise
+        _stalled(a, a.watchdog.phase, a.watchdog.clock() - a.watchdog.since, str(exc).splitlines()[0])
     return stopped if stopped is not None else finish(a)
 
 
@@ -307,6 +313,7 @@ def _prepare(
     listing = store.list_checkpoints() if int(os.environ.get("RANK", "0")) == 0 else None
     identity = data_identity(spec.data, spec.checkpoint.storage_options)
     spec, as_run = _resolve_attention(spec, resolved, device.type)
+    spec, as_run = resolve_packing(spec, as_run, device, log)  # data.packing: auto, as attention
     start_check, checked = _check_unchanged(store, resolved, as_run, identity, listing)
     # FSDP across ranks (torchrun, or a sharded run resumed by one process), or the identity
     par = setup_parallel(
@@ -638,6 +645,7 @@ def fit(a: Attempt) -> int | None:
             skipped,
         )  # fmt: skip
         a.observers.step(record)
+        a.par.follow_stall_timeout(a.watchdog, a.spec.train.health.stall_timeout_s)  # after warm-up
         if a.health is not None:
             a.health.after()  # a rollback happens here; an UNHEALTHY end through the stop sources
         for stop in poll_all(a.stop_sources, a.state.step):
@@ -677,19 +685,23 @@ def _start_watchdog(a: Attempt) -> Watchdog:
     """The stall watchdog (trainer/stops/watchdog.py): a step that does not come in time ends the process
     with exitcodes.STALLED, recorded first (the training thread is stuck: nothing else can run)."""
 
-    def on_stall(phase: str, waited: float) -> None:
-        detail = (
-            f"stalled: no progress for {waited:.0f} s in {phase.replace('_', ' ')} after step {a.state.step}"
-        )
-        log(
-            f"{detail} (watchdog; timeout {a.watchdog.timeout(phase):.0f} s): exiting with code {exitcodes.STALLED}"
-        )
-        a.store.update_epoch_record(
-            ended="stalled", stop_detail=detail, step=a.state.step, ended_at=time.time()
-        )
-        exit_now(exitcodes.STALLED)
+    return Watchdog(
+        a.spec.train.health.stall_timeout_s, lambda phase, waited: _stalled(a, phase, waited)
+    ).start()
 
-    return Watchdog(a.spec.train.health.stall_timeout_s, on_stall).start()
+
+def _stalled(a: Attempt, phase: str, waited: float, collective: str | None = None) -> None:
+    """The stall ending: recorded, then exit at once. From the watchdog thread, or from the training
+    thread when a collective gave up at the process group's timeout (`collective`: what it raised)."""
+    detail = f"stalled: no progress for {waited:.0f} s in {phase.replace('_', ' ')} after step {a.state.step}"
+    if collective is None:
+        how = f"watchdog; timeout {a.watchdog.timeout(phase):.0f} s" if a.watchdog else "watchdog"
+    else:
+        detail += " (a collective timed out)"
+        how = f"process group timeout {getattr(a.par, 'timeout_s', None)} s: {collective}"
+    log(f"{detail} ({how}): exiting with code {exitcodes.STALLED}")
+    a.store.update_epoch_record(ended="stalled", stop_detail=detail, step=a.state.step, ended_at=time.time())
+    exit_now(exitcodes.STALLED)
 
 
 def _stop_sources(a: Attempt) -> list[StopSource]:
@@ -773,6 +785,7 @@ def finish(a: Attempt) -> int:
     state, output_uri = a.state, a.resolved["output_uri"]
     if a.watchdog is not None:  # the last checkpoint, eval and output: no stall rule (not steps)
         a.watchdog.close()
+        a.par.follow_stall_timeout(None, None)  # the process group's first timeout again
     a.rec.reporter.set_state("finishing")  # a launcher watching the heartbeat leaves this state alone
     if a.checkpoints.last_step != state.step:
         a.checkpoints.save(a.opt.model, a.opt.optimizer, a.opt.scheduler, state, wait=True)

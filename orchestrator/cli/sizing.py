@@ -234,7 +234,10 @@ def plan_cmd(
         else f"[bold]{plan.model}[/] {plan.method}"
     )
     con.print(f"catalog: {plan.catalog_source}")
-    unit = "packs" if spec.data.packing else "examples"  # data.packing: a micro-batch holds packs
+    from trainer.model.attention import planned_packing
+
+    packed = planned_packing(spec.data.packing, spec.train.attn_implementation)  # auto: the trainer's rule
+    unit = "packs" if packed else "examples"  # data.packing: a micro-batch holds packs
     con.print(
         f"effective batch: {spec.train.micro_batch_size * spec.train.grad_accum} {unit} per optimizer "
         f"step (train.micro_batch_size {spec.train.micro_batch_size} per GPU x grad_accum "
@@ -242,7 +245,7 @@ def plan_cmd(
     )
     steps, sequences = plan.workload.get("steps"), plan.workload.get("sequences_per_epoch")
     if steps and sequences and not spec.train.max_steps:
-        what = f"packs of up to {spec.data.max_seq_len} tokens" if spec.data.packing else "examples"
+        what = f"packs of up to {spec.data.max_seq_len} tokens" if packed else "examples"
         con.print(f"steps: {steps:,} (~{sequences:,} {what} per epoch x {spec.train.epochs:g} epochs)")
     shown = plan.candidates[:top]
     if plan.chosen and plan.chosen not in shown:

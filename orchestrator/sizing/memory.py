@@ -49,6 +49,7 @@ from trainer.memory.load_memory import (
     load_peak_bytes,
 )
 from trainer.model.attention import planned as planned_attention
+from trainer.model.attention import planned_packing
 
 CONSTANTS_FILE = "memory_constants.json"
 
@@ -576,7 +577,7 @@ def settings_from_spec(spec: Any, n_gpus: int | None = None, offload: str | None
         seq_len=spec.data.max_seq_len,
         grad_ckpt=spec.train.gradient_checkpointing,
         attn=planned_attention(spec.train.attn_implementation),  # auto counted as SDPA
-        packing=spec.data.packing,
+        packing=planned_packing(spec.data.packing, spec.train.attn_implementation),  # the trainer's rule
         lora_r=spec.lora.r,
         lora_targets=targets if isinstance(targets, str) else tuple(targets),
         lora_dropout=spec.lora.dropout,

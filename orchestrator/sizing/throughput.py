@@ -48,6 +48,7 @@ from trainer.data.packing import packed_count
 from trainer.kernels import loss_path
 from trainer.layout import total_steps
 from trainer.memory.facts import DTYPE_BYTES, FSDP_GRAD_BYTES, compute_bytes, state_bytes
+from trainer.model.attention import planned_packing
 
 
 @dataclass(frozen=True)
@@ -297,9 +298,8 @@ def workload(spec: Any) -> Workload:
         tokens, examples, how = count_local_tokens(data, lengths)
         source = f"{data.path} ({how})"
     sequences = examples
-    if (
-        data.packing and tokens
-    ):  # full sequences of max_seq_len: the trainer's packs (trainer/data/packing.py)
+    # full sequences of max_seq_len: the trainer's packs (trainer/data/packing.py; `auto` by its rule)
+    if planned_packing(data.packing, train.attn_implementation) and tokens:
         if lengths and examples:
             sequences = max(1, round(packed_count(lengths, data.max_seq_len) * examples / len(lengths)))
         else:

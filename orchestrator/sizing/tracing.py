@@ -198,7 +198,9 @@ class TraceConfirmation:
         from trainer.data.packing import mask_bytes
         from trainer.memory.facts import GIB, compute_bytes
 
-        s = settings_from_spec(self.spec, ranks)
+        s = settings_from_spec(self.spec, ranks)  # packing `auto` by the trainer's rule
+        if not s.packing:
+            return 0.0
         return mask_bytes(s.micro_batch, s.seq_len, s.attn, compute_bytes(s.precision)) / GIB
 
     def note(self) -> str:

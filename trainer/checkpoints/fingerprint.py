@@ -27,7 +27,8 @@ FIELDS = (
     "lora.r", "lora.alpha", "lora.dropout", "lora.target_modules",
     "quantization.bits", "quantization.quant_type", "quantization.double_quant",
     "quantization.compute_dtype",
-    "data.path", "data.split", "data.subset", "data.format", "data.max_seq_len", "data.packing",
+    "data.path", "data.split", "data.subset", "data.format", "data.max_seq_len",
+    "data.packing",  # packs change the batches; `auto` is recorded resolved (trainer/data/packing.py)
     "data.train_on_inputs", "data.chat_template", "data.eval_examples", "data.eval_fraction",
     "train.effective_batch", "train.epochs", "train.max_steps", "train.lr", "train.weight_decay",
     "train.warmup_steps", "train.warmup_ratio", "train.schedule", "train.max_grad_norm", "train.seed",
@@ -36,9 +37,10 @@ FIELDS = (
     "train.loss", "train.kernels",  # the loss's path and fused kernels round differently (trainer/train_step/loss.py)
     "train.attn_implementation",  # attention kernels round differently; `auto` is recorded resolved
 )  # fmt: skip
-#: fields whose `auto` the trainer resolves on its machine (trainer/model/attention.py) and records resolved:
-#: only the trainer, which knows what it resolves to, compares them (the CLI skips `auto`)
-RESOLVED_BY_TRAINER = ("train.attn_implementation",)
+#: fields whose `auto` the trainer resolves on its machine (trainer/model/attention.py; data.packing:
+#: trainer/train_step/packing_check.py) and records resolved: only the trainer, which knows what it
+#: resolves to, compares them (the CLI skips `auto`)
+RESOLVED_BY_TRAINER = ("train.attn_implementation", "data.packing")
 #: settings that stay free on resume (the rest of the schema): a test checks that every field is in one
 FREE = (
     "name", "data.tokens", "data.eval_path", "data.eval_split", "data.num_proc",

@@ -147,7 +147,9 @@ def load_dataset(
     `identity`: data.path's (trainer.data.cache.data_identity), when the caller has it already."""
     encoded, held, skipped = _tokenise_cached(spec, tokenizer, storage_options, cache_store, identity)
     examples = len(encoded)
-    if spec.packing:  # recomputed every attempt (cheap, deterministic): trainer/data/packing.py
+    # recomputed every attempt (cheap, deterministic): trainer/data/packing.py. The trainer hands `auto`
+    # resolved (trainer/train_step/packing_check.py); unresolved here, no attention is known: off (SDPA's rule)
+    if spec.packing is True:
         encoded = pack(encoded, spec.max_seq_len)  # type: ignore[assignment]
         _log(f"packed {examples} examples into {len(encoded)} sequences of up to {spec.max_seq_len} tokens")
     if len(encoded) < micro_batch_size:
@@ -160,7 +162,7 @@ def _too_few(spec: DataSpec, examples: int, usable: int, skipped: int, micro_bat
     """Fewer training sequences than one micro-batch, blamed on what caused it: packing (enough examples,
     too few packs), the chat template (it left examples nothing to learn), else the data."""
     fewer = f"fewer than train.micro_batch_size ({micro_batch_size})"
-    if spec.packing and examples >= micro_batch_size:
+    if spec.packing is True and examples >= micro_batch_size:
         return DataError(
             f"data.packing: {examples} examples pack into {usable} sequences of up to data.max_seq_len "
             f"({spec.max_seq_len}) tokens, {fewer}; turn packing off, lower train.micro_batch_size or add data",
@@ -173,7 +175,7 @@ def _too_few(spec: DataSpec, examples: int, usable: int, skipped: int, micro_bat
             "data.chat_template",
         )
     return DataError(
-        f"data.path: {usable} usable training {'sequences' if spec.packing else 'examples'}, {fewer}"
+        f"data.path: {usable} usable training {'sequences' if spec.packing is True else 'examples'}, {fewer}"
     )
 
 

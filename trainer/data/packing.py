@@ -132,6 +132,31 @@ def uses_flat_batches(attn_implementation: str) -> bool:
     return attn_implementation.startswith("flash_attention")
 
 
+# ---- data.packing: auto (torch-free; the trainer and the planner call the same rule) ------------------
+#: why `auto` stays off with SDPA and eager (docs/data.md)
+NEEDS_A_MASK = (
+    "packing with {attn} needs a block-diagonal mask, which costs memory and takes SDPA off its flash "
+    "kernel: not faster"
+)
+
+
+def resolve_packing(
+    requested: bool | str, attn_implementation: str, isolated: str | None = None
+) -> tuple[bool, str]:
+    """data.packing as this attempt runs it, and why: true and false as given; `auto` on only where
+    packing is exact and faster, with flash_attention_2 (its varlen kernel reads the packed position ids;
+    no mask) and a model that keeps packed examples apart. `attn_implementation` is the resolved one
+    (trainer/model/attention.py); `isolated` is the packing check's refusal (trainer/train_step/
+    packing_check.py), None when the model passed or was not checked (the planner)."""
+    if requested != "auto":
+        return bool(requested), f"data.packing: {'true' if requested else 'false'}"
+    if not uses_flat_batches(attn_implementation):
+        return False, "data.packing: auto is off: " + NEEDS_A_MASK.format(attn=attn_implementation)
+    if isolated is not None:
+        return False, f"data.packing: auto is off: the packing check failed ({isolated})"
+    return True, f"data.packing: auto is on ({attn_implementation} reads packed sequences exactly)"
+
+
 def mask_bytes(micro_batch: int, seq_len: int, attn_implementation: str, compute_bytes: int) -> int:
     """What packing adds to a step's memory: the block-diagonal mask transformers builds from the position
     ids, one boolean per query-key pair and row (micro_batch x seq_len^2), and for sdpa the kernel's copy

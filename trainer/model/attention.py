@@ -37,3 +37,12 @@ def resolve(requested: str, device_type: str) -> str:
 def planned(requested: str) -> str:
     """What the memory estimate and the time model assume: `auto` as SDPA (see the module's docstring)."""
     return "sdpa" if requested == "auto" else requested
+
+
+def planned_packing(requested: bool | str, requested_attn: str) -> bool:
+    """data.packing as the planner counts it: the trainer's rule (trainer/data/packing.py
+    `resolve_packing`) on the attention it counts (`planned`: flash-attn is on the image only for
+    flash_attention_2, which the planner sends only to CUDA offers that run it), the check taken as passed."""
+    from trainer.data.packing import resolve_packing
+
+    return resolve_packing(requested, planned(requested_attn))[0]

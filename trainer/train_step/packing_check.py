@@ -59,3 +59,61 @@ def _outputs(model: Any, batch: dict[str, Any]) -> Any:
     """The last hidden states (the trainer's loss path), or the logits of a model without that path."""
     found = hidden_states(model, batch)
     return found if found is not None else model(**model_inputs(batch)).logits
+
+
+# ---- data.packing: auto, resolved per attempt (the rule: trainer/data/packing.py `resolve_packing`) ----
+def probe(spec: Any, device: torch.device, attn_implementation: str) -> str | None:
+    """The packing check on a one-layer model of the job's architecture (its config, random weights, on
+    `device`, with `attn_implementation`), before the data is packed: None when it keeps packed examples
+    apart, else why not (a check that cannot run counts as failed). Whether attention reads the packed
+    position ids is the architecture's, not the weights'; the real model is checked again once loaded.
+    The random numbers drawn here are put back (torch.random.fork_rng): the run is untouched."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.model.check import from_hub
+
+    flash = attn_implementation.startswith("flash_attention")
+    try:
+        config = from_hub(spec, AutoConfig.from_pretrained)
+        config.num_hidden_layers = 1
+        if isinstance(getattr(config, "layer_types", None), list):
+            config.layer_types = config.layer_types[:1]
+        forks = [device.index or 0] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=forks), torch.device(device):
+            model = AutoModelForCausalLM.from_config(
+                config,
+                attn_implementation=attn_implementation,
+                dtype=torch.bfloat16 if flash else torch.float32,
+            )
+            verify(model, flash)
+            del model
+    except NotIsolated as exc:
+        return str(exc).split(": ", 1)[-1].split(";")[0]
+    except Exception as exc:  # noqa: BLE001 - not checked is not passed: auto stays off
+        return f"it could not run: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    finally:
+        if device.type == "cuda":  # the probe's memory back before the model loads
+            torch.cuda.empty_cache()
+    return None
+
+
+def resolve_for_attempt(
+    spec: Any, as_run: dict[str, Any], device: torch.device, log: Any
+) -> tuple[Any, dict[str, Any]]:
+    """data.packing: auto resolved on this attempt's machine, after train.attn_implementation (`spec`
+    has it resolved) and before the fingerprint: the spec the attempt runs and the resolved job the
+    checkpoints' fingerprint records (spec.json keeps `auto`), as trainer/loop.py does for attention.
+    A resume that would resolve otherwise is refused like any change (trainer/checkpoints/fingerprint.py)."""
+    from trainer.data.packing import resolve_packing, uses_flat_batches
+
+    requested = spec.data.packing
+    if requested != "auto":
+        return spec, as_run
+    attn = spec.train.attn_implementation
+    refusal = probe(spec, device, attn) if uses_flat_batches(attn) else None
+    packing, why = resolve_packing(requested, attn, refusal)
+    log(why)
+    spec = spec.model_copy(update={"data": spec.data.model_copy(update={"packing": packing})})
+    data = as_run["job"].get("data")
+    data = {**data} if isinstance(data, dict) else {"path": data}
+    return spec, {**as_run, "job": {**as_run["job"], "data": {**data, "packing": packing}}}
