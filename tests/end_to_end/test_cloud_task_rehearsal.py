@@ -513,3 +513,120 @@ def test_the_run_script_kills_a_frozen_trainer_and_runs_it_again_to_the_end(inst
     progress = store.read_progress() or {}
     assert progress["state"] == "finished" and progress["step"] == STEPS and progress["attempt"] == 2
     assert time.monotonic() - frozen_at < 300
+
+
+def _rank0_trainer(root: int) -> int:
+    """The rank-0 trainer below `root` (torchrun starts it in a session of its own): RANK=0 in its
+    environment, `-m trainer` in its command line."""
+    from trainer.stops.heartbeat_watch import _tree
+
+    for pid in _tree(root):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"RANK=0" in environ and b"trainer" in cmdline and b"-m" in cmdline:
+            return pid
+    raise AssertionError(f"no rank-0 trainer below {root}")
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    """No such process (or only its zombie, which its new parent has not reaped yet)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.timeout(600)
+def test_the_node_run_script_kills_a_frozen_torchrun_trainer_and_resumes_it_exactly(
+    instance: Instance,
+) -> None:
+    """The one-node multi-GPU template (torchrun --standalone) under the same heartbeat watch: the frozen
+    rank-0 trainer and the whole torchrun tree are killed (each rank runs in a session of its own), the
+    command runs again under a new attempt number, resumes from the newest checkpoint, and ends with the
+    weights of an uninterrupted run, bit for bit."""
+    health = {"stall_timeout_s": 4}
+    ref_task = instance.render("node-stall-ref", health=health, gpus=2)
+    assert ref_task["_template"] == "node" and "trainer.stops.heartbeat_watch" in ref_task["run"]
+    _setup(instance, ref_task)
+    (node,) = instance.start(ref_task)
+    assert node.wait(300) == 0, node.log()
+    reference = s3_final_weights(_store(instance, ref_task))
+
+    task = instance.render("node-stall", health=health, gpus=2)
+    (node,) = instance.start(task)
+    node.wait_for(f"step 14/{STEPS}", timeout=200)
+    watched = next(int(line.split("watching pid ")[1]) for line in node.lines if "watching pid " in line)
+    trainer = _rank0_trainer(watched)
+    assert trainer != watched  # below torchrun, not the watched shell
+    os.kill(trainer, signal.SIGSTOP)  # never continued
+    frozen_at = time.monotonic()
+    assert node.wait(300) == 0, node.log()
+    assert _gone(trainer), "the frozen rank was left behind"
+    log = "".join(node.lines)
+    assert "stalled: no heartbeat" in log and "restarting after the stall" in log, node.log()
+    store = _store(instance, task)
+    assert _attempts(store) == [1, 2], node.log()
+    assert "resumed from checkpoints/step-" in log.split("restarting after the stall", 1)[1], node.log()
+    progress = store.read_progress() or {}
+    assert progress["state"] == "finished" and progress["step"] == STEPS and progress["attempt"] == 2
+    assert time.monotonic() - frozen_at < 300
+    records = store.epoch_records()
+    stalled = [r for r in records.values() if r.get("attempt") == 1]
+    assert stalled and stalled[-1]["ended"] == "stalled", records  # the watch recorded its kill
+    assert_bitwise_equal(s3_final_weights(store), reference)
+
+
+def _end_node(node: Node) -> None:
+    """What SkyPilot does to the other nodes when one node's run exits non-zero (it fails the job fast):
+    their run scripts end, with every process below them."""
+    from trainer.stops.heartbeat_watch import _tree
+
+    for pid in _tree(node.proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    node.wait(30)
+
+
+@pytest.mark.timeout(600)
+def test_two_nodes_a_frozen_trainer_ends_the_node_with_75_and_the_relaunch_resumes(
+    instance: Instance,
+) -> None:
+    """Several nodes: the other node's torchrun could not meet a restarted one again, so node 0's watch
+    kills its frozen trainer's tree, records the stall and exits 75; SkyPilot ends the other node and
+    relaunches both (a new attempt number), which resume from the newest checkpoint and finish."""
+    task = instance.render("two-stall", health={"stall_timeout_s": 4}, nodes=2, gpus=1)
+    assert task["_template"] == "multinode" and "--stall-exit 75" in task["run"]
+    _setup(instance, task)
+    store = _store(instance, task)
+    nodes = instance.start(task, nodes=2)
+    nodes[0].wait_for(f"step 14/{STEPS}", timeout=200)
+    watched = next(int(line.split("watching pid ")[1]) for line in nodes[0].lines if "watching pid " in line)
+    trainer = _rank0_trainer(watched)
+    os.kill(trainer, signal.SIGSTOP)  # never continued
+    assert nodes[0].wait(120) == exitcodes.PREEMPTED, nodes[0].log()  # recover_on_exit_codes
+    assert _gone(trainer), "the frozen rank was left behind"
+    assert "stalled: no heartbeat" in nodes[0].log() and "restarting after the stall" not in nodes[0].log()
+    _end_node(nodes[1])
+    (record,) = [r for r in store.epoch_records().values() if r.get("attempt") == 1]
+    assert record["ended"] == "stalled" and isinstance(record["stall_checkpoint_step"], int), record
+
+    nodes = instance.start(task, nodes=2, relaunch=1)  # SkyPilot's recovery: both nodes together
+    codes = [n.wait(300) for n in nodes]
+    logs = "\n---\n".join(n.log() for n in nodes)
+    assert codes == [0, 0], logs
+    assert [_claimed(n) for n in nodes] == [2, 2] and _attempts(store) == [1, 2], logs
+    for node in nodes:
+        assert "resumed from checkpoints/step-" in "".join(node.lines), logs
+    progress = store.read_progress() or {}
+    assert progress["state"] == "finished" and progress["step"] == STEPS and progress["attempt"] == 2
