@@ -80,12 +80,19 @@ def test_the_logged_auto_interval_is_the_gap_between_checkpoints(tmp_path: Path,
     assert len(made) >= 3, (made, out[-3000:])
     # a save due while an upload is still in flight is skipped (a loaded machine): that gap is two intervals
     skipped = [int(n) for n in _skipped(out)]
+    # each step's end, from the metrics rows: the upper bound holds only for a window whose steps ran at
+    # their pace (a loaded machine can stall one step for seconds: the save then comes that much later)
+    ended = {int(r["step"]): float(r["time"]) for r in RunStore(run_uri).read_metrics() if "time" in r}
     for (before, t0), (after, t1) in zip(made, made[1:], strict=False):
         if any(before < n < after for n in skipped):
             continue  # that gap spans a save skipped by design: two intervals
         saved_at = out.index(f"checkpoint {after} saved")
         interval = [s for at, s in told if at < saved_at][-1]  # the figure the log gave before that save
         gap = t1 - t0
-        assert interval - 0.6 <= gap <= 1.5 * interval, (
-            f"checkpoints {before} -> {after}: {gap:.1f} s apart, the log said every {interval:.0f} s"
-        )
+        what = f"checkpoints {before} -> {after}: {gap:.1f} s apart, the log said every {interval:.0f} s"
+        assert gap >= interval - 0.6, what  # never more often than logged, however loaded the machine
+        steps = [
+            ended[n] - ended[n - 1] for n in range(before + 1, after + 1) if n in ended and n - 1 in ended
+        ]
+        if steps and max(steps) < 1.0:
+            assert gap <= 1.5 * interval, what
