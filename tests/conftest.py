@@ -168,3 +168,13 @@ def _no_hub(monkeypatch: pytest.MonkeyPatch) -> None:
 
     if "HF_ENDPOINT" not in os.environ:
         monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+
+
+@pytest.fixture()
+def umask_022() -> Iterator[None]:
+    """The common default umask (group and others may read), for tests that files stay owner-only."""
+    import os
+
+    old = os.umask(0o022)
+    yield
+    os.umask(old)

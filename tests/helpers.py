@@ -260,3 +260,30 @@ def per_rank(micro_batch: int, accum: int, checkpointing: bool = False) -> dict[
         "grad_accum_per_rank": accum,
         "gradient_checkpointing": checkpointing,
     }
+
+
+def open_to_others(root: Path) -> list[str]:
+    """Every file or folder under `root` (itself included) that group or others may read, write or enter."""
+    import stat
+
+    return [
+        f"{p.relative_to(root)} {oct(stat.S_IMODE(p.lstat().st_mode))}"
+        for p in [root, *root.rglob("*")]
+        if not p.is_symlink() and stat.S_IMODE(p.lstat().st_mode) & 0o077
+    ]
+
+
+def process_gone(pid: int, within: float = 10.0) -> bool:
+    """No such process (or only its zombie, which its new parent has not reaped yet) within `within` s."""
+    import time
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.1)
+    return False

@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import REPO, assert_bitwise_equal, build_tiny_model, job_dict, write_data
+from helpers import REPO, assert_bitwise_equal, build_tiny_model, job_dict, process_gone, write_data
 from s3runs import s3_final_weights
 from s3server import SeaweedS3, s3_env
 
@@ -531,20 +531,6 @@ def _rank0_trainer(root: int) -> int:
     raise AssertionError(f"no rank-0 trainer below {root}")
 
 
-def _gone(pid: int, within: float = 10.0) -> bool:
-    """No such process (or only its zombie, which its new parent has not reaped yet)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 @pytest.mark.timeout(600)
 def test_the_node_run_script_kills_a_frozen_torchrun_trainer_and_resumes_it_exactly(
     instance: Instance,
@@ -570,7 +556,7 @@ def test_the_node_run_script_kills_a_frozen_torchrun_trainer_and_resumes_it_exac
     os.kill(trainer, signal.SIGSTOP)  # never continued
     frozen_at = time.monotonic()
     assert node.wait(300) == 0, node.log()
-    assert _gone(trainer), "the frozen rank was left behind"
+    assert process_gone(trainer), "the frozen rank was left behind"
     log = "".join(node.lines)
     assert "stalled: no heartbeat" in log and "restarting after the stall" in log, node.log()
     store = _store(instance, task)
@@ -615,7 +601,7 @@ def test_two_nodes_a_frozen_trainer_ends_the_node_with_75_and_the_relaunch_resum
     trainer = _rank0_trainer(watched)
     os.kill(trainer, signal.SIGSTOP)  # never continued
     assert nodes[0].wait(120) == exitcodes.PREEMPTED, nodes[0].log()  # recover_on_exit_codes
-    assert _gone(trainer), "the frozen rank was left behind"
+    assert process_gone(trainer), "the frozen rank was left behind"
     assert "stalled: no heartbeat" in nodes[0].log() and "restarting after the stall" not in nodes[0].log()
     _end_node(nodes[1])
     (record,) = [r for r in store.epoch_records().values() if r.get("attempt") == 1]

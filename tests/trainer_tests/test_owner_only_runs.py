@@ -4,28 +4,10 @@ writer), each started under umask 022."""
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
-import pytest
 from fsdp_helpers import finish, fsdp_job, new_run
-from helpers import job_dict, prepare_run, run_trainer, write_data
-
-
-def _open_to_others(root: Path) -> list[str]:
-    return [
-        f"{p.relative_to(root)} {oct(stat.S_IMODE(p.lstat().st_mode))}"
-        for p in [root, *root.rglob("*")]
-        if not p.is_symlink() and stat.S_IMODE(p.lstat().st_mode) & 0o077
-    ]
-
-
-@pytest.fixture()
-def umask_022():
-    old = os.umask(0o022)
-    yield
-    os.umask(old)
+from helpers import job_dict, open_to_others, prepare_run, run_trainer, write_data
 
 
 def test_a_sharded_offloaded_run_writes_owner_only_files(
@@ -43,7 +25,7 @@ def test_a_sharded_offloaded_run_writes_owner_only_files(
     out = finish(run_uri, 1, nproc=2)
     assert "CPU offload (params)" in out, out
     assert list(Path(run_uri).glob("checkpoints/*/e*/*.distcp")), "no sharded files were written"
-    assert _open_to_others(Path(run_uri)) == []
+    assert open_to_others(Path(run_uri)) == []
 
 
 def test_a_single_process_run_writes_owner_only_files(
@@ -54,4 +36,4 @@ def test_a_single_process_run_writes_owner_only_files(
     done = run_trainer(run_uri)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (Path(run_uri) / "output" / "adapter_model.safetensors").exists()
-    assert _open_to_others(Path(run_uri)) == []
+    assert open_to_others(Path(run_uri)) == []

@@ -6,28 +6,10 @@ logs/, queue/, device.lock) are walked: no file readable by group or others, no 
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
-import pytest
 import yaml
-from helpers import ftorch, job_dict, write_data
-
-
-def _open_to_others(root: Path) -> list[str]:
-    return [
-        f"{p.relative_to(root)} {oct(stat.S_IMODE(p.lstat().st_mode))}"
-        for p in [root, *root.rglob("*")]
-        if not p.is_symlink() and stat.S_IMODE(p.lstat().st_mode) & 0o077
-    ]
-
-
-@pytest.fixture()
-def umask_022():
-    old = os.umask(0o022)
-    yield
-    os.umask(old)
+from helpers import ftorch, job_dict, open_to_others, write_data
 
 
 def test_a_followed_local_launch_writes_owner_only_files(
@@ -52,5 +34,5 @@ def test_a_followed_local_launch_writes_owner_only_files(
     assert exported.returncode == 0, exported.stdout + exported.stderr
     assert list(store.glob("exports/*/adapter_model.safetensors")), sorted(map(str, store.rglob("*")))
     # every folder on the way from the bucket root to the store is ftorch's too
-    assert _open_to_others(runs) == []
-    assert _open_to_others(ftorch_home) == []
+    assert open_to_others(runs) == []
+    assert open_to_others(ftorch_home) == []

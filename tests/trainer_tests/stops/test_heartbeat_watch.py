@@ -8,10 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from helpers import process_gone
 
 from trainer import exitcodes
 
@@ -167,20 +167,6 @@ sys.exit(child.wait())
 """
 
 
-def _gone(pid: int, within: float = 10.0) -> bool:
-    """No such process (or only its zombie, which its new parent has not reaped yet)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 @pytest.mark.timeout(120)
 def test_a_stall_kills_every_process_below_the_command_even_in_sessions_of_their_own(tmp_path: Path) -> None:
     """torchrun starts each rank in a session of its own: killing the command's process group alone would
@@ -197,7 +183,7 @@ def test_a_stall_kills_every_process_below_the_command_even_in_sessions_of_their
     assert done.returncode == exitcodes.UNHEALTHY, done.stderr
     pids = [int(line) for line in (tmp_path / "x.pids").read_text().split()]
     assert len(pids) == 2 and (tmp_path / "runs").read_text() == "xx", done.stderr
-    assert all(_gone(pid) for pid in pids), pids  # the frozen "ranks" were killed, not left stopped
+    assert all(process_gone(pid) for pid in pids), pids  # the frozen "ranks" were killed, not left stopped
 
 
 def _store_with_epoch(run: Path, attempt: int) -> None:
