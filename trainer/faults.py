@@ -12,7 +12,9 @@ restores the weights: a fault that happens once and stays), `spike@K` multiplies
 (a bad batch), `nan-grad-rank1@K` makes one gradient non-finite on rank 1 only at step K, `hang@K`
 blocks step K (a hung collective or a dead mount), `hang-rank1@K` freezes rank 1 only at step K, holding
 the GIL (a process stuck in a C call: not even its own watchdog thread runs; the other ranks wait in their
-next collective until the process group's timeout or their own watchdog ends them).
+next collective until the process group's timeout or their own watchdog ends them); `hang-rank1@setup` and
+`hang-rank1@finish` freeze it outside the step loop (once the process group is up; before the output is
+gathered), where no watchdog runs and only the group's timeout ends the others.
 A step of `*` arms a point at every
 step: `checkpoint-partial@*:1` kills attempt 1 inside its first checkpoint, whatever its step (the budget
 stop's, when no periodic checkpoint came before it). `slow-step@MS` makes every optimizer step take MS
@@ -39,14 +41,15 @@ class InjectedFault(RuntimeError):
 ANY_STEP = -1
 
 
-def _parse(text: str) -> set[tuple[str, int, int | None]]:
-    points = set()
+def _parse(text: str) -> set[tuple[str, int | str, int | None]]:
+    points: set[tuple[str, int | str, int | None]] = set()
     for item in text.split(","):
         if "@" not in item:
             continue
         name, where = item.strip().split("@", 1)
         step, _, attempt = where.partition(":")
-        points.add((name, ANY_STEP if step == "*" else int(step), int(attempt) if attempt else None))
+        at: int | str = ANY_STEP if step == "*" else int(step) if step.lstrip("-").isdigit() else step
+        points.add((name, at, int(attempt) if attempt else None))
     return points
 
 
@@ -54,7 +57,7 @@ _POINTS = _parse(os.environ.get("FTORCH_FAULTS", ""))
 _ATTEMPT = int(os.environ.get("FTORCH_ATTEMPT", "0") or 0)
 
 
-def _armed(point: str, step: int) -> bool:
+def _armed(point: str, step: int | str) -> bool:
     return any((point, at, a) in _POINTS for at in (step, ANY_STEP) for a in (None, _ATTEMPT))
 
 
@@ -63,7 +66,8 @@ def delay_s(point: str) -> float:
     (0.0 when none)."""
     if not _POINTS:
         return 0.0
-    return sum(ms for name, ms, attempt in _POINTS if name == point and attempt in (None, _ATTEMPT)) / 1000.0
+    armed = [ms for name, ms, attempt in _POINTS if name == point and attempt in (None, _ATTEMPT)]
+    return sum(ms for ms in armed if isinstance(ms, int)) / 1000.0
 
 
 def maybe_slow(point: str) -> None:
@@ -156,6 +160,13 @@ def maybe_hang(step: int) -> None:
     rank = os.environ.get("RANK", "0")
     if _POINTS and _armed(f"hang-rank{rank}", step):
         _freeze(f"hang-rank{rank}@{step}")
+
+
+def maybe_hang_in(phase: str) -> None:
+    """`hang-rank<R>@setup` / `@finish`: rank R freezes in that phase, outside the step loop."""
+    rank = os.environ.get("RANK", "0")
+    if _POINTS and (f"hang-rank{rank}", phase, None) in _POINTS:
+        _freeze(f"hang-rank{rank}@{phase}")
 
 
 def _freeze(point: str) -> None:

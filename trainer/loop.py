@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -30,11 +30,12 @@ from trainer.config import JobSpec
 from trainer.data.cache import data_identity
 from trainer.data.dataset import IGNORE, Dataset, collate, load_dataset
 from trainer.data.packing import example_count, uses_flat_batches
-from trainer.distributed import Parallel, collective_timed_out
+from trainer.distributed import Parallel, collective_timed_out, collective_timeout
 from trainer.distributed import setup as setup_parallel
 from trainer.faults import (
     maybe_crash,
     maybe_hang,
+    maybe_hang_in,
     maybe_nan_grad,
     maybe_oom,
     maybe_poison,
@@ -266,7 +267,16 @@ def run(run_uri: str, attempt: int, storage_options: dict[str, Any] | None = Non
         if a.watchdog is None or not collective_timed_out(exc):
             raise
         _stalled(a, a.watchdog.phase, a.watchdog.clock() - a.watchdog.since, str(exc).splitlines()[0])
-    return stopped if stopped is not None else finish(a)
+    if stopped is not None:
+        return stopped
+    try:
+        return finish(a)
+    except (
+        RuntimeError
+    ) as exc:  # the last checkpoint, eval or output gather: no watchdog, the group's timeout
+        if not collective_timed_out(exc):
+            raise
+        _collective_stalled(a.store, "finishing", a.state.step, getattr(a.par, "timeout_s", None), exc)
 
 
 # ---- setup ---------------------------------------------------------------------------------------
@@ -288,6 +298,11 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     except Interrupted as stop:
         stop.code = _leave_before_training(store, flag, stop.where)
         raise
+    except RuntimeError as exc:  # a peer hung before the first step: the group's first timeout raised
+        if not collective_timed_out(exc):
+            raise
+        timeout = collective_timeout(spec.train.health.stall_timeout_s)
+        _collective_stalled(store, "setting up", _newest_step(store), timeout, exc)
     finally:
         disarm_setup()
 
@@ -319,6 +334,7 @@ def _prepare(
     par = setup_parallel(
         spec, device, store, resume_sharded=listing is not None and is_sharded(listing.newest)
     )
+    maybe_hang_in("setup")  # FTORCH_FAULTS=hang-rank1@setup (tests)
     log(f"attempt {attempt} of run {resolved['run_id']} on {device} (torch {torch.__version__})")
     log(f"layout: {layout.describe()}")
     noticed = _agreed(par, flag)  # the flag, as every rank sees it: all leave at the same point
@@ -704,6 +720,20 @@ def _stalled(a: Attempt, phase: str, waited: float, collective: str | None = Non
     exit_now(exitcodes.STALLED)
 
 
+def _collective_stalled(
+    store: RunStore, where: str, step: int | None, timeout_s: float | None, exc: BaseException
+) -> NoReturn:
+    """The stall ending outside the step loop (setup, the last checkpoint, eval and output), where no
+    watchdog runs: a collective gave up at the process group's timeout because a peer hung. Recorded as
+    `_stalled` records it (the supervisor restarts a stall once), then exit at once."""
+    after = f" after step {step}" if step else ""
+    detail = f"stalled: a collective timed out while {where}{after}"
+    how = f"process group timeout {timeout_s:.0f} s" if timeout_s else "process group timeout"
+    log(f"{detail} ({how}: {str(exc).splitlines()[0]}): exiting with code {exitcodes.STALLED}")
+    store.update_epoch_record(ended="stalled", stop_detail=detail, step=step or 0, ended_at=time.time())
+    exit_now(exitcodes.STALLED)
+
+
 def _stop_sources(a: Attempt) -> list[StopSource]:
     """What can end this attempt besides the flag's own threads: the budget, the spot probe (rank 0)."""
     sources: list[StopSource] = []
@@ -803,6 +833,7 @@ def finish(a: Attempt) -> int:
     a.rec.trackers.close()
     a.store.check_intact()  # a run store deleted under this attempt: StoreGone (exit 2), never "done"
     a.rec.reporter.set_state("writing_output")
+    maybe_hang_in("finish")  # FTORCH_FAULTS=hang-rank1@finish (tests)
     a.par.write_output(write_output, a.opt.model, a.tokenizer, a.spec, output_uri, a.store.run_uri)
     a.rec.reporter.finish(eval_before=state.evals.before, eval_after=state.evals.after)
     if a.par.is_main:

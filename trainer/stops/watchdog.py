@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 FLOOR_S = 300.0
 FACTOR = 5.0
@@ -112,6 +112,6 @@ class Watchdog:
                 return
 
 
-def exit_now(code: int) -> None:
+def exit_now(code: int) -> NoReturn:
     """Leave at once from the watchdog thread (the training thread is stuck: no cleanup can run)."""
     os._exit(code)

@@ -170,3 +170,38 @@ def _ranks_left(run_uri: str, wait_s: float = 10.0) -> list[int]:
         if not left or time.time() > deadline:
             return left
         time.sleep(0.2)
+
+
+# ---- outside the step loop (no watchdog runs there): the group's own timeout is the only bound ----------
+@pytest.mark.parametrize("phase", ["setup", "finish"])
+def test_a_peer_frozen_outside_the_step_loop_ends_rank_0_as_stalled_not_in_a_traceback(
+    phase: str, tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fsdp_helpers import fsdp_job, new_run, output_weights, run
+
+    data = write_data(tmp_path / "d.jsonl", "instruction", 32)
+    job = fsdp_job(tiny_model, data, tmp_path / "runs", checkpoint={"every": 4, "keep": 2})
+    job["train"] = {**job.get("train", {}), "max_steps": 6, "health": {"stall_timeout_s": 8}}
+    run_uri = new_run(job, f"hang-{phase}")
+    monkeypatch.setenv("FTORCH_FAULTS", f"hang-rank1@{phase}")  # rank 1 freezes (GIL held) in that phase
+    done = run(run_uri, 1, 2, timeout=300)
+    out = done.stdout + done.stderr
+    frozen = re.search(rf"injected fault hang-rank1@{phase}: frozen at ([0-9.]+)", out)
+    assert frozen, out[-3000:]
+    # one line, no stack from the collective (torchrun prints a traceback of its own)
+    assert "trainer/loop.py" not in out, out[-3000:]
+    where = "setting up" if phase == "setup" else "finishing after step 6"
+    line = next(x for x in out.splitlines() if "stalled: a collective timed out" in x)
+    assert f"while {where} (process group timeout 8 s:" in line, line
+    assert line.endswith(f"exiting with code {exitcodes.STALLED}"), line
+    record = next(iter(RunStore(run_uri).epoch_records().values()))
+    assert record["ended"] == "stalled" and record["ended_at"] - float(frozen.group(1)) < 60, record
+    assert _ranks_left(run_uri) == [], "a rank of the run is still there"
+    # the next attempt (the supervisor restarts a stall once) ends the run: from the committed step 6 when
+    # the stall came after the last checkpoint, with nothing trained again
+    monkeypatch.delenv("FTORCH_FAULTS")
+    again = run(run_uri, 2, 2, timeout=300)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert output_weights(run_uri)
+    if phase == "finish":
+        assert "(step 6/6)" in again.stdout + again.stderr, again.stdout[-2000:]
