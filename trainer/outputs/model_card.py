@@ -321,8 +321,12 @@ def add_run_facts(
     output: Any, *, cost_usd: float | None, preemptions: int | None, ledger: dict[str, Any] | None = None
 ) -> bool:
     """The orchestrator's figures into an existing summary and card; False when there is no summary."""
-    summary = output.read_json_or_none(SUMMARY)
-    if not isinstance(summary, dict):
+    from trainer.outputs import summary_check
+
+    summary = summary_check.usable(
+        output.read_json_or_none(SUMMARY), f"{getattr(output, 'root_uri', 'output')}/{SUMMARY}"
+    )
+    if summary is None:
         return False
     summary.update(cost_usd=cost_usd, preemptions=preemptions)
     if ledger is not None:
@@ -335,11 +339,14 @@ def export_summary(store: Any, output: Any | None, spec: JobSpec, step: int, mer
     """The training summary an export of the checkpoint at `step` carries (with its card): the run's own
     (`output`'s) when it ended at that step, else one rebuilt from the metrics up to that step (what the
     trainer counted about the data is taken from the run's summary when there is one)."""
+    from trainer.outputs import summary_check
+
     resolved = store.read_spec()
-    final = output.read_json_or_none(SUMMARY) if output is not None else None
-    final = final if isinstance(final, dict) else None
+    final = output.read_json_or_none(SUMMARY) if output is not None else None  # any JSON: checked here
+    final = summary_check.usable(final, f"{getattr(output, 'root_uri', 'output')}/{SUMMARY}")
     if final is not None and final.get("steps") == step:
         summary = dict(final)
+        summary.update(base_model=spec.model, method=spec.method)  # the registered job's, never the store's
     else:
         metrics = [r for r in store.read_metrics() if r["step"] <= step]
         records = store.epoch_records()

@@ -200,3 +200,44 @@ def test_export_of_an_attached_run_uses_the_registered_model_not_the_stores(
     # generate (and chat) load the registered model too: the planted path would fail to load
     answered = ftorch("generate", runs.run_id, "--prompt", "Hello", "--max-new-tokens", "2")
     assert answered.returncode == 0, answered.stdout + answered.stderr
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"data": "x"},  # found: a KeyError/AttributeError out of `ftorch export`
+        {"first_loss": "low", "attempts": None, "eval_after": {"loss": "0.1"}},
+        {"method": "rm -rf", "lora": {"r": 8}},
+        "not an object",
+    ],
+)
+def test_a_damaged_training_summary_is_not_used_by_export_and_is_rebuilt(
+    runs: Runs, tmp_path: Path, ftorch_home: Path, damage: dict | str
+) -> None:
+    """The run's output/training_summary.json is store data: an export of the step it describes checks
+    each field the card reads; a damaged one is skipped with one warning and rebuilt from the metrics."""
+    store = copy_store(runs.clean, tmp_path / "bucket" / runs.run_id)
+    assert ftorch("attach", str(store)).returncode == 0
+    summary_file = store / "output" / "training_summary.json"
+    honest = json.loads(summary_file.read_text())
+    tampered = {**honest, **damage} if isinstance(damage, dict) else damage
+    summary_file.write_text(json.dumps(tampered))
+    exported = ftorch("export", runs.run_id, "--to", str(tmp_path / "exported"))
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    assert "Traceback" not in exported.stderr
+    warnings = [line for line in exported.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "training_summary.json: not used" in warnings[0], exported.stderr
+    written = json.loads((tmp_path / "exported" / "training_summary.json").read_text())
+    for key in ("method", "base_model", "steps", "first_loss", "final_loss", "hyperparameters"):
+        assert written[key] == honest[key], key  # rebuilt from the run's own metrics and the job
+    counted = ("training_examples", "training_tokens")  # what only the damaged file said: not recorded
+    assert {k: v for k, v in written["data"].items() if k not in counted} == {
+        k: v for k, v in honest["data"].items() if k not in counted
+    }
+    card = (tmp_path / "exported" / "README.md").read_text()
+    assert "rm -rf" not in card and "low" not in card
+    # an honest summary is used as it is (with no warning)
+    summary_file.write_text(json.dumps(honest))
+    again = ftorch("export", runs.run_id, "--to", str(tmp_path / "exported"))
+    assert again.returncode == 0 and "warning:" not in again.stderr, again.stderr
+    assert json.loads((tmp_path / "exported" / "training_summary.json").read_text())["attempts"] == 1
