@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.model.quant import QuantUnavailable
     from trainer.runstore.progress import log
     from trainer.runstore.storage import LinkRefused
-    from trainer.runstore.store import Fenced, StoreGone
+    from trainer.runstore.store import Fenced, SpecNotPinned, StoreGone
     from trainer.stops.budget import BudgetReached
 
     try:
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         # how to reach the store before spec.json (which holds checkpoint.storage_options) is read
         options = json.loads(os.environ.get("FTORCH_STORAGE_OPTIONS") or "{}")
         return run(args.run_uri, args.attempt, options)
-    except (DataError, LayoutError, SpecChanged, ValidationError) as exc:
+    except (DataError, LayoutError, SpecChanged, SpecNotPinned, ValidationError) as exc:
         log(f"error: {exc}")
         return exitcodes.BAD_CONFIG
     except (ModelUnavailable, LoraTargetMissing, DeviceUnavailable, QuantUnavailable) as exc:  # no retry

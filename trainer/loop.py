@@ -57,7 +57,7 @@ from trainer.recording.notify import TrainerNotifier
 from trainer.recording.recorders import fmt_eval as _fmt_eval
 from trainer.recording.trackers import Trackers
 from trainer.runstore.progress import ProgressReporter, log
-from trainer.runstore.store import CheckpointListing, RunStore, check_output, output_store
+from trainer.runstore.store import CheckpointListing, RunStore, check_output, check_pinned, output_store
 from trainer.stops import budget
 from trainer.stops.interruptions import SUPERVISOR_LOST, how_it_ended, process_started_at
 from trainer.stops.notices import start_watcher
@@ -494,6 +494,7 @@ def _open_store(
     one `RunStore` of this start, which every part of the attempt is handed."""
     store = RunStore(run_uri, storage_options)  # `storage_options`: how to reach spec.json
     resolved = store.read_spec()
+    check_pinned(resolved)  # the spec.json the local supervisor wrote for this attempt, not one since
     spec = JobSpec.model_validate(resolved["job"])
     if spec.checkpoint.storage_options != store.storage_options:  # spec.json names other options: they
         store = RunStore(run_uri, spec.checkpoint.storage_options)  # hold for the run (the first is let go)

@@ -53,7 +53,7 @@ from orchestrator.states import AttemptEnd, JobState, Outcome
 from trainer import exitcodes
 from trainer.config import JobSpec
 from trainer.health.rules import ended_as, stall_reason, unhealthy_reason
-from trainer.runstore.store import RunStore
+from trainer.runstore.store import SPEC_DIGEST_ENV, RunStore, spec_digest
 from trainer.stops.budget import BudgetGuard, budget_stop_of, kept_note, restart_reason
 from trainer.stops.interruptions import request_stop
 from trainer.stops.watchdog import KEY as STALL_KEY
@@ -335,6 +335,8 @@ class Supervisor:
         env["FTORCH_HOURLY_USD"] = str(self.spec.local.hourly_usd)
         mirror = log_path.parent / f"progress-{attempt.n:03d}.json"
         env["FTORCH_PROGRESS_MIRROR"] = str(mirror)
+        if self.pinned is not None:  # the trainer checks that it reads the spec.json pinned just now
+            env[SPEC_DIGEST_ENV] = spec_digest(self.pinned)
         log_file = procs.open_private(log_path)
         with log_file:
             self.attempt_n = attempt.n

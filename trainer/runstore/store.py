@@ -50,6 +50,31 @@ OUTPUT = "output"
 LOGS = "logs"
 
 
+#: the digest of the spec.json the local supervisor wrote just before starting this attempt: the trainer
+#: trains with exactly that or refuses (one written into the store in between is data, never this job's)
+SPEC_DIGEST_ENV = "FTORCH_SPEC_DIGEST"
+
+
+def spec_digest(resolved: Any) -> str:
+    """sha256 of a spec.json's content, independent of key order and spacing."""
+    return sha256_bytes(json.dumps(resolved, sort_keys=True, separators=(",", ":")).encode())
+
+
+class SpecNotPinned(ValueError):
+    """spec.json is not the one this attempt's supervisor wrote (SPEC_DIGEST_ENV)."""
+
+
+def check_pinned(resolved: Any) -> None:
+    """Raise SpecNotPinned when a supervisor pinned spec.json for this attempt and it changed since."""
+    expected = os.environ.get(SPEC_DIGEST_ENV)
+    if expected and spec_digest(resolved) != expected:
+        raise SpecNotPinned(
+            f"{SPEC} in the run store changed after this job's supervisor wrote it (digest "
+            f"{spec_digest(resolved)[:12]}, written {expected[:12]}): not trained with it; the job's own "
+            "settings are in its registry (`ftorch resume` writes them again)"
+        )
+
+
 class CorruptCheckpoint(StoreError):
     """A checkpoint's files do not match its manifest."""
 

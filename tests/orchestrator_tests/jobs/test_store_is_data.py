@@ -248,6 +248,35 @@ def test_a_running_jobs_settings_do_not_change_when_its_store_does(
     assert len(events) == 1 and "job.train" in events[0] and "output_uri" in events[0], events
 
 
+def test_the_trainer_refuses_a_spec_changed_after_its_supervisor_pinned_it(
+    runs: Runs, tmp_path: Path
+) -> None:
+    """The race left by pinning: spec.json rewritten in the store between the supervisor's write and the
+    trainer's read. The supervisor hands the trainer the digest of what it wrote (FTORCH_SPEC_DIGEST); the
+    trainer trains with that spec.json only, else exits 2 with one line before it claims the run."""
+    from helpers import run_trainer
+
+    from trainer.runstore.store import SPEC_DIGEST_ENV, spec_digest
+
+    store = copy_store(runs.crashed, tmp_path / "bucket" / runs.run_id)
+    pinned = _spec_of(store)
+    epochs = sorted((store / "fence").iterdir())
+    tampered = json.loads(json.dumps(pinned))
+    tampered["job"]["train"]["lr"] = 0.5
+    (store / "spec.json").write_text(json.dumps(tampered, indent=1))
+    refused = run_trainer(str(store), 2, env={SPEC_DIGEST_ENV: spec_digest(pinned)})
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    errors = [x for x in refused.stdout.splitlines() + refused.stderr.splitlines() if "error:" in x]
+    assert len(errors) == 1 and "spec.json in the run store changed after" in errors[0], errors
+    assert "Traceback" not in refused.stderr
+    assert sorted((store / "fence").iterdir()) == epochs  # nothing claimed, nothing trained
+    # the same content in another key order and spacing is the pinned spec.json: it trains to the end
+    (store / "spec.json").write_text(json.dumps(pinned, indent=3, sort_keys=True))
+    done = run_trainer(str(store), 2, env={SPEC_DIGEST_ENV: spec_digest(pinned)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert same_adapter(store / "output", runs.clean / "output")
+
+
 def test_attach_set_gives_the_paths_here_and_a_bad_one_registers_nothing(
     runs: Runs, tmp_path: Path, ftorch_home: Path
 ) -> None:
