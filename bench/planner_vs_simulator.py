@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from orchestrator.jobfile.spec import load_job  # noqa: E402
 from orchestrator.sizing.catalog import Catalog, Offer  # noqa: E402
 from orchestrator.sizing.history import History  # noqa: E402
-from orchestrator.sizing.planner import make_plan  # noqa: E402
+from orchestrator.sizing.planner import make_plan, ordered_regions  # noqa: E402
 from orchestrator.spot.hazards import (  # noqa: E402
     Evidence,
     HazardTable,
@@ -40,6 +40,7 @@ from orchestrator.spot.hazards import (  # noqa: E402
     region_capacity,
 )
 from orchestrator.spot.policy import make_policy  # noqa: E402
+from orchestrator.spot.region_order import lost_hours  # noqa: E402
 from orchestrator.spot.simulator import JobNumbers, simulate, start_ticks  # noqa: E402
 from orchestrator.spot.traces import Zones, load_zones  # noqa: E402
 
@@ -66,6 +67,8 @@ def table_for(zones: Zones, itype: str, acc: str, count: int) -> HazardTable:
         for order in permutations(sorted(regions), k):
             stats = failover([t for r in order for t in regions[r]], zones.gap_s)
             table.failovers[("aws", itype, order, 1)] = (stats.hours, stats.interruptions)
+            table.joint_capacity[("aws", itype, order, 1)] = (stats.availability, stats.mean_down_s,
+                                                              stats.no_capacity_after_loss)  # fmt: skip
     for region, traces in regions.items():
         cap = region_capacity(traces, zones.gap_s)
         table.capacity[("aws", itype, region, 1)] = (cap.availability, cap.mean_down_s,
@@ -74,7 +77,8 @@ def table_for(zones: Zones, itype: str, acc: str, count: int) -> HazardTable:
 
 
 def subset(zones: Zones, regions: tuple[str, ...], lo: int, hi: int) -> Zones:
-    keep = [i for i, n in enumerate(zones.names) if n.split("_")[0][:-1] in regions]
+    """The zones of `regions`, in that order of regions (the simulator tries zones in this order)."""
+    keep = [i for r in regions for i, n in enumerate(zones.names) if n.split("_")[0][:-1] == r]
     return Zones([zones.names[i] for i in keep], zones.gap_s, zones.up[keep, lo:hi])
 
 
@@ -99,7 +103,11 @@ def compare(
         predicted = p.expected_cost_usd - (p.storage_usd or 0.0) - (p.egress_usd or 0.0)
         job = JobNumbers(p.est_hours * 3600.0, p.spot_hourly_usd or 0.0, p.ondemand_hourly_usd or 0.0,
                          p.checkpoint_interval_s, p.restart_overhead_s)  # fmt: skip
-        replay = subset(zones, regions, *test)
+        # the simulator tries the regions in the order the launch would (the plan's region_order rule)
+        order = ordered_regions(offer, regions, True, c.nodes, data_usd_per_hour=p.data_usd_per_hour,
+                                rates_per_hour=p.region_rates_per_hour,
+                                lost_h=lost_hours(p.restart_overhead_s, p.checkpoint_interval_s))  # fmt: skip
+        replay = subset(zones, order, *test)
         ticks = start_ticks(replay, starts, job.ondemand_only_s() * 3)
         results = [simulate(make_policy("spot-fallback"), job, replay, t) for t in ticks]
         simulated = sum(r.cost_usd for r in results) / len(results)

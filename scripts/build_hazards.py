@@ -118,7 +118,9 @@ def failovers(source: Path, rows: list[Evidence]) -> list[dict[str, object]]:
                     traces, read_trace(source / members[0].source.removeprefix("spot-traces "))[0], nodes
                 )
                 out.append({"cloud": cloud, "instance_type": itype, "nodes": nodes, "regions": list(order),
-                            "hours": round(stats.hours, 4), "interruptions": stats.interruptions})  # fmt: skip
+                            "hours": round(stats.hours, 4), "interruptions": stats.interruptions,
+                            "availability": round(stats.availability, 5), "mean_down_s": round(stats.mean_down_s, 1),
+                            "no_capacity_after_interruption": round(stats.no_capacity_after_loss, 5)})  # fmt: skip
     return out
 
 

@@ -26,8 +26,10 @@ many node-equivalent hours.
 
 Capacity, per zone: the share of time spot was obtainable (`availability`) and the mean length of a
 spell without it (`mean_down_s`). A job that may go to several zones takes the first that is up, in
-order (SkyPilot's failover); zones are taken as independent. `Hazard.wait_s` is the expected wait for
-capacity at each launch, `no_capacity` the chance that no zone has spot when the job (re)launches.
+order (SkyPilot's failover); zones are taken as independent, except regions measured together (the
+table's `failover` rows: spot is lost across regions together, more often than independence says).
+`Hazard.wait_s` is the expected wait for capacity at each launch, `no_capacity` the chance that no zone
+has spot when the job (re)launches.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class TraceStats:
     mean_down_s: float  # mean length of a spell with fewer than `nodes` obtainable (0: never)
     gap_s: float
     ticks: int
+    #: (failover) the share of the job's interruptions at whose tick no zone had spot: a relaunch found none
+    no_capacity_after_loss: float = 0.0
 
     @property
     def rate_per_hour(self) -> float:
@@ -117,17 +121,18 @@ def failover(traces: Sequence[Sequence[float]], gap_s: float, nodes: int = 1) ->
     ups = np.stack([np.asarray(t[:length], dtype=np.float64) >= nodes for t in traces])
     first = np.where(ups.any(axis=0), np.argmax(ups, axis=0), -1).tolist()
     rows = ups.tolist()
-    cur, held, lost = -1, 0, 0
+    any_up = ups.any(axis=0)
+    cur, held, lost, stranded = -1, 0, 0, 0
     for tick in range(length):
         if cur >= 0 and not rows[cur][tick]:
-            lost, cur = lost + 1, -1
+            lost, cur, stranded = lost + 1, -1, stranded + (not any_up[tick])
         if cur < 0:
             cur = first[tick]
         held += cur >= 0
-    any_up = ups.any(axis=0)
     downs = _runs(~any_up)
     return TraceStats(held * gap_s / 3600.0, lost, float(any_up.mean()),
-                      float(np.mean(downs)) * gap_s if downs else 0.0, float(gap_s), length)  # fmt: skip
+                      float(np.mean(downs)) * gap_s if downs else 0.0, float(gap_s), length,
+                      stranded / lost if lost else float(np.mean(~any_up)))  # fmt: skip
 
 
 def _runs(mask: np.ndarray) -> list[int]:
@@ -338,6 +343,12 @@ class HazardTable:
     #: (cloud, instance type, regions in the order tried, nodes) -> (hours held, interruptions) of a job
     #: failing over between their zones (`failover`)
     failovers: dict[tuple[str, str, tuple[str, ...], int], tuple[float, int]] = field(default_factory=dict)
+    #: the same keys -> (availability, mean_down_s, no capacity right after an interruption) of those
+    #: regions together, measured on one clock: spot is lost across regions together, more often than
+    #: their one-by-one figures multiplied say (`_capacity` uses these where measured)
+    joint_capacity: dict[tuple[str, str, tuple[str, ...], int], tuple[float, float, float]] = field(
+        default_factory=dict
+    )
     #: zones_of answers, per key (the table is not changed after it is built; a plan asks per region)
     _zones: dict[tuple[str, str, str, int, str], list[_Zone]] = field(
         default_factory=dict, repr=False, compare=False
@@ -374,6 +385,15 @@ class HazardTable:
                     int(r["interruptions"]),
                 )
                 for r in payload.get("failover", [])
+            },  # fmt: skip
+            joint_capacity={
+                (r["cloud"], r["instance_type"], tuple(r["regions"]), int(r["nodes"])): (
+                    float(r["availability"]),
+                    float(r["mean_down_s"]),
+                    float(r["no_capacity_after_interruption"]),
+                )
+                for r in payload.get("failover", [])
+                if "no_capacity_after_interruption" in r
             },  # fmt: skip
         )
 
@@ -593,6 +613,18 @@ class HazardTable:
             if r in caps
         )
         wait = none_up / exits if known and exits and none_up > 0 else 0.0
+        joint = (
+            self.joint_capacity.get((cloud, instance_type, tuple(regions), 1)) if len(regions) > 1 else None
+        )
+        if joint is not None:  # these regions measured together: their losses are not independent
+            avail, down, after = joint
+            return (
+                True,
+                1.0 - avail,
+                after,
+                (1.0 - avail) * down,
+                f"measured together over {', '.join(regions)}",
+            )
         return known, none_up, after, wait, said[0] if said else ("measured" if known else "")
 
     def _failover(
