@@ -363,6 +363,20 @@ def _store(instance: Instance, task: dict[str, Any]) -> RunStore:
     return RunStore(task["envs"]["FTORCH_RUN_URI"], {"endpoint_url": instance.endpoint})
 
 
+def _wait_committed(instance: Instance, task: dict[str, Any], step: int, timeout: float = 120) -> None:
+    """Until the run store holds a committed checkpoint at `step` or later: a trainer frozen while its
+    upload is still in flight (a loaded machine) leaves nothing to resume from, and the test would not
+    show a resume."""
+    store = _store(instance, task)
+    deadline = time.monotonic() + timeout
+    while True:
+        newest = store.list_checkpoints().newest
+        if newest is not None and newest.step >= step:
+            return
+        assert time.monotonic() < deadline, f"no checkpoint at step {step} or later committed"
+        time.sleep(0.1)
+
+
 def _attempts(store: RunStore) -> list[int]:
     return sorted(int(n.removesuffix(".json")) for n in store.listdir("attempts") if n.endswith(".json"))
 
@@ -501,6 +515,7 @@ def test_the_run_script_kills_a_frozen_trainer_and_runs_it_again_to_the_end(inst
     _setup(instance, task)
     (node,) = instance.start(task)
     node.wait_for(f"step 14/{STEPS}", timeout=200)
+    _wait_committed(instance, task, 10)  # the freeze must leave a checkpoint to resume from
     pid = next(int(line.split("watching pid ")[1]) for line in node.lines if "watching pid " in line)
     os.kill(pid, signal.SIGSTOP)  # never continued
     frozen_at = time.monotonic()
@@ -550,6 +565,7 @@ def test_the_node_run_script_kills_a_frozen_torchrun_trainer_and_resumes_it_exac
     task = instance.render("node-stall", health=health, gpus=2)
     (node,) = instance.start(task)
     node.wait_for(f"step 14/{STEPS}", timeout=200)
+    _wait_committed(instance, task, 10)  # the freeze must leave a checkpoint to resume from
     watched = next(int(line.split("watching pid ")[1]) for line in node.lines if "watching pid " in line)
     trainer = _rank0_trainer(watched)
     assert trainer != watched  # below torchrun, not the watched shell
@@ -597,6 +613,7 @@ def test_two_nodes_a_frozen_trainer_ends_the_node_with_75_and_the_relaunch_resum
     store = _store(instance, task)
     nodes = instance.start(task, nodes=2)
     nodes[0].wait_for(f"step 14/{STEPS}", timeout=200)
+    _wait_committed(instance, task, 10)  # the freeze must leave a checkpoint to resume from
     watched = next(int(line.split("watching pid ")[1]) for line in nodes[0].lines if "watching pid " in line)
     trainer = _rank0_trainer(watched)
     os.kill(trainer, signal.SIGSTOP)  # never continued
