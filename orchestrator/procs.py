@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:  # `ftorch status` imports this module for its pid checks: no subprocess, no ctypes
+    import subprocess
 
 PR_SET_PDEATHSIG = 1
 
@@ -48,6 +49,8 @@ def alive(pid: int | None, started: float | None) -> bool:
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """Run in a child before exec: the kernel sends `sig` to it when its parent dies."""
     try:
+        import ctypes
+
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except OSError:
@@ -59,6 +62,8 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
 def spawn_detached(module: str, arg: str, log_path: Path, home: Path) -> subprocess.Popen[bytes]:
     """Run `python -m module arg` detached from the terminal (its own session, no stdin), logging to an
     owner-only file, with FTORCH_HOME pinned: the local supervisor and the cloud controller start so."""
+    import subprocess
+
     env = dict(os.environ)
     env["FTORCH_HOME"] = str(home)
     log = open_private(log_path)

@@ -11,7 +11,6 @@ share up front. No torch, no sky.
 from __future__ import annotations
 
 import itertools
-import secrets
 from typing import Any
 
 from orchestrator.errors import SpecError
@@ -101,6 +100,8 @@ def launch_sweep(
         spec = load_job(job_file, sets)  # every point is checked before any is launched
         check_data(spec)
         plans.append((point, sets))
+    import secrets  # here: `ftorch status` imports this module for its group names
+
     group_id = f"sweep-{base.name[:40].lower()}-{secrets.token_hex(3)}"
     launched = []
     for point, sets in plans:
