@@ -16,6 +16,7 @@ import re
 import shutil
 
 from trainer.faults import maybe_die
+from trainer.runstore.storage import fsync_dir
 
 STAGE = ".ftorch-export-"
 REPLACED = ".ftorch-replaced-"
@@ -81,7 +82,7 @@ def publish(folder: str, target: str) -> None:
         os.rename(target, replaced)
         maybe_die("export", 3)  # tests: a kill between the two renames
     os.rename(folder, target)
-    _fsync_dir(os.path.dirname(os.path.abspath(target)))
+    fsync_dir(os.path.dirname(os.path.abspath(target)))
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)
 
@@ -101,16 +102,3 @@ def recover(target: str) -> None:
             for f in files:
                 if LEFTOVER.match(f):
                     os.unlink(os.path.join(root, f))
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -168,7 +168,7 @@ class Storage:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
             if atomic or create:
-                _fsync_dir(os.path.dirname(target))
+                fsync_dir(os.path.dirname(target))
             return
         if not create:
             self._call(self.fs.pipe_file, target, data)
@@ -280,7 +280,8 @@ def _makedirs_private(path: str) -> None:
         pass
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """fsync a folder, so that a rename or a new file in it survives a power loss (best effort)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -304,7 +305,7 @@ def _fsync_tree(path: str) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(dirpath)
+        fsync_dir(dirpath)
 
 
 def join_uri(base: str, *parts: str) -> str:
