@@ -7,8 +7,10 @@ exceptions, every request it makes, and what a script evaluated in it returns.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -56,6 +58,7 @@ def open_page(path: Path, script: str, timeout: float = 60.0) -> PageRun:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,  # its renderer and helper processes with it: all ended below
         )
         try:
             port = _devtools_port(proc, timeout)
@@ -64,12 +67,25 @@ def open_page(path: Path, script: str, timeout: float = 60.0) -> PageRun:
             with connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=timeout) as ws:
                 return _drive(ws, path, script, timeout)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _end_group(proc)  # before the profile folder goes: a helper still writing there fails its removal
+
+
+def _end_group(proc: subprocess.Popen[str]) -> None:
+    """Chromium and every process it started (its session): SIGTERM, then SIGKILL to what is left."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                try:
+                    os.killpg(proc.pid, 0)  # any process of the group left?
+                except ProcessLookupError:
+                    return
+            time.sleep(0.05)
+    proc.wait()
 
 
 def _devtools_port(proc: subprocess.Popen[str], timeout: float) -> int:

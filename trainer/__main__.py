@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_uri", help="the run folder in the run store (spec.json inside)")
     parser.add_argument("--attempt", type=int, default=int(os.environ.get("FTORCH_ATTEMPT", "1")))
     args = parser.parse_args(argv)
+    from trainer import faults
+
+    faults.use_attempt(args.attempt)  # FTORCH_FAULTS' `:A`: this attempt, however the trainer was started
     # every file this process writes is owner-only, whoever writes it (torch's DCP writer of sharded and
     # offloaded checkpoints, tokenizers, TensorBoard): a run store holds weights and the resolved job
     os.umask(0o077)

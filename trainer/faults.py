@@ -57,6 +57,13 @@ _POINTS = _parse(os.environ.get("FTORCH_FAULTS", ""))
 _ATTEMPT = int(os.environ.get("FTORCH_ATTEMPT", "0") or 0)
 
 
+def use_attempt(attempt: int) -> None:
+    """The attempt a point's `:A` is matched against: the trainer's own `--attempt` (FTORCH_ATTEMPT is
+    set only by the supervisors; a trainer started by hand or by a test has just the argument)."""
+    global _ATTEMPT
+    _ATTEMPT = attempt
+
+
 def _armed(point: str, step: int | str) -> bool:
     return any((point, at, a) in _POINTS for at in (step, ANY_STEP) for a in (None, _ATTEMPT))
 

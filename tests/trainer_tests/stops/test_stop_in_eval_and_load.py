@@ -244,3 +244,26 @@ def test_the_loaders_check_only_when_armed() -> None:
     finally:
         disarm_setup()
     check_setup("tokenising")
+
+
+def test_a_points_attempt_is_the_trainers_own_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`slow-eval-after@MS:1` above is armed for a trainer started with `--attempt 1` and no FTORCH_ATTEMPT
+    (as these tests start it): before, it was never armed there, and the notice landed in the evaluation
+    only when the machine was fast enough (it failed under load)."""
+    import importlib
+
+    from trainer import faults
+
+    monkeypatch.delenv("FTORCH_ATTEMPT", raising=False)
+    monkeypatch.setenv("FTORCH_FAULTS", "slow-eval-after@3000:1,hang-rank1@setup")
+    importlib.reload(faults)
+    try:
+        assert faults.delay_s("slow-eval-after") == 0.0  # no attempt known yet
+        faults.use_attempt(1)  # what `python -m trainer RUN --attempt 1` does first
+        assert faults.delay_s("slow-eval-after") == 3.0
+        faults.use_attempt(2)
+        assert faults.delay_s("slow-eval-after") == 0.0
+        assert ("hang-rank1", "setup", None) in faults._POINTS  # a phase, not a step
+    finally:
+        monkeypatch.delenv("FTORCH_FAULTS")
+        importlib.reload(faults)
