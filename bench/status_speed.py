@@ -145,7 +145,8 @@ def main() -> int:
         "The console script (orchestrator/entry.py) prints `--help` from a command list a test keeps equal to "
         "typer's (orchestrator/cli/fast_help.py) and runs the plain `status` forms without typer, click or "
         "pydantic; the list reads one SQLite snapshot (jobs, attempts, and the last progress of finished "
-        "jobs, cached in the registry) and reads progress.json only for active jobs. Not covered: `status "
+        "jobs, cached in the registry), reads progress.json only for active jobs and builds full rows only "
+        "for the jobs the table shows (the finished ones it collapses are counted). Not covered: `status "
         "JOB` (one job's detail) and the other commands, which go through typer.",
         "",
     ]

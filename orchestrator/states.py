@@ -88,10 +88,7 @@ class Outcome(_Word):
         word = reason.split(maxsplit=1)[0].rstrip(":").lower()
         if word == "supervisor":
             return cls.LOST
-        try:
-            return cls(word)
-        except ValueError:
-            return None
+        return cls._value2member_map_.get(word)  # type: ignore[return-value] # no exception per miss
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,9 @@ def run(job: str | None, as_json: bool, show_all: bool, watch: bool, plot: str |
 
         return follow_mod.watch(job, show_all=show_all)
     if job is None:
-        rows = job_status.status_all(savings=as_json or _shows_savings())
+        # the table counts the finished jobs it collapses, nothing more (--json and --all show every row)
+        brief = not as_json and not show_all
+        rows = job_status.status_all(savings=as_json or _shows_savings(), brief_hidden=brief)
         if as_json:
             print_json(rows)
         else:

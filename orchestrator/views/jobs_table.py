@@ -34,15 +34,23 @@ RECENT_S = 24 * 3600.0
 RECENT_MAX = 25
 
 
+def recent_finished(ended: list[tuple[str, float | None]], now: float) -> list[str]:
+    """Of finished jobs' (id, ended_at), the ids the table shows, newest first: ended within RECENT_S,
+    at most RECENT_MAX. The rest collapse into one line (and `ftorch status` summarizes them no further)."""
+    recent = [(job_id, at or 0.0) for job_id, at in ended if now - (at or 0.0) < RECENT_S]
+    recent.sort(key=lambda item: item[1], reverse=True)
+    return [job_id for job_id, _at in recent[:RECENT_MAX]]
+
+
 def _visible(rows: list[dict[str, Any]], show_all: bool, now: float) -> tuple[list[dict], list[dict]]:
     active = [r for r in rows if r["state"] not in TERMINAL]
     finished = [r for r in rows if r["state"] in TERMINAL]
     if show_all:
         return active + sorted(finished, key=lambda r: r.get("ended_at") or 0, reverse=True), []
-    recent = [r for r in finished if now - (r.get("ended_at") or 0) < RECENT_S]
-    recent.sort(key=lambda r: r.get("ended_at") or 0, reverse=True)
-    shown = {id(r) for r in recent[:RECENT_MAX]}
-    return active + recent[:RECENT_MAX], [r for r in finished if id(r) not in shown]
+    by_id = {r["job_id"]: r for r in finished}
+    shown = recent_finished([(r["job_id"], r.get("ended_at")) for r in finished], now)
+    kept = set(shown)
+    return active + [by_id[i] for i in shown], [r for r in finished if r["job_id"] not in kept]
 
 
 def _table(rows: list[dict[str, Any]], width: int, now: float) -> Table:

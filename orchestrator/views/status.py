@@ -44,11 +44,15 @@ def job_row(registry: Registry, job: Job, progress: dict[str, Any] | None = None
 
 
 # ---- bulk reading for the jobs table ------------------------------------------------------------
-def _cached(details: dict[str, str]) -> dict[str, dict[str, Any]]:
+def _cached(
+    details: dict[str, str], skip: set[str] | frozenset[str] = frozenset()
+) -> dict[str, dict[str, Any]]:
     from trainer.runstore.runfiles import checked_progress
 
     parsed: dict[str, dict[str, Any]] = {}
     for job_id, detail in details.items():
+        if job_id in skip:
+            continue
         try:
             entry = json.loads(detail)
         except (TypeError, json.JSONDecodeError):
@@ -78,16 +82,24 @@ def _progress_for(registry: Registry, job: Job, cached: dict[str, Any] | None) -
     return progress
 
 
-def status_all(registry: Registry | None = None, savings: bool = True) -> list[dict[str, Any]]:
+def status_all(
+    registry: Registry | None = None, savings: bool = True, brief_hidden: bool = False
+) -> list[dict[str, Any]]:
     """Every job's status row, oldest first. `savings`: the cost ledger's savings per job (the table
-    shows them only from WIDEST columns; --json always has them)."""
+    shows them only from WIDEST columns; --json always has them). `brief_hidden`: the finished jobs the
+    table collapses into one line (jobs_table.recent_finished) get only their id, state and end (the
+    table counts them; with 1,000 jobs their rows were most of the work)."""
     registry = registry or Registry()
     jobs, attempts, details = registry.snapshot(CACHE_KIND)
-    cached = _cached(details)
     groups = registry.groups()
+    brief = _collapsed(jobs, groups) if brief_hidden else set()
+    cached = _cached(details, skip=brief)
     rows = []
     to_cache: dict[str, str] = {}  # ended jobs' savings, kept with their cached progress (one write)
     for job in jobs:
+        if job.job_id in brief:
+            rows.append({"job_id": job.job_id, "state": job.state, "ended_at": job.ended_at})
+            continue
         job_attempts = attempts.get(job.job_id, [])
         if not job.state.terminal:
             job = reconcile(registry, job)
@@ -104,6 +116,15 @@ def status_all(registry: Registry | None = None, savings: bool = True) -> list[d
         rows.append(row)
     registry.add_events(CACHE_KIND, to_cache)
     return rows
+
+
+def _collapsed(jobs: list[Any], groups: dict[str, Any]) -> set[str]:
+    """The finished jobs of no sweep group that the jobs table collapses into its "older jobs" line."""
+    from orchestrator.views.jobs_table import recent_finished
+
+    ended = [(j.job_id, j.ended_at) for j in jobs if j.state.terminal and j.job_id not in groups]
+    shown = set(recent_finished(ended, time.time()))
+    return {job_id for job_id, _at in ended if job_id not in shown}
 
 
 # ---- one job in detail --------------------------------------------------------------------------

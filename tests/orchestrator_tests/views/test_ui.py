@@ -263,3 +263,28 @@ def test_a_kill_before_any_checkpoint_counts_the_steps_redone_as_lost_time() -> 
     assert lost_time_per_preemption([killed, following]) == [round(89 * 0.15 + 5.2, 2)]
     noticed = {**killed, "time_lost_s": None}  # a notice saved every step: the gap alone
     assert lost_time_per_preemption([noticed, following]) == [5.2]
+
+
+def test_the_table_is_the_same_when_collapsed_jobs_are_only_counted(
+    tmp_path: Path, ftorch_home: Path
+) -> None:
+    """`ftorch status` builds full rows only for the jobs its table shows (issue 32: with 1,000 jobs the
+    collapsed ones were most of the work); the table, its hidden-jobs line and the counts are unchanged."""
+    from rich.console import Console
+
+    from orchestrator.views.jobs_table import render_jobs
+
+    bulk_registry(ftorch_home, tmp_path / "runs", n=60, active=5)  # 19 ended within a day, 36 before
+
+    def drawn(rows: list[dict]) -> str:
+        out = Console(width=140, record=True, file=io.StringIO())
+        out.print(render_jobs(rows, 140))
+        return out.export_text()
+
+    full, brief = (
+        job_status.status_all(savings=False),
+        job_status.status_all(savings=False, brief_hidden=True),
+    )
+    assert drawn(brief) == drawn(full)
+    assert "36 older jobs hidden" in drawn(brief)
+    assert sum(1 for r in brief if "step" not in r) == 36  # counted only
