@@ -49,6 +49,7 @@ import numpy as np
 from orchestrator.errors import UserError
 from orchestrator.home import ftorch_home, private_dir, write_private
 from orchestrator.sizing.catalog import CONSUMER_TIER
+from orchestrator.spot import region_dependence
 
 DATA_FILE = "hazards.json"
 USER_FILE = "hazards.json"  # under $FTORCH_HOME
@@ -349,6 +350,9 @@ class HazardTable:
     joint_capacity: dict[tuple[str, str, tuple[str, ...], int], tuple[float, float, float]] = field(
         default_factory=dict
     )
+    _dependence: dict[str, region_dependence.Dependence | None] = field(
+        default_factory=dict, repr=False, compare=False
+    )
     #: zones_of answers, per key (the table is not changed after it is built; a plan asks per region)
     _zones: dict[tuple[str, str, str, int, str], list[_Zone]] = field(
         default_factory=dict, repr=False, compare=False
@@ -593,8 +597,9 @@ class HazardTable:
     ) -> tuple[bool, float, float, float, str]:
         """(known, chance no allowed region has spot, the same right after an interruption, expected wait
         at a launch, where the figures come from): each region as a whole (measured jointly where the
-        table has it, else its zones, else borrowed from measured regions), regions independent."""
-        known, none_up, exits, caps, said = False, 1.0, 0.0, {}, []
+        table has it, else its zones, else borrowed from measured regions); regions never measured together are taken as dependent as
+        the sets that were (region_dependence), or independent when none was."""
+        known, exits, caps, said = False, 0.0, {}, []
         for region in regions or ("",):
             cap = self._region_capacity(
                 cloud, instance_type, region, [z for z in zones if z.region == region]
@@ -604,18 +609,24 @@ class HazardTable:
                 said.append(why)
             if cap is not None:
                 known, caps[region] = True, cap
-                none_up *= 1.0 - cap[0]
                 exits += 1.0 / cap[1] if cap[1] else 0.0
-        # after an interruption in region r: r's own chance of none right then, the others' at random
+        joint = (
+            self.joint_capacity.get((cloud, instance_type, tuple(regions), 1)) if len(regions) > 1 else None
+        )
+        dependence = self.region_dependence() if len(caps) > 1 and joint is None else None
+        if dependence is not None:  # never measured together: as dependent as the sets that were
+            said = [*said[:1], dependence.source]
+            none_up = dependence.none_up([1.0 - c[0] for c in caps.values()])
+            others_down = dependence.others_down
+        else:  # one region, or nothing measured together anywhere: independent
+            none_up, others_down = math.prod(1.0 - c[0] for c in caps.values()), math.prod
+        # after an interruption in region r: r's own chance of none right then, the others' with it
         after = sum(
-            share * caps[r][2] * math.prod(1.0 - c[0] for o, c in caps.items() if o != r)
+            share * caps[r][2] * others_down([1.0 - c[0] for o, c in caps.items() if o != r])
             for r, share in shares.items()
             if r in caps
         )
         wait = none_up / exits if known and exits and none_up > 0 else 0.0
-        joint = (
-            self.joint_capacity.get((cloud, instance_type, tuple(regions), 1)) if len(regions) > 1 else None
-        )
         if joint is not None:  # these regions measured together: their losses are not independent
             avail, down, after = joint
             return (
@@ -625,7 +636,13 @@ class HazardTable:
                 (1.0 - avail) * down,
                 f"measured together over {', '.join(regions)}",
             )
-        return known, none_up, after, wait, said[0] if said else ("measured" if known else "")
+        return known, none_up, after, wait, "; ".join(said[:2]) if said else ("measured" if known else "")
+
+    def region_dependence(self) -> region_dependence.Dependence | None:
+        """The dependence between regions fitted on the sets measured together (cached)."""
+        if "fit" not in self._dependence:
+            self._dependence["fit"] = region_dependence.fit(self.capacity, self.joint_capacity)
+        return self._dependence["fit"]
 
     def _failover(
         self, cloud: str, instance_type: str, accelerator: str, count: int, regions: Sequence[str]

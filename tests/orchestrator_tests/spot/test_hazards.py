@@ -226,6 +226,46 @@ def test_regions_measured_together_give_the_capacity_not_their_product() -> None
     )
 
 
+def test_regions_never_measured_together_are_taken_as_dependent_as_the_sets_that_were() -> None:
+    """Where a set of regions was never measured on one clock, the plan composes the regions' own
+    figures with the dependence fitted on the sets that were. Checked leaving each measured set out of
+    the fit and predicting it: the dependent figures are far closer to what was measured than
+    independence (no spot anywhere at a random moment, and right after a loss), and an offer whose
+    capacity is borrowed gets them, saying so."""
+    import math
+    import statistics
+
+    from orchestrator.spot import region_dependence
+    from orchestrator.spot.hazards import load_table
+
+    table = load_table()
+    sets = {frozenset(k[2]) for k in table.joint_capacity if len(k[2]) > 1}
+    assert len(sets) == 4  # three pairs and the triple of the shared traces' regions
+    errors: dict[str, list[float]] = {"dependent": [], "independent": [], "after": [], "after indep": []}
+    for left_out in sets:
+        fitted = region_dependence.fit(table.capacity, table.joint_capacity, leave_out=left_out)
+        assert fitted is not None and 0.5 < fitted.alpha < 1.0 and 0.0 <= fitted.beta < 1.0
+        for (cloud, itype, order, _n), (avail, _down, after) in table.joint_capacity.items():
+            if frozenset(order) != left_out:
+                continue
+            downs = [1 - table.capacity[(cloud, itype, r, 1)][0] for r in order]
+            own_after = table.capacity[(cloud, itype, order[0], 1)][2]
+            errors["dependent"].append(abs(math.log(fitted.none_up(downs) / (1 - avail))))
+            errors["independent"].append(abs(math.log(math.prod(downs) / (1 - avail))))
+            errors["after"].append(abs(math.log(own_after * fitted.others_down(downs[1:]) / after)))
+            errors["after indep"].append(abs(math.log(own_after * math.prod(downs[1:]) / after)))
+    mean = {k: statistics.mean(v) for k, v in errors.items()}
+    assert mean["dependent"] < 0.5 * mean["independent"], mean
+    assert mean["after"] < 0.25 * mean["after indep"], mean
+
+    regions = ("us-east-1", "us-east-2", "us-west-2")
+    h = table.for_offer("aws", "g6e.2xlarge", "L40S", 1, regions)  # capacity borrowed, never joint
+    own = [table.for_offer("aws", "g6e.2xlarge", "L40S", 1, (r,)).no_capacity for r in regions]
+    assert h.no_capacity > 2 * math.prod(own) and h.no_capacity <= min(own)
+    assert "taken as dependent as 4 region set(s) measured together" in h.capacity_source
+    assert h.relaunch_no_capacity > 5 * h.no_capacity  # a loss seldom leaves the other regions up
+
+
 def test_multi_node_traces_measure_the_correlation(tmp_path: Path) -> None:
     sys.path.insert(0, str(REPO / "scripts"))
     from build_hazards import build
