@@ -7,9 +7,8 @@
 # comes from PyTorch's CPU index: PyPI's Linux torch is the CUDA build, several GB of CUDA libraries a CPU
 # machine cannot use.
 # ftorch is installed with the tested set as pip constraints (scripts/constraints-tested.txt: the versions
-# of torch, transformers, peft, ... that the suite runs and the shipped GPU lock pins), so a local run uses
-# what was tested. With the skypilot extra, pip gets scripts/constraints-skypilot.txt instead (SkyPilot
-# 0.14 pins click<8.2; without those constraints pip backtracks for many minutes, see bench/install_time.py).
+# of torch, transformers, peft, ... that the suite runs and the shipped GPU lock pins, and the pins that keep
+# SkyPilot 0.14's click<8.2 free of conflicts), so a local run uses what was tested, with any extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-test}"
@@ -27,11 +26,7 @@ if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
   tested_torch=$(grep -m1 '^torch==' scripts/constraints-tested.txt)
   "$venv/bin/python" -m pip install --quiet "${FTORCH_TORCH:-$tested_torch}" "${torch_index[@]}"
 fi
-constraints=(-c scripts/constraints-tested.txt)
-case ",$extras," in
-  *,skypilot,*) constraints=(-c scripts/constraints-skypilot.txt) ;;
-esac
-"$venv/bin/python" -m pip install --quiet -e ".[${extras}]" "${constraints[@]}"
+"$venv/bin/python" -m pip install --quiet -e ".[${extras}]" -c scripts/constraints-tested.txt
 "$venv/bin/python" -c "import torch, transformers, peft, orchestrator, trainer" \
   || { echo "setup failed: the venv cannot import ftorch's dependencies" >&2; exit 1; }
 echo "ftorch is set up in $venv ($("$venv/bin/ftorch" --help >/dev/null && echo "$venv/bin/ftorch works"))"

@@ -2,10 +2,8 @@
 # Set everything up and run the checks CI runs: lint, format, then the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh test
-# SkyPilot on its own step: it pins an older click than huggingface-hub asks for, which pip then only
-# reports (both work); resolved together with ftorch[test], pip would instead backtrack for minutes
-.venv/bin/python -c "import sky" >/dev/null 2>&1 || .venv/bin/python -m pip install --quiet "skypilot>=0.14.1,<0.15"
+# the tests drive real SkyPilot objects: the same one route as a user's install, with the skypilot extra
+scripts/setup.sh test,skypilot
 # the HTML report's test opens it in real headless Chromium (tests/browser.py): Debian's chromium, when
 # missing and apt-get can install it (as root, or with passwordless sudo); the test skips, saying so, without it
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
