@@ -464,9 +464,10 @@ class Supervisor:
         noticed = code == exitcodes.PREEMPTED or self.ranks_preempted(code, progress)
         if self.budget_stop and progress.get("state") != "finished":  # the trainer's budget stop
             return AttemptEnd(Outcome.BUDGET, self.budget_stop)
-        if preempted and preempted.outcome is Outcome.SWITCH and code == exitcodes.OK:
-            finished = progress.get("state") == "finished"
-            return succeeded if finished else preempted
+        if preempted and code == exitcodes.OK and progress.get("state") == "finished":
+            # a switch or a simulated preemption that came after the last step's output was written: the
+            # run is done, nothing was lost, nothing to run again (the trainer already said `succeeded`)
+            return succeeded
         if preempted:
             return preempted
         if code == exitcodes.OK and progress.get("state") == "finished":

@@ -186,7 +186,9 @@ def test_a_local_run_gets_the_trainers_own_posts_once_each(
     )  # fmt: skip
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job))
-    done = ftorch("launch", str(job_file), "--json")
+    # steps slowed (a fault, not a slow machine): the supervisor sees step 6 while there is training left;
+    # a simulated preemption that lands after the output is written is no preemption (test_reported_state)
+    done = ftorch("launch", str(job_file), "--json", env={"FTORCH_FAULTS": "slow-step@500"})
     assert done.returncode == 0, done.stderr
     job_id = json.loads(done.stdout)["job_id"]
     deadline = clock.time() + 240

@@ -127,6 +127,31 @@ def test_one_crash_is_counted_in_words_that_agree(tmp_path: Path, ftorch_home: P
     assert "crashed once" in end.reason and "times" not in end.reason, end.reason
 
 
+def test_a_simulated_preemption_that_lands_after_the_run_finished_is_no_preemption(
+    tmp_path: Path, ftorch_home: Path
+) -> None:
+    """local.chaos fires when the supervisor sees the step, which on a busy machine can be after the
+    trainer wrote its output and exited 0: the attempt succeeded (no second attempt, no `preempted` post
+    after the trainer's `succeeded`); one that lands before the end is a preemption."""
+    from orchestrator.backends.local_supervisor import Supervisor
+    from orchestrator.jobfile.spec import validate_job
+    from orchestrator.logtail import LogTail
+    from orchestrator.states import AttemptEnd, Outcome
+
+    data = write_data(tmp_path / "d.jsonl", "instruction", 8)
+    spec = validate_job(job_dict(tmp_path / "model", data, tmp_path / "runs"))
+    Registry().create_job("late-abc123", "late", "local", str(tmp_path / "runs" / "late-abc123"),
+                          str(tmp_path / "out"), spec.model_dump(mode="json"))  # fmt: skip
+    log = tmp_path / "attempt.log"
+    log.write_text("done\n")
+    chaos = AttemptEnd(Outcome.PREEMPTED, "preempted (with notice, step 6)")
+    supervisor = Supervisor("late-abc123")
+    late = supervisor.classify(0, chaos, {"state": "finished"}, LogTail(log))
+    assert late.outcome is Outcome.SUCCEEDED, late
+    in_time = supervisor.classify(75, chaos, {"state": "preempted"}, LogTail(log))
+    assert in_time.outcome is Outcome.PREEMPTED, in_time
+
+
 def test_resume_without_a_checkpoint_says_it_starts_from_step_0(
     tmp_path: Path, tiny_model: Path, ftorch_home: Path
 ) -> None:
