@@ -100,7 +100,9 @@ def _run(tmp_path: Path, tiny_model: Path, name: str, faults: str, **sections: A
     data = write_data(tmp_path / "d.jsonl", "instruction", 64)
     job = job_dict(tiny_model, data, tmp_path / name, **sections)
     run_uri = prepare_run(job)
-    done = run_trainer(run_uri, 1, {"FTORCH_FAULTS": faults})
+    # saves in the step (not in the background, where a save that comes due while the last upload is in
+    # flight is skipped, as on a loaded machine): the healthy checkpoint rolled back to is the step's own
+    done = run_trainer(run_uri, 1, {"FTORCH_FAULTS": faults, "FTORCH_ASYNC_CHECKPOINT": "0"})
     return run_uri, done
 
 
