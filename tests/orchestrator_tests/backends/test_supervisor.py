@@ -68,7 +68,8 @@ def test_two_preemptions_recover_and_match_an_uninterrupted_run(
         tmp_path / "runs",
         local={"chaos": {"preempt_at_steps": [8, 19], "notice": [True, False], "grace_s": 20}},
     )
-    job_id = launch(write_job(tmp_path, job))
+    # steps slowed (a fault, not a slow machine): each preemption lands while there is training left
+    job_id = launch(write_job(tmp_path, job), env={"FTORCH_FAULTS": "slow-step@200"})
     detail = wait_for(job_id, ended)
     assert detail["state"] == "SUCCEEDED", detail
     assert detail["preemptions"] == 2 and detail["attempts"] == 3

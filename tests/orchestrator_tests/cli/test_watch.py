@@ -252,7 +252,11 @@ def test_launch_follow_in_a_terminal_with_a_preemption_and_notifications(
         job_file = tmp_path / "job.yaml"
         job_file.write_text(yaml.safe_dump(job))
         exe = Path(sys.executable).parent / "ftorch"
-        term = Pty([str(exe), "launch", str(job_file), "--follow"], cols=110)
+        # steps slowed (a fault, not a slow machine): the supervisor sees step 8 while there is training left;
+        # a simulated preemption that lands after the output is written is no preemption (test_reported_state)
+        term = Pty(
+            [str(exe), "launch", str(job_file), "--follow"], cols=110, env={"FTORCH_FAULTS": "slow-step@500"}
+        )
         assert term.proc.wait(timeout=240) == 0, term.text()[-3000:]
         text = term.text()
         # the live view drew the job, then the summary the quickstart relies on

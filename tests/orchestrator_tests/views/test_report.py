@@ -54,7 +54,8 @@ def finished_job(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> 
     job_file = tmp / "job.yaml"
     job_file.write_text(yaml.safe_dump(job))
     env = {"FTORCH_HOME": str(home)}
-    done = ftorch("launch", str(job_file), "--json", env=env)
+    # steps slowed (a fault): the supervisor sees step 9 while there is training left to preempt
+    done = ftorch("launch", str(job_file), "--json", env={**env, "FTORCH_FAULTS": "slow-step@300"})
     assert done.returncode == 0, done.stdout + done.stderr
     job_id = json.loads(done.stdout)["job_id"]
     deadline = time.time() + 600
