@@ -228,6 +228,10 @@ class HealthSpec(_Strict):
     #: seconds without a step (or an eval or checkpoint phase) before the trainer counts as stalled;
     #: null: max(300 s, 5x the p95 step after warm-up), eval and checkpoint max(that, 5x their last)
     stall_timeout_s: float | None = Field(None, gt=0)
+    #: seconds the set-up before the first step (tokenising, model load, checkpoint read, the evaluation
+    #: before training) may take before the trainer counts as stalled; null: 3600 s (NVIDIA's resiliency
+    #: extension: an initial heartbeat within 60 minutes)
+    setup_timeout_s: float | None = Field(None, gt=0)
 
 
 # ---- end training health ----

@@ -65,7 +65,7 @@ from trainer.stops.preemption import PreemptionFlag, install_signal_handlers
 from trainer.stops.sources import BudgetStop, Interrupted, SpotProbeStop, arm_setup, disarm_setup
 from trainer.stops.spot_probe import SpotProbe
 from trainer.stops.stop_request import start_stop_watcher
-from trainer.stops.watchdog import Watchdog, exit_now
+from trainer.stops.watchdog import Watchdog, exit_now, setup_timeout
 from trainer.threads import set_threads
 from trainer.train_step import oom
 from trainer.train_step.loss import evaluate_batch, shifted_labels
@@ -293,6 +293,7 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
     check_output(resolved["output_uri"], run_uri, spec.checkpoint.storage_options)  # a linked output/: exit 2
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:  # the data and model loaders' own checks (one process)
         arm_setup(flag)
+    watchdog = _start_setup_watchdog(store, spec)
     try:
         return _prepare(attempt, store, resolved, spec, flag, measurer)
     except Interrupted as stop:
@@ -304,7 +305,27 @@ def setup(run_uri: str, attempt: int, storage_options: dict[str, Any] | None) ->
         timeout = collective_timeout(spec.train.health.stall_timeout_s)
         _collective_stalled(store, "setting up", _newest_step(store), timeout, exc)
     finally:
+        watchdog.close()
         disarm_setup()
+
+
+def _start_setup_watchdog(store: RunStore, spec: JobSpec) -> Watchdog:
+    """The set-up's stall bound (trainer/stops/watchdog.py `setup_timeout`): a model download or a data
+    read that hangs (a dead mount, a hub that stopped answering) ends the attempt as a stall, exit 87,
+    recorded first, instead of holding the machine until someone looks."""
+    timeout = setup_timeout(spec.train.health.setup_timeout_s)
+
+    def stalled(phase: str, waited: float) -> None:
+        detail = f"stalled: no first step {waited:.0f} s into setting up (model, data, checkpoint)"
+        log(f"{detail} (setup timeout {timeout:.0f} s): exiting with code {exitcodes.STALLED}")
+        try:
+            store.update_epoch_record(
+                ended="stalled", stop_detail=detail, step=_newest_step(store) or 0, ended_at=time.time()
+            )
+        finally:
+            exit_now(exitcodes.STALLED)
+
+    return Watchdog(timeout, stalled, phase="setup").start()
 
 
 def _prepare(

@@ -57,7 +57,7 @@ from trainer.runstore.store import SPEC_DIGEST_ENV, RunStore, spec_digest
 from trainer.stops.budget import BudgetGuard, budget_stop_of, kept_note, restart_reason
 from trainer.stops.interruptions import request_stop
 from trainer.stops.watchdog import KEY as STALL_KEY
-from trainer.stops.watchdog import stale
+from trainer.stops.watchdog import outside, setup_timeout, stale
 
 POLL_S = 0.05
 
@@ -352,7 +352,7 @@ class Supervisor:
         code tells), or on a policy switch or a simulated preemption (returned)."""
         assert self.proc is not None
         running = False
-        last = time.time()
+        last = started = time.time()
         while self.proc.poll() is None:
             time.sleep(POLL_S)
             now = time.time()
@@ -367,7 +367,10 @@ class Supervisor:
             switch = self.follow_policy(now, step)
             if switch is not None:
                 return switch
-            stalled = self._kill_if_stalled(step, progress_tail, now) if running else None
+            if running:
+                stalled = self._kill_if_stalled(step, progress_tail, now)
+            else:
+                stalled = self._kill_if_setup_stalled(now - started)
             if stalled is not None:
                 return stalled
             due = self.chaos.due(step or 0, now - last) if running else None
@@ -385,6 +388,19 @@ class Supervisor:
         if age is None:
             return None
         reason = f"stalled: no heartbeat for {age:.0f} s at step {step} (timeout {progress_tail.progress[STALL_KEY]:.0f} s); killed"
+        self.log(reason)
+        self.registry.event(self.job_id, "stalled", reason)
+        assert self.proc is not None
+        kill_group(self.proc)
+        return AttemptEnd(Outcome.STALLED, reason)
+
+    def _kill_if_setup_stalled(self, age: float) -> AttemptEnd | None:
+        """A trainer frozen before its first step (model load, data, checkpoint read) runs no watchdog
+        and writes no heartbeat: kill it once it has been setting up past its set-up timeout's margin."""
+        timeout = setup_timeout(self.spec.train.health.setup_timeout_s)
+        if age <= outside(timeout):
+            return None
+        reason = f"stalled: no first step {age:.0f} s after the start (setup timeout {timeout:.0f} s); killed"
         self.log(reason)
         self.registry.event(self.job_id, "stalled", reason)
         assert self.proc is not None

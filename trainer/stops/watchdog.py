@@ -12,6 +12,9 @@ uses the trainer's own.
 Inside (`Watchdog`): a thread that ends the process with exitcodes.STALLED when the loop has not beaten
 in time; it records the stall in the epoch record first. Outside: a frozen process runs no thread, so
 the launcher kills a trainer whose heartbeat is older than the timeout (`stale`, with a margin: `outside`).
+The set-up before the first step (a hung model download, a dead mount) has its own bound, `setup_timeout`
+(1 h unless the job sets `train.health.setup_timeout_s`): a watchdog in the phase "setup" inside, and the
+local supervisor outside, which kills a trainer with no first step `outside(setup_timeout)` after its start.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ FLOOR_S = 300.0
 FACTOR = 5.0
 WARMUP_STEPS = 5  # NVIDIA's resiliency extension leaves the first 5 iterations out
 KEY = "stall_timeout_s"
+#: the set-up before the first step (NVIDIA's resiliency extension: an initial heartbeat within 60 min)
+SETUP_S = 3600.0
 
 
 def stall_timeout(step_times: Sequence[float], given: float | None = None) -> float:
@@ -37,6 +42,13 @@ def stall_timeout(step_times: Sequence[float], given: float | None = None) -> fl
         return FLOOR_S
     p95 = after[min(len(after) - 1, int(0.95 * len(after)))]
     return max(FLOOR_S, FACTOR * p95)
+
+
+def setup_timeout(given: float | None = None) -> float:
+    """How long the set-up may take (tokenising, model load, checkpoint read, the evaluation before
+    training): the job's `train.health.setup_timeout_s`, else SETUP_S. It has no heartbeat of its own:
+    the trainer's set-up watchdog counts from the claim of the run, a launcher from the start."""
+    return float(given) if given is not None else SETUP_S
 
 
 def outside(timeout: float) -> float:
@@ -65,11 +77,12 @@ class Watchdog:
         on_stall: Callable[[str, float], None],
         clock: Callable[[], float] = time.monotonic,
         check_every_s: float = 1.0,
+        phase: str = "first_step",
     ) -> None:
         self.given, self.on_stall, self.clock, self.check_every_s = given, on_stall, clock, check_every_s
         self.step_times: list[float] = []
         self.phase_s: dict[str, float] = {}
-        self.phase = "first_step"
+        self.phase = phase
         self.since = clock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="ftorch-watchdog")
