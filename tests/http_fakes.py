@@ -11,6 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
 class Hook:
     """A webhook receiver: records each POST; answers with `status`."""
 
@@ -22,8 +26,15 @@ class Hook:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                try:  # strictly, as a receiver in another language would: no NaN or Infinity
+                    parsed = json.loads(body, parse_constant=_not_json)
+                except ValueError as exc:
+                    hook.received.append({"path": self.path, "error": str(exc), "raw": body})
+                    self.send_response(400)
+                    self.end_headers()
+                    return
                 hook.received.append(
-                    {"path": self.path, "type": self.headers["Content-Type"], "body": json.loads(body)}
+                    {"path": self.path, "type": self.headers["Content-Type"], "body": parsed}
                 )
                 self.send_response(hook.status)
                 self.end_headers()

@@ -13,7 +13,6 @@ This machine then sends only the webhook posts the job did not make (`job_sent`)
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time  # noqa: F401 - tests pause retries through notify.time.sleep
@@ -22,6 +21,7 @@ from typing import Any
 
 from trainer.recording.notify import EVENTS, WEBHOOK_TIMEOUT_S, message, post, sent_marker  # noqa: F401 - the API here
 from trainer.recording.notify import payload as _payload
+from trainer.runstore import finite_json
 
 WEBHOOK_TRIES = 2
 COMMAND_TIMEOUT_S = 60.0
@@ -65,7 +65,7 @@ def send(
     """Deliver `p` for `event` where the job file asks; returns what failed (logged, never raised)."""
     if not notify or event not in (notify.get("on") or ()):
         return []
-    body = json.dumps(p, default=str).encode()
+    body = finite_json.dumps(p, default=str).encode()  # strict JSON: NaN and inf as null, flagged
     problems = []
     for kind, target, deliver in (
         ("webhook", notify.get("webhook"), lambda t: _post(t, body)),

@@ -37,6 +37,7 @@ from trainer.model.load import (
 )
 from trainer.outputs.hub_push import PushError, push_folder
 from trainer.outputs.stage import publish, recover, stage_dir
+from trainer.runstore import finite_json
 from trainer.runstore.storage import Storage, StoreError, preflight
 from trainer.runstore.store import CorruptCheckpoint, RunStore, output_store
 
@@ -311,6 +312,6 @@ def _write_record(
         output = None
     summary = model_card.export_summary(store, output, spec, step, merge)
     with open(os.path.join(folder, model_card.SUMMARY), "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        handle.write(finite_json.dumps(summary, indent=2, sort_keys=True) + "\n")  # never a bare NaN
     with open(os.path.join(folder, model_card.CARD), "w", encoding="utf-8") as handle:
         handle.write(model_card.render_card(summary))

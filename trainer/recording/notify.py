@@ -12,7 +12,6 @@ never raises, and never logs the webhook URL (chat webhooks carry their token in
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -20,6 +19,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from trainer.runstore import finite_json
 
 #: replanned: `ftorch resume` moved a job that did not fit to a GPU with more memory (orchestrator/sizing/replan.py)
 EVENTS = ("succeeded", "failed", "budget", "preempted", "cancelled", "resumed", "replanned")
@@ -155,7 +156,8 @@ def send_webhook(
     without the URL), None not asked for."""
     if not notify or not notify.get("webhook") or event not in (notify.get("on") or ()):
         return None
-    error = post(str(notify["webhook"]), json.dumps(body, default=str).encode(), timeout_s)
+    # strict JSON (NaN and inf as null, flagged): a receiver in any language parses it
+    error = post(str(notify["webhook"]), finite_json.dumps(body, default=str).encode(), timeout_s)
     log(f"notify {event}: webhook " + ("ok" if error is None else f"failed: {error}"))
     return error is None
 
