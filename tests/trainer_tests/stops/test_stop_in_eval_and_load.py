@@ -267,3 +267,43 @@ def test_a_points_attempt_is_the_trainers_own_argument(monkeypatch: pytest.Monke
     finally:
         monkeypatch.delenv("FTORCH_FAULTS")
         importlib.reload(faults)
+
+
+def test_a_notice_during_a_mid_run_evaluation_saves_at_once_and_the_resume_makes_it_up(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """The issue's own example: a preemption notice while a mid-run evaluation is slowed (3 s a batch)
+    ends the attempt within a batch with the step's checkpoint, marked cut short; the resumed attempt
+    evaluates that step first and ends bitwise equal to an uninterrupted run, with the same held-out
+    figures at every evaluation."""
+    data = write_data(tmp_path / "d.jsonl", "instruction", 32)
+    held = write_data(tmp_path / "held.jsonl", "instruction", HELD_OUT, seed=1)
+    job = job_dict(
+        tiny_model, data, tmp_path / "runs", data={"eval_path": str(held)},
+        train={"max_steps": 8, "eval_every": 4, "log_every": 1}, checkpoint={"every": 100},
+    )  # fmt: skip
+    clean_uri = prepare_run(job, "clean")
+    clean = run_trainer(clean_uri)
+    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
+    run_uri = prepare_run(job, "noticed")
+    code, log, took = signal_on(run_uri, 1, "] step 4/8 loss", {"FTORCH_FAULTS": f"slow-eval@{SLOW_MS}:1"})
+    assert code == exitcodes.PREEMPTED, log[-3000:]
+    assert took < SLOW_MS / 1000 + 15, took  # within a batch, not after the whole evaluation
+    assert "step 4/8 held-out" not in log and "] step 5/8" not in log, log[-3000:]
+    store = RunStore(run_uri)
+    assert [c.step for c in store.complete_checkpoints()] == [4]
+    state = json.loads(store.read_checkpoint(store.complete_checkpoints()[-1])["trainer_state.json"])["extra"]
+    assert state["eval_cut_short"] == 4
+    again = run_trainer(run_uri, 2)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert_bitwise_equal(final_weights(run_uri), final_weights(clean_uri))
+
+    def held_out(text: str) -> list[str]:
+        return [
+            line.split("] ", 1)[1]
+            for line in text.splitlines()
+            if "/8 held-out" in line or "after training:" in line
+        ]
+
+    assert held_out(again.stdout + again.stderr)[0].startswith("step 4/8 held-out")  # made up first
+    assert held_out(again.stdout + again.stderr) == held_out(clean.stdout + clean.stderr)
