@@ -32,6 +32,7 @@ from orchestrator.errors import SpecError
 from orchestrator.sizing.sky_names import check_sky_name
 from trainer import exitcodes
 from trainer.config import JobSpec
+from trainer.stops.watchdog import SETUP_ENV, setup_timeout
 
 KINDS = ("single", "node", "multinode")
 #: fsspec protocols a cloud instance can reach (a local path or memory:// is only on this machine)
@@ -444,6 +445,8 @@ def render_task(
         FTORCH_PIP_SPEC=install.pip_spec,
         FTORCH_EXTRA_PIP=extra_pip(spec),
         FTORCH_STORAGE_OPTIONS=json.dumps(spec.checkpoint.storage_options, sort_keys=True),
+        # the run script's watch kills a trainer frozen before its first heartbeat (trainer/stops/watchdog.py)
+        **{SETUP_ENV: f"{setup_timeout(spec.train.health.setup_timeout_s):g}"},
         **interruption_envs(plan),
         **price_envs(plan),  # the trainer's budget stop: the price of whatever offer it lands on
         # a deadline job probes back to spot by itself from on demand (issue 19; trainer/stops/spot_probe.py)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import exitcodes
-from trainer.stops.watchdog import KEY, stale
+from trainer.stops.watchdog import KEY, SETUP_ENV, outside, setup_timeout, stale
 
 #: the codes that say how the trainer ended by themselves; any other non-zero one may be torchrun's 1
 OWN_CODES = (exitcodes.OK, exitcodes.PREEMPTED, exitcodes.UNHEALTHY, exitcodes.STALLED)
@@ -110,10 +110,24 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+def setup_bound() -> float | None:
+    """Seconds a trainer may run without a first heartbeat (its set-up: model load, data, checkpoint
+    read), from the job's set-up timeout the task carries; None where no heartbeat comes (nodes other
+    than node 0) or none was given."""
+    raw = os.environ.get(SETUP_ENV)
+    if not raw or os.environ.get("SKYPILOT_NODE_RANK", "0") not in ("", "0"):
+        return None
+    try:
+        return outside(setup_timeout(float(raw)))
+    except ValueError:
+        return None
+
+
 def run_once(command: list[str], mirror: Path) -> tuple[int, dict[str, Any]]:
-    """Run `command` until it exits (its code) or its heartbeat is stale (exitcodes.STALLED, after the
-    kill); also the last heartbeat seen."""
+    """Run `command` until it exits (its code) or its heartbeat is stale, or never came within the
+    set-up's bound (exitcodes.STALLED, after the kill); also the last heartbeat seen."""
     mirror.unlink(missing_ok=True)  # a previous run's heartbeat is not this one's
+    bound, started = setup_bound(), time.time()
     env = {**os.environ, "FTORCH_PROGRESS_MIRROR": str(mirror)}
     proc = subprocess.Popen(command, env=env, start_new_session=True)
     log(f"watching pid {proc.pid}")
@@ -131,6 +145,13 @@ def run_once(command: list[str], mirror: Path) -> tuple[int, dict[str, Any]]:
             time.sleep(POLL_S)
             heartbeat = read_heartbeat(mirror) or heartbeat
             age = stale(heartbeat, time.time()) if heartbeat else None
+            setting_up = time.time() - started
+            if not heartbeat and bound is not None and setting_up > bound and proc.poll() is None:
+                log(
+                    f"stalled: no first heartbeat {setting_up:.0f} s after the start (set-up bound {bound:.0f} s); killed"
+                )
+                _kill_tree(proc)
+                return exitcodes.STALLED, heartbeat
             if age is not None and proc.poll() is None:
                 log(
                     f"stalled: no heartbeat for {age:.0f} s at step {heartbeat.get('step')} "

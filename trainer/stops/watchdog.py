@@ -14,7 +14,8 @@ in time; it records the stall in the epoch record first. Outside: a frozen proce
 the launcher kills a trainer whose heartbeat is older than the timeout (`stale`, with a margin: `outside`).
 The set-up before the first step (a hung model download, a dead mount) has its own bound, `setup_timeout`
 (1 h unless the job sets `train.health.setup_timeout_s`): a watchdog in the phase "setup" inside, and the
-local supervisor outside, which kills a trainer with no first step `outside(setup_timeout)` after its start.
+local supervisor and the SkyPilot run script's watch (node 0) outside, which kill a trainer that has written
+no heartbeat `outside(setup_timeout)` after its start.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ WARMUP_STEPS = 5  # NVIDIA's resiliency extension leaves the first 5 iterations 
 KEY = "stall_timeout_s"
 #: the set-up before the first step (NVIDIA's resiliency extension: an initial heartbeat within 60 min)
 SETUP_S = 3600.0
+#: the job's set-up timeout, for the SkyPilot run script's watch (trainer/stops/heartbeat_watch.py)
+SETUP_ENV = "FTORCH_SETUP_TIMEOUT_S"
 
 
 def stall_timeout(step_times: Sequence[float], given: float | None = None) -> float:

@@ -270,3 +270,34 @@ def test_the_trainers_own_stall_reported_as_1_by_torchrun_is_read_from_the_run_s
         assert record["stall_checkpoint_step"] == 10
     else:  # a crash stays a crash: its code passes through, for SkyPilot's max_restarts_on_errors
         assert done.returncode == 1 and (tmp_path / "runs").read_text() == "x", done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_trainer_frozen_before_its_first_heartbeat_is_killed_after_the_set_up_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No heartbeat at all (frozen while loading the model): killed once the job's set-up timeout (the
+    task's FTORCH_SETUP_TIMEOUT_S) and its margin have passed, run again once, then 86 with no progress.
+    On a node other than node 0 (no heartbeat ever comes there) the bound is not applied."""
+    from trainer.stops.heartbeat_watch import setup_bound
+    from trainer.stops.watchdog import SETUP_ENV, outside
+
+    script = tmp_path / "frozen.py"
+    script.write_text(
+        "import os, signal, sys\nopen(sys.argv[1], 'a').write('x')\nos.kill(os.getpid(), signal.SIGSTOP)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("FTORCH_PROGRESS_MIRROR", "SKYPILOT_NODE_RANK")}
+    env.update({SETUP_ENV: "1", "FTORCH_HEARTBEAT_POLL_S": "0.2"})
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.stops.heartbeat_watch", "--", sys.executable, str(script),
+         str(tmp_path / "runs")],
+        env=env, capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert done.returncode == exitcodes.UNHEALTHY, done.stderr
+    assert done.stderr.count("stalled: no first heartbeat") == 2, done.stderr
+    assert (tmp_path / "runs").read_text() == "xx"  # killed and run again exactly once
+    monkeypatch.setenv(SETUP_ENV, "1")
+    monkeypatch.delenv("SKYPILOT_NODE_RANK", raising=False)
+    assert setup_bound() == outside(1.0)
+    monkeypatch.setenv("SKYPILOT_NODE_RANK", "1")
+    assert setup_bound() is None
