@@ -317,13 +317,7 @@ def _start_setup_watchdog(store: RunStore, spec: JobSpec) -> Watchdog:
 
     def stalled(phase: str, waited: float) -> None:
         detail = f"stalled: no first step {waited:.0f} s into setting up (model, data, checkpoint)"
-        log(f"{detail} (setup timeout {timeout:.0f} s): exiting with code {exitcodes.STALLED}")
-        try:
-            store.update_epoch_record(
-                ended="stalled", stop_detail=detail, step=_newest_step(store) or 0, ended_at=time.time()
-            )
-        finally:
-            exit_now(exitcodes.STALLED)
+        _end_stalled(store, detail, f"setup timeout {timeout:.0f} s", _newest_step(store) or 0)
 
     return Watchdog(timeout, stalled, phase="setup").start()
 
@@ -737,9 +731,7 @@ def _stalled(a: Attempt, phase: str, waited: float, collective: str | None = Non
     else:
         detail += " (a collective timed out)"
         how = f"process group timeout {getattr(a.par, 'timeout_s', None)} s: {collective}"
-    log(f"{detail} ({how}): exiting with code {exitcodes.STALLED}")
-    a.store.update_epoch_record(ended="stalled", stop_detail=detail, step=a.state.step, ended_at=time.time())
-    exit_now(exitcodes.STALLED)
+    _end_stalled(a.store, detail, how, a.state.step)
 
 
 def _collective_stalled(
@@ -751,9 +743,17 @@ def _collective_stalled(
     after = f" after step {step}" if step else ""
     detail = f"stalled: a collective timed out while {where}{after}"
     how = f"process group timeout {timeout_s:.0f} s" if timeout_s else "process group timeout"
-    log(f"{detail} ({how}: {str(exc).splitlines()[0]}): exiting with code {exitcodes.STALLED}")
-    store.update_epoch_record(ended="stalled", stop_detail=detail, step=step or 0, ended_at=time.time())
-    exit_now(exitcodes.STALLED)
+    _end_stalled(store, detail, f"{how}: {str(exc).splitlines()[0]}", step or 0)
+
+
+def _end_stalled(store: RunStore, detail: str, how: str, step: int) -> NoReturn:
+    """Every stall ending: one log line, the epoch record (the launcher restarts a stall once), exit 87 at
+    once (the training thread may be stuck: no cleanup runs)."""
+    log(f"{detail} ({how}): exiting with code {exitcodes.STALLED}")
+    try:
+        store.update_epoch_record(ended="stalled", stop_detail=detail, step=step, ended_at=time.time())
+    finally:
+        exit_now(exitcodes.STALLED)
 
 
 def _stop_sources(a: Attempt) -> list[StopSource]:

@@ -387,12 +387,10 @@ class Supervisor:
         age = stale(progress_tail.progress, now)
         if age is None:
             return None
-        reason = f"stalled: no heartbeat for {age:.0f} s at step {step} (timeout {progress_tail.progress[STALL_KEY]:.0f} s); killed"
-        self.log(reason)
-        self.registry.event(self.job_id, "stalled", reason)
-        assert self.proc is not None
-        kill_group(self.proc)
-        return AttemptEnd(Outcome.STALLED, reason)
+        timeout = progress_tail.progress[STALL_KEY]
+        return self._kill_stalled(
+            f"stalled: no heartbeat for {age:.0f} s at step {step} (timeout {timeout:.0f} s); killed"
+        )
 
     def _kill_if_setup_stalled(self, age: float) -> AttemptEnd | None:
         """A trainer frozen before its first step (model load, data, checkpoint read) runs no watchdog
@@ -400,7 +398,11 @@ class Supervisor:
         timeout = setup_timeout(self.spec.train.health.setup_timeout_s)
         if age <= outside(timeout):
             return None
-        reason = f"stalled: no first step {age:.0f} s after the start (setup timeout {timeout:.0f} s); killed"
+        return self._kill_stalled(
+            f"stalled: no first step {age:.0f} s after the start (setup timeout {timeout:.0f} s); killed"
+        )
+
+    def _kill_stalled(self, reason: str) -> AttemptEnd:
         self.log(reason)
         self.registry.event(self.job_id, "stalled", reason)
         assert self.proc is not None
