@@ -29,3 +29,30 @@ def test_the_bench_runs_and_prints_its_ratio(bench: str) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert re.search(r"(ratio|busy/quiet)\s+\S*\s*\d+\.\d+", done.stdout), done.stdout[-2000:]
+
+
+def test_the_unseen_traces_check_skips_what_the_table_was_built_from_and_judges_the_rest(tmp_path) -> None:  # noqa: ANN001
+    """bench/hazards_unseen.py on a spot-traces layout: the bundled set is skipped, a GPU trace is set
+    beside the prediction for its zone and node count, a CPU one is said to be out of scope."""
+    import json
+
+    def trace(rel: str, counts: list[int]) -> None:
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": counts}))
+
+    trace("availability/1-node/aws-02-15-2023/us-west-2b_v100_1.json", [1, 0] * 50)  # the bundled set
+    trace("preemption/4-node/aws-08-03-2023/us-west-2c_v100_1.json", ([4] * 59 + [3]) * 24)  # 24 in 118 h
+    trace("preemption/1-node/aws-04-19-2023/us-east-1b_intel_64.json", [1] * 100)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "hazards_unseen.py"), str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "aws-02-15-2023" not in done.stdout
+    (row,) = [line for line in done.stdout.splitlines() if "us-west-2c_v100_1" in line]
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[2:6] == ["p3.2xlarge", "4", "118", "24"], cells  # 1,416 ticks of 4 held, 24 falls below
+    assert cells[8] == "zone" and cells[10] in ("yes", "NO"), cells
+    assert "outside what ftorch plans" in done.stdout
+    assert "GPU traces: 1;" in done.stdout

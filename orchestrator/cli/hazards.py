@@ -32,7 +32,8 @@ def hazards_cmd(ctx: typer.Context, as_json: JsonOut = False) -> None:
     rows = table.rows()
     if as_json:
         _print_json({"provenance": table.provenance, "correlation": {"rho": table.rho,
-                     "source": table.correlation_source}, "rows": rows})  # fmt: skip
+                     "source": table.correlation_source},
+                     "drift": {"cv": table.drift_cv, "source": table.drift_source}, "rows": rows})  # fmt: skip
         return
     from rich.console import Console
     from rich.table import Table
@@ -56,6 +57,12 @@ def hazards_cmd(ctx: typer.Context, as_json: JsonOut = False) -> None:
         f"nodes: a job on N nodes sees rate x (1 + (N-1) x (1 - {table.rho:.2f})) ({table.correlation_source})",
         markup=False,
     )
+    if table.drift_cv > 0:
+        con.print(
+            f"90%: the rate a job meets in a week, the mean's uncertainty and a week-to-week drift of "
+            f"{table.drift_cv:.0%} ({table.drift_source})",
+            markup=False,
+        )
     con.print(
         f"covers: {table.provenance.get('covers', '?')}; anything else falls back to a pool with wide "
         "uncertainty and says so in `ftorch plan --json` (interruption_source)",

@@ -350,6 +350,11 @@ class HazardTable:
     joint_capacity: dict[tuple[str, str, tuple[str, ...], int], tuple[float, float, float]] = field(
         default_factory=dict
     )
+    #: how much a zone's rate moves from one week to the next beyond Poisson noise (coefficient of
+    #: variation, measured by scripts/build_hazards.py `drift`): the spread of the rate a job will meet,
+    #: on top of the uncertainty of the zone's mean; 0 where the table does not say
+    drift_cv: float = 0.0
+    drift_source: str = ""
     _dependence: dict[str, region_dependence.Dependence | None] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -369,7 +374,10 @@ class HazardTable:
     @classmethod
     def _from_json(cls, payload: dict[str, Any], user: list[Evidence]) -> HazardTable:
         corr = payload.get("correlation") or {}
+        drift = payload.get("drift") or {}
         return cls(
+            drift_cv=float(drift.get("cv", 0.0)),
+            drift_source=str(drift.get("source", "")),
             measured=[Evidence.from_json(r) for r in payload.get("measured", [])],
             rho=float(corr.get("rho", 0.0)),
             correlation_source=str(corr.get("source", "none: nodes taken as independent")),
@@ -400,6 +408,17 @@ class HazardTable:
                 if "no_capacity_after_interruption" in r
             },  # fmt: skip
         )
+
+    def interval(self, g: Gamma) -> tuple[float, float]:
+        """The 90% interval of the rate a job will meet: the posterior of the mean (`g`) widened by the
+        week-to-week drift (variances of the relative rate add: 1/alpha + cv^2), same mean. A zone's
+        mean is known to a few percent after weeks of traces, but the rate next month is not (the
+        traces of another season: docs/benchmarks.md, "the bundled prior against traces it never saw")."""
+        if self.drift_cv <= 0:
+            return g.quantile(0.05), g.quantile(0.95)
+        alpha = 1.0 / (1.0 / g.alpha + self.drift_cv**2)
+        wide = Gamma(alpha, alpha / g.mean)
+        return wide.quantile(0.05), wide.quantile(0.95)
 
     # ---- pools ---------------------------------------------------------------------------------------
     def _node_hours(self, e: Evidence) -> float:
@@ -552,12 +571,14 @@ class HazardTable:
             return reach / stay if stay else 0.0
 
         mean = blend([z.gamma.mean for z in zones]) * factor
-        low = blend([z.gamma.quantile(0.05) for z in zones]) * factor
-        high = blend([z.gamma.quantile(0.95) for z in zones]) * factor
+        bounds = [self.interval(z.gamma) for z in zones]
+        low = blend([lo for lo, _ in bounds]) * factor
+        high = blend([hi for _, hi in bounds]) * factor
         measured_failover = self._failover(cloud, instance_type, accelerator, count, regions)
         if measured_failover is not None:
             g, failover_source = measured_failover
-            mean, low, high = g.mean * factor, g.quantile(0.05) * factor, g.quantile(0.95) * factor
+            lo, hi = self.interval(g)
+            mean, low, high = g.mean * factor, lo * factor, hi * factor
         stays = [p / max(z.gamma.mean, 1e-9) for p, z in zip(land, zones, strict=True)]
         shares: dict[str, float] = {}
         for z, stay in zip(zones, stays, strict=True):
@@ -714,11 +735,12 @@ class HazardTable:
         out = []
         for cloud, itype, acc, region, count in seen:
             for z in self.zones_of(cloud, itype, acc, count, region):
+                low, high = self.interval(z.gamma)
                 out.append({
                     "cloud": cloud, "instance_type": itype, "accelerator": acc, "count": count,
                     "region": region, "zone": z.name if z.level == "zone" else None,
-                    "rate_per_hour": z.gamma.mean, "low_per_hour": z.gamma.quantile(0.05),
-                    "high_per_hour": z.gamma.quantile(0.95), "hours": z.hours, "interruptions": z.interruptions,
+                    "rate_per_hour": z.gamma.mean, "low_per_hour": low,
+                    "high_per_hour": high, "hours": z.hours, "interruptions": z.interruptions,
                     "availability": z.availability, "mean_down_s": z.mean_down_s, "level": z.level,
                     # arriving at a random time: no spot with 1 - availability, then the rest of a spell
                     "expected_wait_s": (1 - z.availability) * z.mean_down_s
@@ -735,10 +757,11 @@ class HazardTable:
                 continue
             g, source = found
             hours, events = self.failovers[(cloud, itype, (region,), 1)]
+            low, high = self.interval(g)
             out.append({
                 "cloud": cloud, "instance_type": itype, "accelerator": acc, "count": count, "region": region,
-                "zone": "any (failover)", "rate_per_hour": g.mean, "low_per_hour": g.quantile(0.05),
-                "high_per_hour": g.quantile(0.95), "hours": hours, "interruptions": events, "availability": avail,
+                "zone": "any (failover)", "rate_per_hour": g.mean, "low_per_hour": low,
+                "high_per_hour": high, "hours": hours, "interruptions": events, "availability": avail,
                 "mean_down_s": down, "level": "failover", "expected_wait_s": (1 - avail) * down, "source": source,
             })  # fmt: skip
         return out

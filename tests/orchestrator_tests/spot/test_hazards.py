@@ -313,3 +313,44 @@ def test_imported_multi_node_evidence_moves_the_correlation_by_its_hours(tmp_pat
         four.rate_per_hour
         > before.for_offer("aws", "p3.2xlarge", "V100", 1, ["us-east-1"], nodes=4).rate_per_hour
     )
+
+
+def test_the_rate_a_job_meets_spreads_as_much_as_the_weeks_of_the_traces_do(tmp_path: Path) -> None:
+    """A zone's mean is known to a few percent after weeks of traces, but the rate a job meets next month
+    is not (traces of other seasons: bench/hazards_unseen.py). build_hazards measures the week-to-week
+    spread beyond Poisson noise; intervals carry it, means do not move."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from build_hazards import build
+
+    week = 7 * 24 * 6  # ticks of 600 s
+    calm, stormy = ([1] * 71 + [0]) * (week // 72), ([1] * 11 + [0]) * (week // 12)
+    steady = ([1] * 23 + [0]) * (4 * week // 24)  # the same mean rate every week
+    for zone, counts in (("us-east-1a", calm + stormy + calm + stormy), ("us-east-1b", steady)):
+        folder = tmp_path / "s" / "availability" / "1-node" / "aws-01-01-2024"
+        folder.mkdir(parents=True, exist_ok=True)
+        trace(folder / f"{zone}_v100_1.json", counts)
+    payload = build(tmp_path / "s")
+    # weekly rates (per hour held) 0.085 and 0.545 around the zone's 0.307: relative variance 0.752 less
+    # Poisson's 0.020; the steady zone's weeks are alike (0 less Poisson's 0.024); averaged as variances:
+    # sqrt((0.732 - 0.024) / 2) = 0.595
+    assert payload["drift"]["cv"] == pytest.approx(0.595, abs=0.005), payload["drift"]
+    assert payload["drift"]["source"].startswith("measured: the week-to-week spread of 2 zones")
+
+    table = HazardTable.from_json(bundled())
+    assert table.drift_cv == pytest.approx(bundled()["drift"]["cv"]) and 0.3 < table.drift_cv < 1.5
+    (zone,) = [
+        z for z in table.zones_of("aws", "p3.2xlarge", "V100", 1, "us-west-2") if z.name == "us-west-2b"
+    ]
+    low, high = table.interval(zone.gamma)
+    mean_only = (zone.gamma.quantile(0.05), zone.gamma.quantile(0.95))
+    assert high / low > 5 * (mean_only[1] / mean_only[0]), (low, high, mean_only)  # the weeks, not the count
+    assert low < zone.gamma.mean < high
+    shown = json.loads(ftorch(tmp_path / "home", "hazards", "--json").stdout)
+    assert shown["drift"]["cv"] == table.drift_cv and "week-to-week" in shown["drift"]["source"]
+    (row,) = [r for r in shown["rows"] if r["zone"] == "us-west-2b"]
+    assert (row["low_per_hour"], row["high_per_hour"]) == pytest.approx((low, high))
+    hazard = table.for_offer("aws", "p3.2xlarge", "V100", 1, ["us-west-2"])
+    table.drift_cv = 0.0
+    without = table.for_offer("aws", "p3.2xlarge", "V100", 1, ["us-west-2"])
+    assert hazard.rate_per_hour == without.rate_per_hour  # the plan's cost rests on the mean: unchanged
+    assert hazard.low_per_hour < without.low_per_hour and hazard.high_per_hour > 2 * without.high_per_hour
