@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from trainer import envlock, exitcodes, resume_check
+from trainer import envlock, exitcodes, resume_check, scratch
 from trainer.checkpoints import fingerprint
 from trainer.checkpoints.checkpoint import TrainerState
 from trainer.checkpoints.checkpointer import Checkpointer
@@ -159,7 +158,7 @@ def write_output(
     """The final PEFT adapter (LoRA) or HF model folder (full), uploaded to output_uri (never through a
     link out of the run store: trainer.runstore.store.output_store)."""
     output = output_store(output_uri, run_uri or output_uri, spec.checkpoint.storage_options)
-    with tempfile.TemporaryDirectory(prefix="ftorch-out-") as tmp:
+    with scratch.folder("ftorch-out-") as tmp:
         if spec.method == "full":
             model.save_pretrained(tmp, safe_serialization=True)
         else:  # the adapter only, never the base's weights (even when lm_head is a LoRA target)

@@ -11,13 +11,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator.home import ftorch_home, private_dir, write_private
 from orchestrator.sizing.shapes import ModelShape
+from trainer import scratch
 
 #: the trainer files whose code decides what a traced step (and a traced load) allocates, under trainer/
 TRACED_CODE = (
@@ -123,7 +123,7 @@ def trace_job(
 
 
 def _run(spec: Any, shape: ModelShape, gpus: list[int], load: bool = False) -> Traced:
-    with tempfile.TemporaryDirectory(prefix="ftorch-trace-") as tmp:
+    with scratch.folder("ftorch-trace-") as tmp:
         spec_path, config_path = Path(tmp) / "spec.json", Path(tmp) / "config.json"
         spec_path.write_text(json.dumps(spec.model_dump(mode="json")), encoding="utf-8")
         config_path.write_text(json.dumps(shape.config), encoding="utf-8")

@@ -12,13 +12,13 @@ import contextlib
 import hashlib
 import os
 import re
-import tempfile
 from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import Any
 
 from fsspec.core import url_to_fs
 
+from trainer import scratch
 from trainer.data.check import FORMATS, DataError, iter_jsonl
 
 #: data file suffixes and the `datasets` builder that reads each
@@ -120,7 +120,7 @@ def _files(path: str, fmt: str, split: str, options: dict[str, Any], field: str)
         return _from_rows([row for url in urls for row in iter_jsonl(url, options, fmt)], fmt)
     import datasets
 
-    with tempfile.TemporaryDirectory(prefix="ftorch-data-") as tmp:
+    with scratch.folder("ftorch-data-") as tmp:
         if is_remote(path):  # fetched through fsspec (not `datasets`' downloader, which offline mode stops)
             local = [os.path.join(tmp, f"{n:05d}-{PurePosixPath(f).name}") for n, f in enumerate(files)]
             for remote, here in zip(files, local, strict=True):

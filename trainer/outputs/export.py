@@ -18,12 +18,12 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from trainer import scratch
 from trainer.checkpoints import dcp_io
 from trainer.checkpoints.checkpoint import WEIGHTS
 from trainer.config import JobSpec
@@ -261,7 +261,7 @@ def export(
         # is seen as one (a re-run replaces it), the files, then the marker
         _write(output, MARKER, _marker(info.step, merge, sorted(set(earlier) | _expected(spec, merge)), True))
     written: list[str] = []
-    folder = contextlib.nullcontext(stage) if stage else tempfile.TemporaryDirectory(prefix="ftorch-export-")
+    folder = contextlib.nullcontext(stage) if stage else scratch.folder("ftorch-export-")
     pushed: list[Any] = []
     refused: list[PushError] = []
 

@@ -32,10 +32,10 @@ import atexit
 import math
 import os
 import shutil
-import tempfile
 import time
 from typing import Any
 
+from trainer import scratch
 from trainer.runstore.store import RunStore
 
 FOLDER = "tensorboard"
@@ -49,7 +49,7 @@ _SCRATCH: set[str] = set()
 
 
 def _scratch(prefix: str) -> str:
-    folder = tempfile.mkdtemp(prefix=prefix)
+    folder = scratch.make(prefix)
     _SCRATCH.add(folder)
     return folder
 

@@ -32,12 +32,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from trainer import exitcodes
+from trainer import exitcodes, scratch
 from trainer.stops.watchdog import KEY, SETUP_ENV, outside, setup_timeout, stale
 
 #: the codes that say how the trainer ended by themselves; any other non-zero one may be torchrun's 1
@@ -317,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     if given:
         code = watch(args, Path(given), stall_exit)
     else:
-        with tempfile.TemporaryDirectory(prefix="ftorch-heartbeat-") as tmp:
+        with scratch.folder("ftorch-heartbeat-") as tmp:
             code = watch(args, Path(tmp) / "progress.json", stall_exit)
     if code == exitcodes.UNHEALTHY and unhealthy_exit != code:
         log(f"ended unhealthy: exiting {unhealthy_exit} so that the run is not relaunched")

@@ -81,12 +81,19 @@ def test_a_killed_export_with_force_is_completed_beside_the_users_files(
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("the user's")
-    killed = ftorch("export", runs.run_id, "--to", str(mine), "--force", env={"FTORCH_FAULTS": "export@12"})
+    scratch = tmp_path / "tmp"  # the system's temp folder for both runs: the export is written there first
+    scratch.mkdir()
+    env = {"TMPDIR": str(scratch)}
+    killed = ftorch(
+        "export", runs.run_id, "--to", str(mine), "--force", env={**env, "FTORCH_FAULTS": "export@12"}
+    )
     assert killed.returncode == -9, killed.stdout + killed.stderr
     assert json.loads((mine / MARKER).read_text()).get("pending") is True
+    (left,) = scratch.glob("ftorch-export-*")  # a SIGKILL skips every cleanup: the next export sweeps it
     (mine / "adapter_model.safetensors.tmp-0123abcd").write_bytes(b"half")  # a kill inside a write
-    again = ftorch("export", runs.run_id, "--to", str(mine), "--force")
+    again = ftorch("export", runs.run_id, "--to", str(mine), "--force", env=env)
     assert again.returncode == 0, again.stderr
+    assert not left.exists() and list(scratch.iterdir()) == []
     assert (mine / "notes.txt").read_text() == "the user's"
     assert "pending" not in json.loads((mine / MARKER).read_text())
     assert (mine / "adapter_model.safetensors").exists() and _leftovers(mine) == []
