@@ -2,8 +2,10 @@
 
 A SIGKILL, the OOM killer or a power cut skips every cleanup, and an export's scratch folder can hold a
 merged model (gigabytes). So each folder's name carries its maker's pid (`<prefix><pid>-<random>`), and
-making a new one of a prefix first removes the folders of that prefix whose maker is gone. Only this
-user's folders are touched; a folder whose pid is alive again (reused) stays: the safe side.
+making a new one of a prefix first removes the folders of that prefix whose maker is gone and in which
+nothing has changed for QUIET_S. Only this user's folders are touched; a folder whose pid is alive again
+(reused) stays: the safe side. The quiet time covers a temp folder shared with another pid namespace
+(containers with one /tmp), where a live maker's pid looks gone from here.
 """
 
 from __future__ import annotations
@@ -13,8 +15,26 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+
+#: how long nothing in a dead maker's folder must have changed before it is removed
+QUIET_S = 600.0
+
+
+def _quiet(path: Path, now: float) -> bool:
+    """Nothing in `path` (the folder, its entries, their contents' times) changed for QUIET_S."""
+    try:
+        if now - path.lstat().st_mtime < QUIET_S:
+            return False
+        for root, dirs, files in os.walk(path):
+            for name in dirs + files:
+                if now - os.lstat(os.path.join(root, name)).st_mtime < QUIET_S:
+                    return False
+    except OSError:
+        return False
+    return True
 
 
 def _alive(pid: int) -> bool:
@@ -28,7 +48,8 @@ def _alive(pid: int) -> bool:
 
 
 def sweep(prefix: str) -> list[str]:
-    """Remove this user's `<prefix><pid>-*` folders in the temp folder whose pid is gone; what went."""
+    """Remove this user's `<prefix><pid>-*` folders in the temp folder whose pid is gone and which have
+    been quiet for QUIET_S; what went."""
     pattern = re.compile(re.escape(prefix) + r"(\d+)-[^/]+$")
     removed = []
     root = Path(tempfile.gettempdir())
@@ -46,7 +67,7 @@ def sweep(prefix: str) -> list[str]:
             continue
         if info.st_uid != os.getuid() or not path.is_dir() or path.is_symlink():
             continue
-        if not _alive(int(match.group(1))):
+        if not _alive(int(match.group(1))) and _quiet(path, time.time()):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
     return removed

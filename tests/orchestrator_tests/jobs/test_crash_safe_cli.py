@@ -4,6 +4,8 @@ previous state, and running the command again completes it, with nothing left be
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from support.adopted import Runs, copy_store, make_runs, same_adapter
 
 from orchestrator.registry import Registry
 from trainer.outputs.export import MARKER
+from trainer.scratch import QUIET_S
 
 DEFAULT = Path("exports") / "step-00000010"
 
@@ -89,7 +92,10 @@ def test_a_killed_export_with_force_is_completed_beside_the_users_files(
     )
     assert killed.returncode == -9, killed.stdout + killed.stderr
     assert json.loads((mine / MARKER).read_text()).get("pending") is True
-    (left,) = scratch.glob("ftorch-export-*")  # a SIGKILL skips every cleanup: the next export sweeps it
+    (left,) = scratch.glob("ftorch-export-*")  # a SIGKILL skips every cleanup: the next export sweeps it,
+    then = time.time() - QUIET_S - 60  # once nothing in it has changed for QUIET_S (as if killed long ago)
+    for path in [*left.rglob("*"), left]:
+        os.utime(path, (then, then))
     (mine / "adapter_model.safetensors.tmp-0123abcd").write_bytes(b"half")  # a kill inside a write
     again = ftorch("export", runs.run_id, "--to", str(mine), "--force", env=env)
     assert again.returncode == 0, again.stderr
