@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from trainer import envlock, exitcodes, resume_check, scratch
+from trainer import envlock, exitcodes, resume_check
 from trainer.checkpoints import fingerprint
 from trainer.checkpoints.checkpoint import TrainerState
 from trainer.checkpoints.checkpointer import Checkpointer
@@ -55,6 +55,7 @@ from trainer.recording.measure import Measurer
 from trainer.recording.notify import TrainerNotifier
 from trainer.recording.recorders import fmt_eval as _fmt_eval
 from trainer.recording.trackers import Trackers
+from trainer.runstore import scratch
 from trainer.runstore.progress import ProgressReporter, log
 from trainer.runstore.store import CheckpointListing, RunStore, check_output, check_pinned, output_store
 from trainer.stops import budget

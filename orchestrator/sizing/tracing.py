@@ -17,7 +17,7 @@ from typing import Any
 
 from orchestrator.home import ftorch_home, private_dir, write_private
 from orchestrator.sizing.shapes import ModelShape
-from trainer import scratch
+from trainer.runstore import scratch
 
 #: the trainer files whose code decides what a traced step (and a traced load) allocates, under trainer/
 TRACED_CODE = (

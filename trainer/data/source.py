@@ -18,8 +18,8 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from trainer import scratch
 from trainer.data.check import FORMATS, DataError, iter_jsonl
+from trainer.runstore import scratch
 
 #: data file suffixes and the `datasets` builder that reads each
 SUFFIXES = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet"}

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from trainer import scratch
 from trainer.checkpoints import dcp_io
 from trainer.checkpoints.checkpoint import WEIGHTS
 from trainer.config import JobSpec
@@ -37,7 +36,7 @@ from trainer.model.load import (
 )
 from trainer.outputs.hub_push import PushError, push_folder
 from trainer.outputs.stage import publish, recover, stage_dir
-from trainer.runstore import finite_json
+from trainer.runstore import finite_json, scratch
 from trainer.runstore.storage import Storage, StoreError, preflight
 from trainer.runstore.store import CorruptCheckpoint, RunStore, output_store
 

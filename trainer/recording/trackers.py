@@ -35,7 +35,7 @@ import shutil
 import time
 from typing import Any
 
-from trainer import scratch
+from trainer.runstore import scratch
 from trainer.runstore.store import RunStore
 
 FOLDER = "tensorboard"

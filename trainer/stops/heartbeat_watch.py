@@ -36,7 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer import exitcodes, scratch
+from trainer import exitcodes
+from trainer.runstore import scratch
 from trainer.stops.watchdog import KEY, SETUP_ENV, outside, setup_timeout, stale
 
 #: the codes that say how the trainer ended by themselves; any other non-zero one may be torchrun's 1

@@ -14,7 +14,7 @@ from support.adopted import Runs, copy_store, make_runs, same_adapter
 
 from orchestrator.registry import Registry
 from trainer.outputs.export import MARKER
-from trainer.scratch import QUIET_S
+from trainer.runstore.scratch import QUIET_S
 
 DEFAULT = Path("exports") / "step-00000010"
 

@@ -1,4 +1,4 @@
-"""trainer/scratch.py: a killed process's scratch folder (a SIGKILL skips every cleanup) is removed by the
+"""trainer/runstore/scratch.py: a killed process's scratch folder (a SIGKILL skips every cleanup) is removed by the
 next process that makes one of the same kind; a live process's, another kind's and another user's stay."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import scratch
+from trainer.runstore import scratch
 
 
 def _age(path: Path, seconds: float = scratch.QUIET_S + 60) -> Path:
