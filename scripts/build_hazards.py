@@ -26,11 +26,12 @@ import argparse
 import datetime as dt
 import hashlib
 import json
+import math
 import re
 import sys
 from pathlib import Path
 
-from orchestrator.spot.hazards import Evidence, HazardTable, measure, read_trace
+from orchestrator.spot.hazards import Evidence, HazardTable, TraceStats, measure, read_trace
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = REPO.parent / "shared" / "data" / "spot-traces"
@@ -144,6 +145,23 @@ def correlation(rows: list[Evidence]) -> dict[str, object]:
 
 #: the window over which a zone's rate is taken to drift: the longest a plan looks ahead (a job of days)
 DRIFT_WINDOW_DAYS = 7.0
+#: a week's availability is taken as at least this and at most 1 less this (logit of 0 or 1 is infinite)
+AVAILABILITY_CLIP = 0.005
+
+
+def _weeks(source: Path, rows: list[Evidence]) -> list[tuple[Evidence, list[TraceStats]]]:
+    """Each one-node zone with interruptions whose trace spans two whole weeks or more, measured week by
+    week (DRIFT_WINDOW_DAYS)."""
+    out = []
+    for e in rows:
+        if e.nodes != 1 or not e.interruptions:
+            continue
+        gap, counts = read_trace(source / e.source.removeprefix("spot-traces "))
+        per = int(DRIFT_WINDOW_DAYS * 86400 / gap)
+        n = len(counts) // per
+        if n >= 2:
+            out.append((e, [measure(counts[i * per : (i + 1) * per], gap, e.nodes) for i in range(n)]))
+    return out
 
 
 def drift(source: Path, rows: list[Evidence]) -> dict[str, object]:
@@ -153,15 +171,8 @@ def drift(source: Path, rows: list[Evidence]) -> dict[str, object]:
     import numpy as np
 
     excess, weeks = [], 0
-    for e in rows:
-        if e.nodes != 1 or not e.interruptions:
-            continue
-        gap, counts = read_trace(source / e.source.removeprefix("spot-traces "))
-        per = int(DRIFT_WINDOW_DAYS * 86400 / gap)
-        n = len(counts) // per
-        if n < 2:
-            continue
-        stats = [measure(counts[i * per : (i + 1) * per], gap, e.nodes) for i in range(n)]
+    for e, stats in _weeks(source, rows):
+        n = len(stats)
         rates = np.array([s.rate_per_hour for s in stats])
         hours = np.array([max(s.hours, 1e-9) for s in stats])
         mean = e.interruptions / e.hours
@@ -175,6 +186,45 @@ def drift(source: Path, rows: list[Evidence]) -> dict[str, object]:
         "window_days": DRIFT_WINDOW_DAYS,
         "source": f"measured: the week-to-week spread of {len(excess)} zones' rates beyond Poisson noise "
         f"({weeks} zone-weeks)",
+        **capacity_drift(source, rows),
+    }
+
+
+def _logit(a: float) -> float:
+    a = min(max(a, AVAILABILITY_CLIP), 1.0 - AVAILABILITY_CLIP)
+    return math.log(a / (1.0 - a))
+
+
+def capacity_drift(source: Path, rows: list[Evidence]) -> dict[str, object]:
+    """How much a zone's spot availability moves from one week to the next, and with its rate: each
+    zone's trace cut into whole weeks; a week's deviation is logit(its availability) less logit(the
+    zone's), pooled over the zones (one degree of freedom per zone); the rate's is log(its rate / the
+    zone's), half an interruption where a week had none. The spread is the weeks' whole spread (the
+    sampling noise of a week of spells is in it: wider, not narrower); the correlation is Pearson's
+    of the two deviations over all zone-weeks."""
+    import numpy as np
+
+    logits: list[float] = []
+    log_rates: list[float] = []
+    zones = 0
+    for e, stats in _weeks(source, rows):
+        if e.availability is None:
+            continue
+        mean_logit, mean_rate = _logit(e.availability), e.interruptions / e.hours
+        for s in stats:
+            logits.append(_logit(s.availability) - mean_logit)
+            log_rates.append(math.log(max(s.interruptions, 0.5) / max(s.hours, 1e-9) / mean_rate))
+        zones += 1
+    if zones == 0 or len(logits) <= zones + 1:
+        return {"availability_logit_sd": 0.0}
+    dev, rate = np.array(logits), np.array(log_rates)
+    sd = float(np.sqrt(np.sum(dev**2) / (len(dev) - zones)))
+    corr = float(np.corrcoef(dev, rate)[0, 1])
+    return {
+        "availability_logit_sd": round(sd, 4),
+        "availability_rate_corr": round(corr, 4),
+        "availability_source": f"measured: the week-to-week spread of {zones} zones' spot availability "
+        f"(logit; sampling noise included) and its correlation with their rates ({len(dev)} zone-weeks)",
     }
 
 

@@ -33,7 +33,10 @@ def hazards_cmd(ctx: typer.Context, as_json: JsonOut = False) -> None:
     if as_json:
         _print_json({"provenance": table.provenance, "correlation": {"rho": table.rho,
                      "source": table.correlation_source},
-                     "drift": {"cv": table.drift_cv, "source": table.drift_source}, "rows": rows})  # fmt: skip
+                     "drift": {"cv": table.drift_cv, "source": table.drift_source,
+                               "availability_logit_sd": table.availability_logit_sd,
+                               "availability_rate_corr": table.availability_rate_corr,
+                               "availability_source": table.availability_source}, "rows": rows})  # fmt: skip
         return
     from rich.console import Console
     from rich.table import Table
@@ -61,6 +64,13 @@ def hazards_cmd(ctx: typer.Context, as_json: JsonOut = False) -> None:
         con.print(
             f"90%: the rate a job meets in a week, the mean's uncertainty and a week-to-week drift of "
             f"{table.drift_cv:.0%} ({table.drift_source})",
+            markup=False,
+        )
+    if table.availability_logit_sd > 0:
+        con.print(
+            f"seasons: availability moves {table.availability_logit_sd:.2f} in logit week to week, with the "
+            f"rate at correlation {table.availability_rate_corr:.2f} ({table.availability_source}); a plan's "
+            "cost band (90%) draws both",
             markup=False,
         )
     con.print(

@@ -252,8 +252,8 @@ def plan_cmd(
         shown.append(plan.chosen)
     con.print(plan_table(plan, shown))
     for note in plan.notes:
-        if note.startswith(("memory: ", "tier: ", "interruptions: ", "capacity: ", "egress: ", "checkpoint",
-                            "market: ", "nodes: ")):  # fmt: skip
+        if note.startswith(("memory: ", "tier: ", "interruptions: ", "cost: ", "capacity: ", "egress: ",
+                            "checkpoint", "market: ", "nodes: ")):  # fmt: skip
             con.print(note, markup=False)
     if len(plan.candidates) > len(shown):
         con.print(f"... {len(plan.candidates) - len(shown)} more adequate offers (--top to show them)")

@@ -50,6 +50,7 @@ from orchestrator.spot.egress import Movement, Store, store_of
 from orchestrator.spot.egress import price as price_movement
 from orchestrator.spot.hazards import Hazard, HazardTable, load_table
 from orchestrator.spot.region_order import launch_order, lost_hours, region_costs
+from orchestrator.spot.season import band, seasons
 from trainer.layout import Layout, layout_for
 from trainer.stops.interruptions import mtbf_from_rate
 from trainer.stops.interval import (
@@ -143,6 +144,10 @@ class Candidate:
     #: "measured", or why the capacity was borrowed from measured regions (orchestrator/spot/hazards.py)
     spot_capacity_source: str = ""
     fallback_share: float = 0.0  # share of the work expected on demand for want of spot capacity
+    #: 5% and 95% of the expected cost over the seasons the job may meet (the rate and spot capacity as
+    #: far apart as the traces' weeks were: orchestrator/spot/season.py); on demand both are the cost
+    expected_cost_low_usd: float = 0.0
+    expected_cost_high_usd: float = 0.0
     egress_usd: float | None = None  # data movement (None: not priced; see the notes)
     storage_usd: float | None = None  # the kept checkpoints over the run
     #: data movement per wall hour had the job run in each allowed region (the launch and re-bid order
@@ -448,6 +453,12 @@ def cost_notes(job: _Job, chosen: Candidate, catalog: Catalog) -> list[str]:
             f"{chosen.expected_interruptions:.1f} expected over {chosen.expected_hours:.1f} h; "
             f"{chosen.interruption_source}"
         )
+        if chosen.expected_cost_high_usd > chosen.expected_cost_low_usd:
+            out.append(
+                f"cost: ${chosen.expected_cost_usd:,.2f} expected, ${chosen.expected_cost_low_usd:,.2f}-"
+                f"${chosen.expected_cost_high_usd:,.2f} (90%) over seasons whose interruption rate and spot "
+                "capacity move as far as the traces' weeks did; a season unlike any of them can cost more"
+            )
         avail = chosen.spot_availability
         if avail is not None and avail < SPOT_SHORT:
             where = ", ".join(chosen.regions[:4])
@@ -966,6 +977,7 @@ def _candidate(
     is_spot, price, hazard, rate = market.is_spot, market.price, costs.hazard, costs.rate
     cost, wall, interruptions, interval, moved = market.paid
     per_region = costs.data_usd_per_hour(regions, market.paid)
+    low, high = _season_band(job, costs, market, (od, spot))
     return Candidate(
         cloud=offer.cloud,
         instance_type=offer.instance_type,
@@ -1003,6 +1015,8 @@ def _candidate(
         spot_wait_s=hazard.wait_s,
         spot_capacity_source=hazard.capacity_source,
         fallback_share=market.fallback_share if is_spot else 0.0,
+        expected_cost_low_usd=low,
+        expected_cost_high_usd=high,
         egress_usd=moved.egress_usd,
         storage_usd=moved.storage_usd,
         adjustments=costs.adjustments,
@@ -1011,6 +1025,29 @@ def _candidate(
         region_share={r: round(v, 4) for r, v in costs.shares_on(is_spot).items() if round(v, 4) > 0},
         save_cost_s=moved.per_save_usd * 3600.0 / price if price else 0.0,
     )
+
+
+def _season_band(
+    job: _Job, costs: _Costing, market: _Market, prices: tuple[float | None, float | None]
+) -> tuple[float, float]:
+    """5% and 95% of the market's expected cost over the seasons the job may meet (season.seasons): spot
+    costed again in each, capacity included; a season in which spot makes no progress costs on demand's
+    (the fallback) or is left out without one. On demand: its cost, both."""
+    cost = market.paid[0]
+    if not market.is_spot:
+        return cost, cost
+    od, spot = prices
+    drawn = []
+    for hazard in seasons(costs.hazard, job.hazards):
+        there = _market(job, replace(costs, hazard=hazard, adjustments=[]), True, spot or 0.0, od, spot)
+        if there is not None and there.on_spot is not None:
+            drawn.append(there.on_spot[0])
+        elif there is not None and there.on_demand is not None and job.fallback:
+            drawn.append(there.on_demand[0])
+    if not drawn:
+        return cost, cost
+    low, high = band(drawn)
+    return min(low, cost), max(high, cost)
 
 
 #: re-costings at most while the launch order a costing implies is not the one it was costed in (the order

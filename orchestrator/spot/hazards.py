@@ -355,6 +355,12 @@ class HazardTable:
     #: on top of the uncertainty of the zone's mean; 0 where the table does not say
     drift_cv: float = 0.0
     drift_source: str = ""
+    #: how much a zone's spot availability moves week to week (sd of its logit) and how that moves with
+    #: the rate (correlation of the two weeks' deviations): orchestrator/spot/season.py draws seasons
+    #: from them for the spread of a plan's cost; 0 where the table does not say
+    availability_logit_sd: float = 0.0
+    availability_rate_corr: float = 0.0
+    availability_source: str = ""
     _dependence: dict[str, region_dependence.Dependence | None] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -378,6 +384,9 @@ class HazardTable:
         return cls(
             drift_cv=float(drift.get("cv", 0.0)),
             drift_source=str(drift.get("source", "")),
+            availability_logit_sd=float(drift.get("availability_logit_sd", 0.0)),
+            availability_rate_corr=float(drift.get("availability_rate_corr", 0.0)),
+            availability_source=str(drift.get("availability_source", "")),
             measured=[Evidence.from_json(r) for r in payload.get("measured", [])],
             rho=float(corr.get("rho", 0.0)),
             correlation_source=str(corr.get("source", "none: nodes taken as independent")),

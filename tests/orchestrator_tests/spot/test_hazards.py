@@ -335,6 +335,11 @@ def test_the_rate_a_job_meets_spreads_as_much_as_the_weeks_of_the_traces_do(tmp_
     # sqrt((0.732 - 0.024) / 2) = 0.595
     assert payload["drift"]["cv"] == pytest.approx(0.595, abs=0.005), payload["drift"]
     assert payload["drift"]["source"].startswith("measured: the week-to-week spread of 2 zones")
+    # availability: the calm weeks' 71/72 and the stormy weeks' 11/12 around the zone's 0.951 are logit
+    # deviations +1.289 and -0.576, the steady zone's 0; pooled over 8 weeks less 2 zones:
+    # sqrt((2 x 1.289^2 + 2 x 0.576^2) / 6) = 0.815; a stormy week is a week with less spot: corr -1
+    assert payload["drift"]["availability_logit_sd"] == pytest.approx(0.815, abs=0.005), payload["drift"]
+    assert payload["drift"]["availability_rate_corr"] < -0.99
 
     table = HazardTable.from_json(bundled())
     assert table.drift_cv == pytest.approx(bundled()["drift"]["cv"]) and 0.3 < table.drift_cv < 1.5
@@ -347,6 +352,8 @@ def test_the_rate_a_job_meets_spreads_as_much_as_the_weeks_of_the_traces_do(tmp_
     assert low < zone.gamma.mean < high
     shown = json.loads(ftorch(tmp_path / "home", "hazards", "--json").stdout)
     assert shown["drift"]["cv"] == table.drift_cv and "week-to-week" in shown["drift"]["source"]
+    assert shown["drift"]["availability_logit_sd"] == table.availability_logit_sd > 0.5
+    assert shown["drift"]["availability_rate_corr"] == table.availability_rate_corr < -0.5
     (row,) = [r for r in shown["rows"] if r["zone"] == "us-west-2b"]
     assert (row["low_per_hour"], row["high_per_hour"]) == pytest.approx((low, high))
     hazard = table.for_offer("aws", "p3.2xlarge", "V100", 1, ["us-west-2"])
