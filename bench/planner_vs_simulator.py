@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.jobfile.spec import load_job  # noqa: E402
-from orchestrator.sizing.catalog import Catalog, Offer  # noqa: E402
+from orchestrator.sizing.catalog import Catalog, Offer, bundled_catalog  # noqa: E402
 from orchestrator.sizing.history import History  # noqa: E402
 from orchestrator.sizing.planner import make_plan, ordered_regions  # noqa: E402
 from orchestrator.spot.hazards import (  # noqa: E402
@@ -47,6 +47,7 @@ from orchestrator.spot.simulator import JobNumbers, simulate, start_ticks  # noq
 from orchestrator.spot.traces import Zones, load_zones  # noqa: E402
 
 TRACES = ROOT.parent / "shared/data/spot-traces/availability/1-node/aws-02-15-2023"
+TRACED = ("us-east-1", "us-east-2", "us-west-2")  # the regions of the bundled traces
 JOBS = ("llama3-8b-lora.yaml", "llama3-8b-full.yaml", "llama3-70b-qlora.yaml")
 SETS = {"us-east-1": ("us-east-1",), "us-east-2": ("us-east-2",), "us-west-2": ("us-west-2",),
         "all 3 regions": ("us-east-1", "us-east-2", "us-west-2")}  # fmt: skip
@@ -99,15 +100,21 @@ def compare(
     """One row per region set: the plan fitted on `zones[fit]`, replayed on `zones[test]`; or, with
     `replays` (label -> (regions, other traces)), replayed on those other traces whole."""
     spec = load_job(ROOT / "examples" / job_file, ["resources.clouds=[aws]", "resources.fallback=on-demand",
-                                                   "resources.spot=true"], check_support=False)  # fmt: skip
+                                                   "resources.spot=true", f"resources.regions=[{','.join(TRACED)}]"],
+                    check_support=False)  # fmt: skip
     base = make_plan(spec, history=History())
     c = base.chosen
     assert c is not None and c.cloud == "aws", job_file
+    # one price in every region (the simulator has one): the catalog's median over the traces' regions
+    (listed,) = [
+        o for o in bundled_catalog().offers if o.cloud == "aws" and o.instance_type == c.instance_type
+    ]
+    od, spot, _ = listed.prices_in(list(TRACED))
+    assert od is not None and spot is not None, c.instance_type
     lines = []
     sets = {label: (regions, zones) for label, regions in SETS.items()} if replays is None else replays
     for label, (regions, played) in sets.items():
         fitted = table_for(subset(zones, regions, *fit), c.instance_type, c.accelerator, c.count)
-        od, spot = c.ondemand_hourly_usd / c.nodes, c.spot_hourly_usd / c.nodes
         offer = Offer("aws", c.instance_type, c.accelerator, c.count, c.gpu_memory_gib, od, spot, c.interconnect,
                       regions, None, c.host_memory_gib, region_prices={r: (od, spot) for r in regions})  # fmt: skip
         pinned = spec.model_copy(deep=True)

@@ -797,6 +797,23 @@ class _Costing:
         interruptions over the order), on demand in the order's first region."""
         return self.shares if spot or not self.order else {self.order[0]: 1.0}
 
+    def hourly_on(self, spot: bool, default: float | None) -> float | None:
+        """The job's price per hour on a market, where it is expected to run there (`shares_on`): the
+        regions' prices over the landing shares, times the nodes; `default` (the offer's median over
+        the allowed regions) where the catalog prices none of those regions, or without a price."""
+        if default is None:
+            return None
+        column = 1 if spot else 0
+        paid = [
+            (share, price[column])
+            for region, share in self.shares_on(spot).items()
+            if (price := self.offer.region_prices.get(region)) and price[column]
+        ]
+        weight = sum(share for share, _ in paid)
+        if weight <= 0:
+            return default
+        return sum(share * (hourly or 0.0) for share, hourly in paid) / weight * self.hazard.nodes
+
     def in_order(self, order: tuple[str, ...]) -> _Costing:
         """This costing with the hazard and landing shares of a launch trying the regions in `order`."""
         hazard = hazard_of(self.offer, self.hazard.nodes, order, self.job.hazards)
@@ -920,6 +937,8 @@ class _Market:
     on_spot: _Paid | None
     on_demand: _Paid | None
     fallback_share: float  # share of the work expected on demand for want of spot capacity
+    spot_price: float | None  # each market's price per hour where the job lands on it (hourly_on)
+    od_price: float | None
 
 
 def _market(
@@ -927,7 +946,10 @@ def _market(
 ) -> _Market | None:
     """Each market's expected cost (with spot's capacity), and the market the offer runs on: on demand
     instead of spot when the job may fall back and on demand is expected cheaper; None when the market
-    it runs on makes no progress."""
+    it runs on makes no progress. Each market is priced where the job lands on it (the launch tries the
+    cheapest regions first: the offer's median would price regions it does not run in)."""
+    spot, od = costs.hourly_on(True, spot), costs.hourly_on(False, od)
+    price = (spot if is_spot else od) or price
     on_spot = costs.cost_on(True, spot)
     on_demand = costs.cost_on(False, od)
     hazard = costs.hazard
@@ -949,7 +971,7 @@ def _market(
     paid = on_spot if is_spot else on_demand
     if paid is None:
         return None
-    return _Market(is_spot, price, paid, on_spot, on_demand, fallback_share)
+    return _Market(is_spot, price, paid, on_spot, on_demand, fallback_share, spot, od)
 
 
 def _candidate(
@@ -987,8 +1009,8 @@ def _candidate(
         interconnect=offer.interconnect,
         spot=is_spot,
         hourly_usd=price,
-        spot_hourly_usd=spot,
-        ondemand_hourly_usd=od,
+        spot_hourly_usd=market.spot_price,
+        ondemand_hourly_usd=market.od_price,
         est_hours=costs.hours,
         expected_hours=wall,
         expected_cost_usd=cost,

@@ -80,6 +80,25 @@ def offer(name: str, region: str, spot: float) -> Offer:
                  region_prices={region: (90.0, spot)})  # fmt: skip
 
 
+def test_each_market_is_priced_in_the_region_the_job_lands_in_not_at_the_median() -> None:
+    """The launch tries the cheapest region first (region_order), so the plan pays that region's price:
+    an offer listed in three regions at spot $6, $12 and $30/h (median $12) is priced $6 where it lands;
+    pinned to the dearest, $30; on demand, the price of the region the on-demand launch goes to."""
+    regions = {"us-east-1": (90.0, 12.0), "eu-south-2": (95.0, 6.0), "ap-northeast-1": (110.0, 30.0)}
+    listed = Offer("aws", "h100.8", "H100", 8, 80.0, 95.0, 12.0, "NVLink", tuple(regions), 192.0, 2048.0,
+                   region_prices=regions)  # fmt: skip
+    offers = Catalog((listed,), "test")
+    full = ("llama3-8b-full.yaml", "resources.clouds=[aws]", "resources.fallback=on-demand")
+    open_ = plan_of(*full, catalog=offers).chosen
+    assert open_ is not None and open_.spot and open_.region_share == {"eu-south-2": 1.0}
+    assert open_.hourly_usd == open_.spot_hourly_usd == 6.0 and open_.ondemand_hourly_usd == 95.0
+    dear = plan_of(*full, "resources.regions=[ap-northeast-1]", catalog=offers).chosen
+    assert dear is not None and dear.hourly_usd == 30.0 and dear.ondemand_hourly_usd == 110.0
+    assert dear.expected_cost_usd > open_.expected_cost_usd
+    on_demand = plan_of(*full, "resources.spot=false", catalog=offers).chosen
+    assert on_demand is not None and not on_demand.spot and on_demand.hourly_usd == 90.0  # us-east-1's
+
+
 def test_the_choice_changes_when_moving_data_costs_more_than_the_cheaper_gpu_saves() -> None:
     offers = Catalog((offer("h100.east", "us-east-1", 20.0), offer("h100.west", "us-west-2", 18.5)), "test")
     full = "llama3-8b-full.yaml"
