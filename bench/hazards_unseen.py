@@ -135,6 +135,44 @@ def render(found: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+#: job sizes the correlation check measures on each multi-instance availability trace
+NODES = (2, 4, 8, 16)
+
+
+def correlation(root: Path) -> str:
+    """The bundled correlation between nodes (rho: a job on N nodes sees the one-node rate x (1 + (N-1)
+    (1 - rho))) against what availability traces that count several instances show: on one trace, one
+    clock and one zone, the rate of a job holding N against one holding 1 gives rho for that N."""
+    table = hazards.HazardTable.from_json(hazards.bundled())
+    lines = ["| trace (never read by ftorch) | " + " | ".join(f"{n} nodes: rate x, rho" for n in NODES) + " |",
+             "|---|" + "---|" * len(NODES)]  # fmt: skip
+    found: list[float] = []
+    for path in sorted(root.glob("availability/*-node/*/*.json")):
+        gap, counts = hazards.read_trace(path)
+        one = hazards.measure(counts, gap, 1).rate_per_hour
+        sizes = [n for n in NODES if max(counts) >= n]
+        if not one or not sizes or path.relative_to(root).as_posix().startswith(SEEN):
+            continue
+        cells = []
+        for n in NODES:
+            if n not in sizes:
+                cells.append("-")
+                continue
+            times = hazards.measure(counts, gap, n).rate_per_hour / one
+            rho = 1.0 - (times - 1.0) / (n - 1)
+            found.append(rho)
+            cells.append(f"x{times:.2f}, {rho:.2f}")
+        lines.append(f"| {path.relative_to(root).as_posix()} | " + " | ".join(cells) + " |")
+    if not found:
+        return ""
+    bundled = " | ".join(f"x{hazards.correlation_factor(n, table.rho):.2f}, {table.rho:.2f}" for n in NODES)
+    lines.append(f"| the bundled table ({table.correlation_source}) | {bundled} |")
+    return "\n".join(lines) + (
+        f"\n\nrho measured: median {statistics.median(found):.2f} (range {min(found):.2f}-{max(found):.2f}, "
+        f"{len(found)} trace-sizes); bundled {table.rho:.2f}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("root", type=Path, help="a checkout of github.com/skypilot-org/spot-traces")
@@ -145,6 +183,9 @@ def main() -> int:
         print(f"no traces under {args.root} (expected <kind>/<N>-node/<date>/<zone>_<gpu>_<n>.json)")
         return 2
     print(render(found))
+    nodes = correlation(args.root)
+    if nodes:
+        print("\ncorrelation between nodes, measured where a trace counts several instances\n\n" + nodes)
     return 0
 
 

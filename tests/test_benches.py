@@ -44,6 +44,8 @@ def test_the_unseen_traces_check_skips_what_the_table_was_built_from_and_judges_
     trace("availability/1-node/aws-02-15-2023/us-west-2b_v100_1.json", [1, 0] * 50)  # the bundled set
     trace("preemption/4-node/aws-08-03-2023/us-west-2c_v100_1.json", ([4] * 59 + [3]) * 24)  # 24 in 118 h
     trace("preemption/1-node/aws-04-19-2023/us-east-1b_intel_64.json", [1] * 100)
+    # 16 instances counted, all lost at once: a job on any number of them sees the one-node rate (rho 1)
+    trace("availability/16-node/aws-08-27-2023/us-east-2b_v100_1.json", ([16] * 59 + [0]) * 24)
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "hazards_unseen.py"), str(tmp_path)],
         capture_output=True, text=True, timeout=120, cwd=REPO,
@@ -55,4 +57,11 @@ def test_the_unseen_traces_check_skips_what_the_table_was_built_from_and_judges_
     assert cells[2:6] == ["p3.2xlarge", "4", "118", "24"], cells  # 1,416 ticks of 4 held, 24 falls below
     assert cells[8] == "zone" and cells[10] in ("yes", "NO"), cells
     assert "outside what ftorch plans" in done.stdout
-    assert "GPU traces: 1;" in done.stdout
+    assert "GPU traces: 2;" in done.stdout
+    (nodes,) = [
+        line
+        for line in done.stdout.splitlines()
+        if line.startswith("| availability/16-node") and "x1" in line
+    ]
+    assert nodes.count("x1.00, 1.00") == 4, nodes  # 2, 4, 8 and 16 nodes: every loss hits them all
+    assert "rho measured: median 1.00" in done.stdout and "bundled 0.92" in done.stdout
