@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -9,7 +12,15 @@ from pathlib import Path
 
 import pytest
 from helpers import build_tiny_model
-from leaks import describe, mark_session, self_ending, settle, stop_all, stop_resource_tracker
+from leaks import (
+    SESSION_TMP_PREFIX,
+    describe,
+    mark_session,
+    self_ending,
+    settle,
+    stop_all,
+    stop_resource_tracker,
+)
 from s3server import FaultProxy, SeaweedS3, s3_env, weed_binary
 
 
@@ -28,13 +39,20 @@ def ftorch_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def _no_process_left() -> Iterator[None]:
     """Every process the session started is gone at its end (each xdist worker checks its own): what is
-    left is stopped, and the run fails naming it. Set up first, so torn down after every other fixture."""
+    left is stopped, and the run fails naming it. Set up first, so torn down after every other fixture.
+    The session's temporary files (torchrun's rendezvous folders, SeaweedFS's logs, SkyPilot's and
+    wandb's scratch files: everything that honours TMPDIR) go to a folder of its own, removed with it."""
     token = mark_session()
+    scratch = tempfile.mkdtemp(prefix=SESSION_TMP_PREFIX)
+    before, os.environ["TMPDIR"], tempfile.tempdir = os.environ.get("TMPDIR"), scratch, scratch
     yield
     stop_resource_tracker()  # this process's own: it ends with this process, after the check
     left = settle(token)  # what ends by itself within a few seconds is no leak
     names = [describe(p) for p in left if not self_ending(p)]
     stop_all(left)
+    os.environ.pop("TMPDIR") if before is None else os.environ.update(TMPDIR=before)
+    tempfile.tempdir = None
+    shutil.rmtree(scratch, ignore_errors=True)
     if names:
         pytest.fail(f"{len(names)} process(es) the tests started were still running: " + "; ".join(names))
 

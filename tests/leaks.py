@@ -11,6 +11,8 @@ import os
 import uuid
 
 MARKER = "FTORCH_TEST_SESSION"
+#: the session's own temporary folder (TMPDIR for every process it starts), removed at its end
+SESSION_TMP_PREFIX = "ftorch-tests-"
 #: SkyPilot's own watchdog (sky/skylet/subprocess_daemon.py): detached by each SDK subprocess call, it waits
 #: for that process, then 30 s, and exits by itself; stopped with the rest but not counted as a leak
 SELF_ENDING = ("sky/skylet/subprocess_daemon.py",)

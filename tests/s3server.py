@@ -103,6 +103,9 @@ class SeaweedS3:
             "-webdav=false",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
+            # its unix sockets in the server's folder (the default is a fixed /tmp path, left behind)
+            f"-s3.localSocket={workdir / 's3.sock'}",
+            f"-filer.localSocket={workdir / 'filer.sock'}",
         ]
         self.log = open(workdir / "weed.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -48,3 +49,16 @@ def test_a_detached_process_the_session_started_is_found_named_and_stopped() -> 
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
+
+
+def test_the_processes_a_test_starts_write_their_temporary_files_in_the_sessions_own_folder() -> None:
+    """torchrun, SeaweedFS, SkyPilot and wandb write scratch files wherever TMPDIR says: the session's
+    own folder (tests/conftest.py), which is removed at its end, not /tmp, where they piled up."""
+    from leaks import SESSION_TMP_PREFIX
+
+    code = "import tempfile; print(tempfile.gettempdir())"
+    child = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert os.path.basename(child).startswith(SESSION_TMP_PREFIX), child
+    assert os.path.isdir(child) and child == tempfile.gettempdir() == os.environ["TMPDIR"]
