@@ -145,9 +145,10 @@ class Candidate:
     spot_capacity_source: str = ""
     fallback_share: float = 0.0  # share of the work expected on demand for want of spot capacity
     #: 5% and 95% of the expected cost over the seasons the job may meet (the rate and spot capacity as
-    #: far apart as the traces' weeks were: orchestrator/spot/season.py); on demand both are the cost
-    expected_cost_low_usd: float = 0.0
-    expected_cost_high_usd: float = 0.0
+    #: far apart as the traces' weeks were: orchestrator/spot/season.py), for the chosen candidate (None
+    #: for the others); on demand both are the cost
+    expected_cost_low_usd: float | None = None
+    expected_cost_high_usd: float | None = None
     egress_usd: float | None = None  # data movement (None: not priced; see the notes)
     storage_usd: float | None = None  # the kept checkpoints over the run
     #: data movement per wall hour had the job run in each allowed region (the launch and re-bid order
@@ -164,6 +165,8 @@ class Candidate:
     #: why the interval is not the model's choice (stretched to what the uploads allow) or the market
     #: is not the one asked for (on-demand expected cheaper); empty when neither
     adjustments: list[str] = field(default_factory=list)
+    #: what priced it (costing, market, on-demand and spot prices): the season band is costed from it
+    _priced: Any = field(default=None, repr=False, compare=False)
 
     @property
     def layout_text(self) -> str:
@@ -176,7 +179,7 @@ class Candidate:
         return self.count * self.nodes
 
     def to_json(self) -> dict[str, Any]:
-        out = dict(self.__dict__)
+        out = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
         for key, value in out.items():
             if isinstance(value, float):
                 out[key] = round(value, 4)
@@ -410,6 +413,8 @@ def make_plan(
             rejected.append(_reject(offer, str(lost)))
     candidates.sort(key=lambda c: (c.expected_cost_usd, c.ranks, c.expected_hours))
     chosen = _choose(candidates)
+    if chosen is not None:  # the chosen one only: GRID x GRID re-costings each
+        chosen.expected_cost_low_usd, chosen.expected_cost_high_usd = _season_band(job, *chosen._priced)
     notes = _notes(job, catalog)
     if chosen is not None and chosen.offload == "params" and job.spec.train.offload == "auto":
         notes.append(offload_note(chosen))
@@ -453,10 +458,10 @@ def cost_notes(job: _Job, chosen: Candidate, catalog: Catalog) -> list[str]:
             f"{chosen.expected_interruptions:.1f} expected over {chosen.expected_hours:.1f} h; "
             f"{chosen.interruption_source}"
         )
-        if chosen.expected_cost_high_usd > chosen.expected_cost_low_usd:
+        low, high = chosen.expected_cost_low_usd, chosen.expected_cost_high_usd
+        if low is not None and high is not None and high > low:
             out.append(
-                f"cost: ${chosen.expected_cost_usd:,.2f} expected, ${chosen.expected_cost_low_usd:,.2f}-"
-                f"${chosen.expected_cost_high_usd:,.2f} (90%) over seasons whose interruption rate and spot "
+                f"cost: ${chosen.expected_cost_usd:,.2f} expected, ${low:,.2f}-${high:,.2f} (90%) over seasons whose interruption rate and spot "
                 "capacity move as far as the traces' weeks did; a season unlike any of them can cost more"
             )
         avail = chosen.spot_availability
@@ -999,7 +1004,6 @@ def _candidate(
     is_spot, price, hazard, rate = market.is_spot, market.price, costs.hazard, costs.rate
     cost, wall, interruptions, interval, moved = market.paid
     per_region = costs.data_usd_per_hour(regions, market.paid)
-    low, high = _season_band(job, costs, market, (od, spot))
     return Candidate(
         cloud=offer.cloud,
         instance_type=offer.instance_type,
@@ -1037,8 +1041,6 @@ def _candidate(
         spot_wait_s=hazard.wait_s,
         spot_capacity_source=hazard.capacity_source,
         fallback_share=market.fallback_share if is_spot else 0.0,
-        expected_cost_low_usd=low,
-        expected_cost_high_usd=high,
         egress_usd=moved.egress_usd,
         storage_usd=moved.storage_usd,
         adjustments=costs.adjustments,
@@ -1046,11 +1048,12 @@ def _candidate(
         region_rates_per_hour=region_rates,
         region_share={r: round(v, 4) for r, v in costs.shares_on(is_spot).items() if round(v, 4) > 0},
         save_cost_s=moved.per_save_usd * 3600.0 / price if price else 0.0,
+        _priced=(costs, market, od, spot),
     )
 
 
 def _season_band(
-    job: _Job, costs: _Costing, market: _Market, prices: tuple[float | None, float | None]
+    job: _Job, costs: _Costing, market: _Market, od: float | None, spot: float | None
 ) -> tuple[float, float]:
     """5% and 95% of the market's expected cost over the seasons the job may meet (season.seasons): spot
     costed again in each, capacity included; a season in which spot makes no progress costs on demand's
@@ -1058,7 +1061,6 @@ def _season_band(
     cost = market.paid[0]
     if not market.is_spot:
         return cost, cost
-    od, spot = prices
     drawn = []
     for hazard in seasons(costs.hazard, job.hazards):
         there = _market(job, replace(costs, hazard=hazard, adjustments=[]), True, spot or 0.0, od, spot)

@@ -281,8 +281,9 @@ def dollars(text: str) -> float:
 def test_the_plans_cost_band_holds_what_each_week_cost_and_is_not_wider_than_the_weeks() -> None:
     """The plan's 90% band (the rate and spot capacity drawn as far apart as the traces' weeks were,
     orchestrator/spot/season.py) against the simulator started in each week of the 45 days, every job
-    and region set: at least 90% of the weeks' costs inside it, and the band no more than 2.5 times as
-    wide as the six weeks' own spread (a calibrated 90% band is ~1.3 times the range of 6 draws)."""
+    and region set: at least 90% of the weeks' costs inside it, and the band no more than 3 times as
+    wide as the six weeks' own spread (a calibrated 90% band is ~1.3 times the range of 6 draws, which
+    is itself uncertain: a range 2 sd below its mean makes it ~3.5 times)."""
     sys.path.insert(0, str(REPO / "bench"))
     from planner_vs_simulator import JOBS, TRACES, compare
 
@@ -294,7 +295,7 @@ def test_the_plans_cost_band_holds_what_each_week_cost_and_is_not_wider_than_the
     for job_file in JOBS:
         for week in range(n // per):
             for row in compare(
-                job_file, zones, (0, n), (week * per, min(n, (week + 1) * per + per // 2)), 60
+                job_file, zones, (0, n), (week * per, min(n, (week + 1) * per + per // 2)), 100
             ):
                 weeks.setdefault((job_file, cells(row)[2]), []).append(cells(row))
     rows = [row for rs in weeks.values() for row in rs]
@@ -304,7 +305,7 @@ def test_the_plans_cost_band_holds_what_each_week_cost_and_is_not_wider_than_the
         low, high = (dollars(v) for v in rs[0][8].split("-"))
         costs = [dollars(r[9]) for r in rs]
         assert low < dollars(rs[0][7]) < high, key
-        assert high - low <= 2.5 * (max(costs) - min(costs)), (key, low, high, costs)
+        assert high - low <= 3 * (max(costs) - min(costs)), (key, low, high, costs)
 
 
 def test_a_spot_plan_gives_the_cost_band_of_the_seasons_it_may_meet(tmp_path) -> None:
