@@ -23,6 +23,8 @@ from leaks import (
 )
 from s3server import FaultProxy, SeaweedS3, s3_env, weed_binary
 
+from trainer.runstore.scratch import make as make_scratch
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -41,9 +43,10 @@ def _no_process_left() -> Iterator[None]:
     """Every process the session started is gone at its end (each xdist worker checks its own): what is
     left is stopped, and the run fails naming it. Set up first, so torn down after every other fixture.
     The session's temporary files (torchrun's rendezvous folders, SeaweedFS's logs, SkyPilot's and
-    wandb's scratch files: everything that honours TMPDIR) go to a folder of its own, removed with it."""
+    wandb's scratch files: everything that honours TMPDIR) go to a folder of its own, removed with it
+    (a killed session's, by the next one: trainer/runstore/scratch.py)."""
     token = mark_session()
-    scratch = tempfile.mkdtemp(prefix=SESSION_TMP_PREFIX)
+    scratch = make_scratch(SESSION_TMP_PREFIX)  # a killed session's folder goes with the next session
     before, os.environ["TMPDIR"], tempfile.tempdir = os.environ.get("TMPDIR"), scratch, scratch
     yield
     stop_resource_tracker()  # this process's own: it ends with this process, after the check
