@@ -69,6 +69,9 @@ def test_a_job_that_did_not_fit_on_an_l4_is_replanned_to_a_larger_gpu_and_says_s
     hook = Hook()
     overrides = [
         "resources.clouds=[gcp]",
+        "resources.regions=[us-central1]",  # where it ran (the record below)
+        # the GPUs the user allows: the L4 is the cheapest of them there (an H100 spot ties it within 1%)
+        "resources.accelerators=[L4, A100, A100-80GB]",
         "resources.budget_usd=200",
         f"notify={{webhook: '{hook.url}', on: [replanned]}}",
     ]
