@@ -271,6 +271,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "-master.telemetry=false", f"-s3.port={ports['s3']}", f"-master.port={ports['master']}",
         f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}", "-webdav=false",
         "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+        f"-s3.localSocket={folder / 's3.sock'}", f"-filer.localSocket={folder / 'filer.sock'}",  # not /tmp's
     ]  # fmt: skip
     log = open(folder / "weed.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
